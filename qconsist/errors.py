@@ -1,0 +1,82 @@
+"""The one root exception and its kinds.
+
+A ``QconsistError`` is a user error: the CLI prints ``error: <message>`` on one line and exits with the
+error's ``exit_code``. Anything else escaping the library is a bug and shows its traceback.
+
+Exit codes (documented in the README):
+
+* 0 success / identical / pass
+* 1 a negative verdict (runs diverged, calibrations disagree, gate failed)
+* 2 an error: bad input, unsupported model, unwritable output, incomplete or incompatible run
+* 3 the machine cannot do this (no GPU / no CUDA execution provider)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DIVERGED = 1
+EXIT_ERROR = 2
+EXIT_UNAVAILABLE = 3
+
+
+class QconsistError(Exception):
+    """Root of every error a user can cause and fix."""
+
+    exit_code = EXIT_ERROR
+    kind = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(QconsistError):
+    """A file the user gave is missing, unreadable or malformed (model, image, array, config)."""
+
+    kind = "input"
+
+
+class ConfigError(InputError):
+    """A pipeline, policy or option value is invalid (unknown key, wrong type, out of range)."""
+
+    kind = "config"
+
+
+class UnsupportedModelError(QconsistError):
+    """The model uses something qconsist cannot handle faithfully (a Caffe layer, an opset)."""
+
+    kind = "unsupported"
+
+
+class ShapeMismatchError(InputError):
+    """Input data does not fit the model's declared input."""
+
+    kind = "shape"
+
+
+class OutputError(QconsistError):
+    """An output location cannot be written."""
+
+    kind = "output"
+
+
+class RunStoreError(QconsistError):
+    """A run directory is missing, incomplete, of an unknown schema, or not comparable."""
+
+    kind = "run"
+
+
+class FidelityError(QconsistError):
+    """A stage's output failed its numerical check against an independent reference."""
+
+    kind = "fidelity"
+
+
+class UnavailableError(QconsistError):
+    """This machine cannot do what was asked (no GPU, no CUDA execution provider)."""
+
+    kind = "unavailable"
+    exit_code = EXIT_UNAVAILABLE

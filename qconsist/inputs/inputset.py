@@ -1,0 +1,208 @@
+"""An input set: an ordered list of samples, each a ``{input_name: array}`` with batch dimension 1.
+
+Sources:
+
+* ``package:photos`` — the photographs shipped in scikit-image and scikit-learn (``qconsist.inputs.photos``)
+* a folder of images (``.png .jpg .jpeg .bmp .tif .tiff .gif .webp``), sorted by file name
+* a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
+* a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
+* a folder of ``.npy`` files, one sample each, sorted by file name
+
+Samples are produced one at a time, so memory does not grow with the number of samples. The ``digest``
+(sha256 over every sample's exact bytes, in order) identifies the input set across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from qconsist.errors import InputError, ShapeMismatchError
+from qconsist.inputs.photos import package_photos
+from qconsist.inputs.preprocess import Preprocess
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
+PACKAGE_PHOTOS = "package:photos"
+
+Sample = dict[str, np.ndarray]
+
+
+@dataclass
+class InputSpec:
+    """The model input a sample must fit: name, element type and shape (None / str for free dims)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]
+
+
+@dataclass
+class InputSet:
+    source: str
+    kind: str  # "images" | "arrays"
+    names: list[str]  # one per sample
+    _load: Callable[[int], Sample]
+    preprocess: Preprocess | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def sample(self, index: int) -> Sample:
+        return self._load(index)
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i in range(len(self.names)):
+            yield self._load(i)
+
+    def subset(self, offset: int = 0, count: int | None = None) -> "InputSet":
+        if offset < 0 or (count is not None and count <= 0):
+            raise InputError(f"invalid input subset offset={offset} count={count}")
+        end = len(self.names) if count is None else offset + count
+        if end > len(self.names) or offset >= len(self.names):
+            raise InputError(
+                f"input set {self.source} has {len(self.names)} samples; asked for {offset}..{end - 1}"
+            )
+        base = self._load
+        return InputSet(self.source, self.kind, self.names[offset:end], lambda i: base(offset + i), self.preprocess)
+
+    def digest(self) -> str:
+        """sha256 over every sample's input names, dtypes, shapes and bytes, in order."""
+        h = hashlib.sha256()
+        for sample in self:
+            for name in sorted(sample):
+                arr = np.ascontiguousarray(sample[name])
+                h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+                h.update(arr.tobytes())
+        return h.hexdigest()
+
+    def describe(self) -> dict:
+        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": list(self.names)}
+        if self.preprocess is not None:
+            data["preprocess"] = self.preprocess.to_json()
+        return data
+
+    def checked(self, specs: Sequence[InputSpec]) -> "InputSet":
+        """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
+        base = self._load
+
+        def load(i: int) -> Sample:
+            return check_sample(base(i), specs, self.names[i])
+
+        if len(self.names):
+            load(0)  # fail early with a clear message
+        return InputSet(self.source, self.kind, self.names, load, self.preprocess)
+
+
+def check_sample(sample: Sample, specs: Sequence[InputSpec], label: str) -> Sample:
+    if len(specs) == 1 and len(sample) == 1 and next(iter(sample)) not in {specs[0].name}:
+        sample = {specs[0].name: next(iter(sample.values()))}
+    wanted = {s.name for s in specs}
+    if set(sample) != wanted:
+        raise ShapeMismatchError(
+            f"sample {label} has inputs {sorted(sample)}, the model wants {sorted(wanted)}"
+        )
+    out = {}
+    for spec in specs:
+        arr = sample[spec.name]
+        if arr.ndim != len(spec.shape) or any(
+            isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
+        ):
+            shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
+            raise ShapeMismatchError(
+                f"sample {label}: input '{spec.name}' has shape {list(arr.shape)}, the model wants {shown}"
+            )
+        if arr.dtype != spec.dtype:
+            if np.issubdtype(arr.dtype, np.floating) and np.issubdtype(spec.dtype, np.floating):
+                arr = arr.astype(spec.dtype)
+            else:
+                raise ShapeMismatchError(
+                    f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
+                )
+        out[spec.name] = arr
+    return out
+
+
+def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str) -> InputSet:
+    if preprocess is None:
+        raise InputError(f"input set {source} holds images: the pipeline must declare [preprocess]")
+    names = [p.name for p in paths]
+
+    def load(i: int) -> Sample:
+        return {input_name: preprocess.apply(paths[i])}
+
+    return InputSet(source, "images", names, load, preprocess)
+
+
+def _npy_load(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"array file {path} does not exist") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read array file {path}: {exc}") from None
+
+
+def _stacked_set(source: str, arrays: dict[str, np.ndarray]) -> InputSet:
+    counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
+    if len(set(counts.values())) != 1:
+        raise InputError(f"{source}: arrays differ in sample count {counts}")
+    count = next(iter(counts.values()))
+    names = [f"{i:06d}" for i in range(count)]
+
+    def load(i: int) -> Sample:
+        return {name: np.ascontiguousarray(a[i : i + 1]) for name, a in arrays.items()}
+
+    return InputSet(source, "arrays", names, load)
+
+
+def open_input_set(
+    source: str | Path,
+    preprocess: Preprocess | None = None,
+    input_name: str = "input",
+) -> InputSet:
+    """Open an input set from a path or ``package:photos``. Raises ``InputError`` for anything unusable."""
+    text = str(source)
+    if text == PACKAGE_PHOTOS:
+        return _image_set(text, package_photos(), preprocess, input_name)
+    if text.startswith("package:"):
+        raise InputError(f"unknown bundled input set {text!r}; the one bundled set is {PACKAGE_PHOTOS!r}")
+    path = Path(text)
+    if not path.exists():
+        raise InputError(f"input set {path} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+        arrays = [p for p in files if p.suffix.lower() == ".npy"]
+        if images and arrays:
+            raise InputError(f"input folder {path} mixes images and .npy files; keep one kind")
+        if images:
+            return _image_set(str(path), images, preprocess, input_name)
+        if arrays:
+            def load(i: int) -> Sample:
+                arr = _npy_load(arrays[i])
+                return {input_name: np.ascontiguousarray(arr if arr.ndim and arr.shape[0] == 1 else arr[None])}
+
+            return InputSet(str(path), "arrays", [p.name for p in arrays], load)
+        raise InputError(f"input folder {path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no .npy files")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        arr = _npy_load(path)
+        if arr.ndim == 0:
+            raise InputError(f"{path}: a 0-d array is not a stack of samples")
+        return _stacked_set(str(path), {input_name: arr})
+    if suffix == ".npz":
+        try:
+            archive = np.load(path, allow_pickle=False)
+            arrays = {key: archive[key] for key in archive.files}
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"cannot read array file {path}: {exc}") from None
+        if not arrays:
+            raise InputError(f"{path} holds no arrays")
+        return _stacked_set(str(path), arrays)
+    if suffix in IMAGE_SUFFIXES:
+        return _image_set(str(path), [path], preprocess, input_name)
+    raise InputError(f"unsupported input {path}: give a folder of images, a .npy/.npz file, or {PACKAGE_PHOTOS}")

@@ -1,0 +1,152 @@
+"""Run directories: ``runs/<run-id>/`` with artifacts and a ``manifest.json`` written last.
+
+Life of a run directory:
+
+1. ``RunDirectory.create`` makes ``runs/<run-id>/`` and writes ``RUNNING.json`` (pid, start time, kind).
+2. The work writes artifacts into it, each atomically.
+3. ``finish(manifest)`` writes ``manifest.json`` atomically, then removes ``RUNNING.json``. Only a directory
+   with a valid ``manifest.json`` whose ``status`` is ``complete`` is a complete run.
+4. If the work fails with a user error, ``abandon()`` removes the directory: nothing half-written stays.
+   If the process is killed, the directory keeps ``RUNNING.json`` and no manifest, and every reader reports
+   it as incomplete.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from qconsist.errors import OutputError, RunStoreError
+from qconsist.store.atomic import write_json_atomic
+from qconsist.store.manifest import MANIFEST_NAME, Manifest
+
+RUNNING_NAME = "RUNNING.json"
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def new_run_id(label: str) -> str:
+    """``<label>-<UTC timestamp>-<random>``, sortable by time, unique across parallel runs."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-") or "run"
+    return f"{safe}-{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class RunDirectory:
+    """A run directory being written. Use as a context manager: a user error abandons it."""
+
+    path: Path
+    run_id: str
+    started: str
+    keep_on_error: bool = False
+
+    @classmethod
+    def create(cls, runs_root: Path, label: str, kind: str, run_id: str | None = None) -> "RunDirectory":
+        runs_root = Path(runs_root)
+        run_id = run_id or new_run_id(label)
+        if not _RUN_ID_RE.match(run_id):
+            raise OutputError(f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-'")
+        path = runs_root / run_id
+        try:
+            runs_root.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError as exc:
+            raise OutputError(f"run directory {path} already exists; choose another --run-id") from exc
+        except OSError as exc:
+            raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from exc
+        started = utc_now()
+        write_json_atomic(path / RUNNING_NAME, {"run_id": run_id, "kind": kind, "pid": os.getpid(), "started": started})
+        return cls(path=path, run_id=run_id, started=started)
+
+    def file(self, relative: str) -> Path:
+        target = self.path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def mark_progress(self, stage: str) -> None:
+        """Note in RUNNING.json which step is under way, so an interrupted run says where it stopped."""
+        marker = self.path / RUNNING_NAME
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            data = {"run_id": self.run_id}
+        data["stage"] = stage
+        data["updated"] = utc_now()
+        write_json_atomic(marker, data)
+
+    def finish(self, manifest: Manifest) -> Path:
+        manifest.run_id = self.run_id
+        manifest.started = manifest.started or self.started
+        manifest.finished = utc_now()
+        manifest.status = "complete"
+        write_json_atomic(self.path / MANIFEST_NAME, manifest.to_json())
+        (self.path / RUNNING_NAME).unlink(missing_ok=True)
+        return self.path
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "RunDirectory":
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None or self.keep_on_error:
+            return
+        from qconsist.errors import QconsistError
+
+        if isinstance(exc, QconsistError):
+            self.abandon()
+
+
+def run_state(path: Path) -> str:
+    """``complete``, ``incomplete`` (interrupted or being written) or ``missing``."""
+    path = Path(path)
+    if not path.is_dir():
+        return "missing"
+    manifest = path / MANIFEST_NAME
+    if manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "incomplete"
+        if isinstance(data, dict) and data.get("status") == "complete":
+            return "complete"
+    return "incomplete"
+
+
+def open_run(path: Path) -> Manifest:
+    """Load a complete run's manifest, or raise a one-line ``RunStoreError`` saying why not."""
+    path = Path(path)
+    state = run_state(path)
+    if state == "missing":
+        raise RunStoreError(f"run directory {path} does not exist")
+    if state == "incomplete":
+        where = ""
+        marker = path / RUNNING_NAME
+        if marker.is_file():
+            try:
+                info = json.loads(marker.read_text())
+                where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
+            except (OSError, ValueError):
+                pass
+        raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
+    return Manifest.load(path / MANIFEST_NAME)
+
+
+def list_runs(runs_root: Path) -> list[tuple[Path, str]]:
+    """Every run directory under ``runs_root`` with its state, oldest first by name."""
+    runs_root = Path(runs_root)
+    if not runs_root.is_dir():
+        return []
+    return [(p, run_state(p)) for p in sorted(runs_root.iterdir()) if p.is_dir() and not p.name.startswith(".")]
