@@ -1,0 +1,1 @@
+"""The pipeline's stages: convert (Caffe → ONNX), optimize, quantize."""

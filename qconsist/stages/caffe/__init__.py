@@ -1,0 +1,1 @@
+"""Caffe models: reading them (with caffe2onnx's own proto schema) and converting them to ONNX."""
