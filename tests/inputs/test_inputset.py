@@ -1,0 +1,100 @@
+"""Input sets: package photographs with Caffe preprocessing, arrays, and their errors."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from qconsist.errors import ConfigError, InputError, ShapeMismatchError
+from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inputs.inputset import InputSpec
+from qconsist.inputs.preprocess import ChannelOrder
+
+CAFFE = Preprocess(resize=(256, 256), crop=(224, 224), channel_order=ChannelOrder.BGR, mean=(104.0, 117.0, 123.0))
+
+
+def test_package_photos_caffe_preprocessing_matches_manual_numpy():
+    photos = open_input_set("package:photos", CAFFE, input_name="data")
+    assert len(photos) >= 20
+    assert photos.names[:2] == ["astronaut.png", "chelsea.png"]
+    sample = photos.sample(0)["data"]
+    assert sample.shape == (1, 3, 224, 224) and sample.dtype == np.float32
+    # independent computation with PIL + numpy
+    import skimage
+
+    from pathlib import Path
+
+    image = Image.open(Path(skimage.__file__).parent / "data" / "astronaut.png").convert("RGB")
+    rgb = np.asarray(image.resize((256, 256), Image.Resampling.BILINEAR), dtype=np.float32)[16:240, 16:240]
+    expected = (rgb[..., ::-1] - np.array([104, 117, 123], np.float32)).transpose(2, 0, 1)
+    np.testing.assert_array_equal(sample[0], expected)
+
+
+def test_grey_photo_becomes_three_channels():
+    photos = open_input_set("package:photos", CAFFE, input_name="data")
+    index = photos.names.index("camera.png")
+    sample = photos.sample(index)["data"][0]
+    np.testing.assert_array_equal(sample[0] + 104, sample[1] + 117)
+
+
+def test_digest_depends_on_every_byte(tmp_path):
+    arr = np.random.default_rng(0).normal(size=(3, 1, 4)).astype(np.float32)
+    np.save(tmp_path / "a.npy", arr)
+    arr2 = arr.copy()
+    arr2[2, 0, 3] = np.nextafter(arr2[2, 0, 3], np.float32(9))
+    np.save(tmp_path / "b.npy", arr2)
+    a = open_input_set(tmp_path / "a.npy", input_name="x")
+    b = open_input_set(tmp_path / "b.npy", input_name="x")
+    assert len(a) == 3 and a.sample(1)["x"].shape == (1, 1, 4)
+    assert a.digest() == open_input_set(tmp_path / "a.npy", input_name="x").digest()
+    assert a.digest() != b.digest()
+    assert a.subset(0, 2).digest() == b.subset(0, 2).digest()
+
+
+def test_npz_multiple_inputs_and_count_mismatch(tmp_path):
+    np.savez(tmp_path / "ok.npz", a=np.zeros((2, 3), np.float32), b=np.ones((2, 5), np.float32))
+    s = open_input_set(tmp_path / "ok.npz")
+    assert sorted(s.sample(1)) == ["a", "b"] and s.sample(1)["b"].shape == (1, 5)
+    np.savez(tmp_path / "bad.npz", a=np.zeros((2, 3)), b=np.ones((3, 5)))
+    with pytest.raises(InputError, match=r"arrays differ in sample count"):
+        open_input_set(tmp_path / "bad.npz")
+
+
+def test_errors(tmp_path):
+    with pytest.raises(InputError, match=r"input set .*missing does not exist"):
+        open_input_set(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match=r"holds no images"):
+        open_input_set(empty)
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    folder = open_input_set(tmp_path / "imgs", CAFFE)
+    with pytest.raises(InputError, match=r"cannot read image .*broken\.jpg"):
+        folder.sample(0)
+    with pytest.raises(InputError, match=r"must declare \[preprocess\]"):
+        open_input_set("package:photos")
+    with pytest.raises(InputError, match=r"unknown bundled input set 'package:cats'"):
+        open_input_set("package:cats", CAFFE)
+    (tmp_path / "x.npy").write_bytes(b"garbage")
+    with pytest.raises(InputError, match=r"cannot read array file"):
+        open_input_set(tmp_path / "x.npy")
+
+
+def test_shape_check_names_input_and_shapes(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((2, 3, 10, 10), np.float32))
+    s = open_input_set(tmp_path / "a.npy", input_name="data")
+    with pytest.raises(ShapeMismatchError, match=r"input 'data' has shape \[1, 3, 10, 10\], the model wants \[1, 3, 224, 224\]"):
+        s.checked([InputSpec("data", np.dtype(np.float32), (1, 3, 224, 224))])
+    ok = s.checked([InputSpec("data", np.dtype(np.float32), ("batch", 3, 10, 10))])
+    assert ok.sample(1)["data"].shape == (1, 3, 10, 10)
+
+
+def test_preprocess_validation():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) croop"):
+        Preprocess.from_dict({"croop": [1, 2]})
+    with pytest.raises(ConfigError, match=r"preprocess.channel_order: invalid value 'XYZ'"):
+        Preprocess.from_dict({"channel_order": "XYZ"})
+    with pytest.raises(ConfigError, match=r"must be \[height, width\]"):
+        Preprocess.from_dict({"resize": [0, 3]})
+    p = Preprocess.from_dict({"resize": [8, 8], "channel_order": "bgr", "mean": [1, 2, 3]})
+    assert p.channel_order is ChannelOrder.BGR and p.to_json()["mean"] == [1.0, 2.0, 3.0]
