@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup clean
+.PHONY: run test setup clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,8 +20,13 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/qconsist pipeline run pipelines/open_nsfw.toml
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -m "not gpu"
+
+# The HTML report tests render in Debian's headless chromium; install it where it is missing and we are root.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

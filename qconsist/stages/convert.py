@@ -1,8 +1,12 @@
 """Stage convert: Caffe (prototxt + caffemodel) → ONNX with caffe2onnx, then qconsist's own repair pass.
 
-caffe2onnx stamps the installed onnx's newest opset and IR version, which onnxruntime refuses; the model is
-re-stamped with ``ConvertOptions.opset`` (default 17) and the matching IR version, then checked with
-``onnx.checker`` and an onnxruntime session.
+1. Refuse, naming the layer, what cannot be converted faithfully (``check_supported``).
+2. caffe2onnx converts copies of the network rewritten onto code paths of it that work (``normalize.py``).
+3. The opset and IR version are re-stamped (caffe2onnx stamps the installed onnx's newest, which
+   onnxruntime refuses) with ``ConvertOptions.opset`` (default 17) and its IR version.
+4. ``repair.py`` gives every layer's nodes Caffe's exact semantics; each repair is recorded.
+5. ``onnx.checker`` (full check), then, unless ``check=False``, onnxruntime's output against the numpy
+   Caffe reference on a seeded input (``fidelity.py``): outside tolerance raises ``FidelityError``.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ import contextlib
 import io
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from qconsist.errors import ConfigError, UnsupportedModelError
+from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
+from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
 
 log = logging.getLogger(__name__)
@@ -36,9 +43,13 @@ SUPPORTED_LAYERS = frozenset({
 class ConvertOptions:
     opset: int = DEFAULT_OPSET
     dynamic_batch: bool = False
+    check: bool = True  # compare with the numpy Caffe reference on a seeded input
 
     def __post_init__(self) -> None:
-        if self.opset not in SUPPORTED_OPSETS:
+        for name in ("dynamic_batch", "check"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"convert.{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.opset, bool) or not isinstance(self.opset, int) or self.opset not in SUPPORTED_OPSETS:
             raise ConfigError(
                 f"convert.opset {self.opset} is not supported; choose one of {', '.join(map(str, SUPPORTED_OPSETS))}"
             )
@@ -52,14 +63,31 @@ class ConvertResult:
     path: Path
     opset: int
     ir_version: int
-    seconds: float
+    seconds: float  # the whole stage, check included
     repairs: list[str] = field(default_factory=list)
+    check: FidelityCheck | None = None  # None when ConvertOptions.check is False
+    convert_seconds: float = 0.0  # without the check
+
+    @property
+    def passed(self) -> bool:
+        return self.check is None or self.check.passed
+
+    def __bool__(self) -> bool:
+        return self.passed
 
     def to_json(self) -> dict:
         return {
             "path": str(self.path), "opset": self.opset, "ir_version": self.ir_version,
-            "seconds": self.seconds, "repairs": list(self.repairs),
+            "seconds": self.seconds, "convert_seconds": self.convert_seconds, "repairs": list(self.repairs),
+            "check": self.check.to_json() if self.check is not None else None,
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ConvertResult":
+        check = FidelityCheck.from_json(data["check"]) if data.get("check") else None
+        return cls(path=Path(data["path"]), opset=data["opset"], ir_version=data["ir_version"],
+                   seconds=data["seconds"], repairs=list(data["repairs"]), check=check,
+                   convert_seconds=data.get("convert_seconds", 0.0))
 
 
 def ir_version_for(opset: int) -> int:
@@ -70,53 +98,195 @@ def ir_version_for(opset: int) -> int:
     raise ConfigError(f"onnx does not know opset {opset}")
 
 
-def _layers(net):
-    return list(net.layer) if len(net.layer) else list(net.layers)
+# blobs each layer type reads from the caffemodel: (required count, optional extra when bias_term)
+_BLOBS = {"Convolution": 1, "Deconvolution": 1, "InnerProduct": 1, "Scale": 1, "PReLU": 1, "BatchNorm": 3}
 
 
-def check_supported(net) -> None:
-    """Refuse, with the layer's name and type, what qconsist cannot convert faithfully."""
+def _refuse(layer, reason: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"layer '{layer.name}' ({layer.type}): {reason}")
+
+
+def _check_layer(layer, shapes: dict, saved: dict) -> None:
+    bottoms = [shapes[(layer.name, b)] for b in layer.bottom if (layer.name, b) in shapes]
+    if len(layer.include) or len(layer.exclude):
+        raise _refuse(layer, "has include/exclude phase rules; keep only the TEST-phase layers in the deploy prototxt")
+    if layer.type in ("Convolution", "Deconvolution", "Pooling") and any(len(b) != 4 for b in bottoms):
+        raise _refuse(layer, f"needs a 4-D (N, C, H, W) bottom, got {[list(b) for b in bottoms]}")
+    if layer.type in ("Convolution", "Deconvolution") and layer.convolution_param.axis != 1:
+        raise _refuse(layer, f"axis {layer.convolution_param.axis} is not supported (only channels at axis 1)")
+    if layer.type == "Pooling":
+        _check_pooling(layer, bottoms[0])
+    if layer.type == "BatchNorm" and layer.batch_norm_param.HasField("use_global_stats") and not layer.batch_norm_param.use_global_stats:
+        raise _refuse(layer, "use_global_stats: false normalises each batch with its own statistics, which ONNX "
+                             "inference cannot; set it to true to use the stored statistics")
+    if layer.type == "Scale" and len(layer.bottom) != 1:
+        raise _refuse(layer, "takes its scale from a second bottom; only learned Scale blobs are supported")
+    if layer.type == "Eltwise":
+        param = layer.eltwise_param
+        if len(param.coeff) and param.operation != 1:
+            raise _refuse(layer, "coefficients are only allowed with operation SUM")
+        if len(param.coeff) and len(param.coeff) != len(layer.bottom):
+            raise _refuse(layer, f"has {len(param.coeff)} coefficients for {len(layer.bottom)} bottoms")
+    if layer.type in _BLOBS:
+        _check_blobs(layer, saved.get(layer.name))
+
+
+def _check_pooling(layer, bottom) -> None:
+    from qconsist.stages.caffe.geometry import onnx_pool_pads, pool_geometry, pooled_size
+
+    param = layer.pooling_param
+    if param.pool == 2:
+        raise _refuse(layer, "STOCHASTIC pooling has no ONNX equivalent")
+    if param.global_pooling:
+        return
+    geo = pool_geometry(param, bottom[2], bottom[3])
+    for axis, size in enumerate(bottom[2:]):
+        k, p, s = geo["kernel"][axis], geo["pad"][axis], geo["stride"][axis]
+        if k <= 0 or s <= 0 or p >= k:
+            raise _refuse(layer, f"kernel {k}, pad {p}, stride {s}: Caffe needs kernel > 0, stride > 0, pad < kernel")
+        out = pooled_size(size, k, p, s, param.round_mode == 0, bool(geo["pad"][0] or geo["pad"][1]))
+        if (out - 1) * s - p >= size:
+            raise _refuse(layer, f"its last window starts outside the image (size {size}, kernel {k}, stride {s}), "
+                                 "where Caffe reads no data; use round_mode: FLOOR")
+    try:
+        onnx_pool_pads(param, bottom)
+    except UnsupportedModelError as exc:
+        raise _refuse(layer, str(exc).removeprefix("Pooling: ")) from None
+
+
+def _check_blobs(layer, saved) -> None:
+    from qconsist.stages.caffe.geometry import blob_array
+
+    needed = _BLOBS[layer.type]
+    bias = {"Convolution": layer.convolution_param.bias_term, "Deconvolution": layer.convolution_param.bias_term,
+            "InnerProduct": layer.inner_product_param.bias_term, "Scale": layer.scale_param.bias_term}.get(layer.type, False)
+    needed += int(bool(bias))
+    have = len(saved.blobs) if saved is not None else 0
+    if have < needed:
+        raise InputError(
+            f"caffemodel holds {have} blob(s) for layer '{layer.name}' ({layer.type}), which needs {needed}; "
+            "do the prototxt and caffemodel belong together?"
+        )
+    for blob in saved.blobs:
+        blob_array(blob)  # declared shape matches the data
+
+
+def check_supported(net, weights=None) -> None:
+    """Refuse, with the layer's name and the reason, what qconsist cannot convert faithfully; reject
+    weights that do not fit the network."""
+    from qconsist.stages.caffe.geometry import infer_shapes, layers_of
+
     if len(net.layers) and not len(net.layer):
         raise UnsupportedModelError("V1 'layers' prototxt format is not supported; upgrade it with Caffe's upgrade_net_proto_text")
-    for layer in _layers(net):
+    for layer in layers_of(net):
         if layer.type not in SUPPORTED_LAYERS:
             raise UnsupportedModelError(
                 f"layer '{layer.name}' has type '{layer.type}', which qconsist cannot convert faithfully "
                 f"(supported: {', '.join(sorted(SUPPORTED_LAYERS))})"
             )
+    if len(net.input) > 1:
+        raise UnsupportedModelError(
+            f"the network declares {len(net.input)} inputs in the legacy 'input:' form, which caffe2onnx reads as one; "
+            "declare them as Input layers"
+        )
+    known = set(net.input)
+    for layer in layers_of(net):
+        missing = [b for b in layer.bottom if b not in known]
+        if missing and layer.type != "Input":
+            raise InputError(f"layer '{layer.name}' reads blob(s) {missing} that no earlier layer or input produces")
+        known.update(layer.top)
+    if not known:
+        raise InputError("the network has no layers")
+    try:
+        shapes = infer_shapes(net)
+    except (ZeroDivisionError, IndexError, KeyError) as exc:
+        raise InputError(f"cannot work out the network's blob shapes: {type(exc).__name__}: {exc}") from None
+    saved = {layer.name: layer for layer in layers_of(weights)} if weights is not None else {}
+    for layer in layers_of(net):
+        if layer.type != "Input":
+            _check_layer(layer, shapes, saved)
 
 
 def convert_caffe(prototxt: Path, caffemodel: Path, output: Path, options: ConvertOptions = ConvertOptions()) -> ConvertResult:
-    """Convert a Caffe model to ONNX at ``output`` (written atomically)."""
+    """Convert a Caffe model to ONNX at ``output`` (written atomically, only once every check passed)."""
+    from qconsist.stages.caffe.normalize import prepare
+    from qconsist.stages.caffe.reference import weights_by_layer
     from qconsist.stages.caffe.repair import repair_model
     from qconsist.store.atomic import write_bytes_atomic
 
     start = time.perf_counter()
     net = read_prototxt(prototxt)
     weights = read_caffemodel(caffemodel)
-    check_supported(net)
-    caffe_pb2()  # registers the message module caffe2onnx imports
-    from caffe2onnx.src.caffe2onnx import Caffe2Onnx
-
-    chatter = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(chatter):
-            model = Caffe2Onnx(net, weights, str(output)).createOnnxModel()
-    except SystemExit:
-        raise UnsupportedModelError(f"caffe2onnx gave up on {prototxt}: {chatter.getvalue().strip().splitlines()[-1:]}") from None
-    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
-        raise UnsupportedModelError(f"caffe2onnx cannot convert {prototxt}: {type(exc).__name__}: {exc}") from None
+    check_supported(net, weights)
+    net_for_tool, weights_for_tool, notes = prepare(net, weights)
+    model = _run_caffe2onnx(net_for_tool, weights_for_tool, prototxt, output)
     del model.opset_import[:]
     model.opset_import.add(domain="", version=options.opset)
     model.ir_version = ir_version_for(options.opset)
     model.producer_name = "qconsist (caffe2onnx 2.0.1)"
-    repairs = repair_model(model, net, weights, options)
+    params = weights_by_layer(weights)  # float64 arrays, read once for the repairs and the check
+    repairs = notes + repair_model(model, net, params, options)
+    for line in repairs:
+        log.info("convert repair: %s", line)
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise UnsupportedModelError(f"converted model fails onnx.checker: {exc}") from None
-    write_bytes_atomic(Path(output), model.SerializeToString())
+    data = model.SerializeToString()
+    convert_seconds = time.perf_counter() - start
+    check = None
+    if options.check:
+        check = check_fidelity(data, net, params)
+        log.info("convert check: max abs %.3g (tolerance %.3g) in %.2f s", check.max_abs, check.tolerance, check.seconds)
+        if not check.passed:
+            worst = max(check.outputs, key=lambda o: o.max_abs / o.tolerance if o.tolerance else float("inf"))
+            raise FidelityError(f"converted model differs from the numpy Caffe reference: {worst.describe()}")
+    write_bytes_atomic(Path(output), data)
     return ConvertResult(
         path=Path(output), opset=options.opset, ir_version=model.ir_version,
-        seconds=time.perf_counter() - start, repairs=repairs,
+        seconds=time.perf_counter() - start, repairs=repairs, check=check, convert_seconds=convert_seconds,
     )
+
+
+class _FastTensors:
+    """Stands in for ``onnx.helper`` inside caffe2onnx while it runs: its ``make_tensor`` copies every weight
+    value by value into ``float_data`` (about 1 s for open_nsfw's 6 M weights); this one stores the same
+    values as ``raw_data`` (same tensor, same values). Everything else is onnx.helper's own."""
+
+    def __getattr__(self, name: str):
+        return getattr(onnx.helper, name)
+
+    @staticmethod
+    def make_tensor(name, data_type, dims, vals, raw=False):
+        if raw or data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64):
+            return onnx.helper.make_tensor(name, data_type, dims, vals, raw=raw)
+        dtype = np.float32 if data_type == onnx.TensorProto.FLOAT else np.int64
+        array = np.asarray(vals, dtype=dtype).reshape(-1)
+        return onnx.helper.make_tensor(name, data_type, dims, array.tobytes(), raw=True)
+
+
+@contextlib.contextmanager
+def _fast_tensors(module):
+    original = module.helper
+    module.helper = _FastTensors()
+    try:
+        yield
+    finally:
+        module.helper = original
+
+
+def _run_caffe2onnx(net, weights, prototxt: Path, output: Path) -> onnx.ModelProto:
+    caffe_pb2()  # registers the message module caffe2onnx imports
+    import caffe2onnx.src.caffe2onnx as tool
+
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(chatter), warnings.catch_warnings(), _fast_tensors(tool):
+            # -sys.float_info.max cast to float32 for its MaxPool Pad constant (that node is removed by repair)
+            warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
+            return tool.Caffe2Onnx(net, weights, str(output)).createOnnxModel()
+    except SystemExit:
+        last = chatter.getvalue().strip().splitlines()[-1:] or ["no message"]
+        raise UnsupportedModelError(f"caffe2onnx gave up on {prototxt}: {last[0]}") from None
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError, AssertionError, ZeroDivisionError) as exc:
+        raise UnsupportedModelError(f"caffe2onnx cannot convert {prototxt}: {type(exc).__name__}: {exc}") from None

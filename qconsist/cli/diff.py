@@ -1,0 +1,109 @@
+"""``qconsist diff RUN_A RUN_B``: where two runs part, first artifacts, then calibration, tensors, outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from qconsist.cli.app import app, handles_errors, print_json, stdout_console
+from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+_SHOWN = 12
+
+
+def _num(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _render(result) -> None:  # result: DiffResult
+    console = stdout_console()
+    console.print(f"A: {result.run_a}\nB: {result.run_b}")
+    for line in result.options:
+        console.print(f"options differ: {line}")
+    art = result.artifacts
+    first = art["first_differing_stage"]
+    console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
+    for stage in art["stages"]:
+        if stage.get("changes"):
+            ch = stage["changes"]
+            console.print(
+                f"  {stage['name']}: md5 {stage['md5_a']} -> {stage['md5_b']}; nodes +{len(ch['nodes_added'])} "
+                f"-{len(ch['nodes_removed'])}, attributes changed {len(ch['attributes_changed'])}, "
+                f"initializers changed {len(ch['initializers_changed'])}"
+            )
+            qparams = [c for c in ch["initializers_changed"] if c["quantization_parameter"]]
+            for change in qparams[:_SHOWN]:
+                console.print(f"    {change['name']} (used by {', '.join(change['consumers'][:3])})")
+            if len(qparams) > _SHOWN:
+                console.print(f"    ... {len(qparams) - _SHOWN} more scale / zero-point tensors")
+    calib = result.calibration
+    if calib["compared"]:
+        console.print(f"calibration: {len(calib['changed'])} tensor(s) changed range or scale")
+        for entry in calib["changed"][:_SHOWN]:
+            console.print(f"  {entry['tensor']}: {', '.join(entry['fields'])}")
+    tensors = result.tensors
+    if tensors is not None:
+        if not tensors.nodes:
+            console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
+        else:
+            origins = tensors.origins
+            console.print(
+                f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
+                f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
+            )
+            table = Table("node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB")
+            for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
+                if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
+                    continue
+                e = node.elements
+                mismatch = f"{e.differing} / {e.total} ({e.percent:.2f}%)" if e else "raw not kept"
+                extra = "-"
+                if e and e.max_ulp is not None:
+                    extra = str(e.max_ulp)
+                elif e and e.histogram:
+                    extra = " ".join(f"{k}:{v}" for k, v in sorted(e.histogram.items(), key=lambda kv: int(kv[0])))
+                table.add_row(
+                    node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
+                    f"{len(node.samples)}/{tensors.samples}", mismatch,
+                    _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
+                )
+            console.print(table)
+            for node in origins:
+                why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
+                console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
+            if result.capture:
+                console.print("element statistics need raw tensors; capture them with:")
+                for command in result.capture:
+                    console.print(f"  {command}")
+    if result.outputs is not None:
+        o = result.outputs
+        console.print(
+            f"final outputs: {len(o['differing_samples'])}/{o['samples']} samples differ, greatest abs difference "
+            f"{_num(o['max_abs'])}, top-1 agreement {100 * o['top1_agreement']:.1f}%"
+        )
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print("verdict: identical" if result.passed else "verdict: diverged")
+
+
+@app.command("diff")
+@handles_errors
+def diff(
+    run_a: Path = typer.Argument(..., help="First run directory."),
+    run_b: Path = typer.Argument(..., help="Second run directory."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
+
+    Exit 0 identical, 1 diverged, 2 error (incomplete runs, different models or input sets).
+    """
+    from qconsist.compare.diff import diff_runs
+
+    result = diff_runs(run_a, run_b)
+    if json_output:
+        print_json(result.to_json())
+    else:
+        _render(result)
+    raise typer.Exit(EXIT_OK if result.passed else EXIT_DIVERGED)

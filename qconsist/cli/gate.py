@@ -1,0 +1,54 @@
+"""``qconsist gate``: pass or fail a candidate against its baseline under a policy, with every reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+
+def render_verdict(verdict) -> None:  # GateVerdict
+    console = stdout_console()
+    console.soft_wrap = True
+    console.print(("PASS" if verdict.passed else "FAIL") + f" {verdict.model}: {verdict.candidate}")
+    console.print(f"  baseline: {verdict.baseline or 'none'}; policy: {verdict.policy.get('source')}")
+    if verdict.changed_stages:
+        console.print(f"  stages changed: {', '.join(verdict.changed_stages)}")
+    if verdict.first_diverging_node:
+        console.print(f"  first diverging node: {verdict.first_diverging_node} (origin nodes: {', '.join(verdict.origin_nodes) or 'none'})")
+    for check in verdict.checks:
+        console.print(f"  {check.status.value.upper():<14} {check.name}: {check.message}")
+
+
+@app.command("gate")
+@handles_errors
+def gate(
+    run: Path = typer.Argument(..., help="Candidate: a pipeline run or a nightly entry run directory."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline run of the same kind (omit: first release, nothing to compare)."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="Policy file (TOML; default: the built-in defaults, see policies/default.toml)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdict as JUnit XML to this file."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write a markdown summary to this file."),
+    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+) -> None:
+    """Judge RUN against --baseline under --policy: artifact hashes, repeated calibration and inference,
+    output drift against the float model and the baseline, NaN/Inf, labels, the pinned GPU config.
+
+    Exit 0: pass; 1: fail (every reason listed); 2: error.
+    """
+    from qconsist.gate import evaluate_gate, load_policy
+    from qconsist.report.html import write_report
+
+    verdict = evaluate_gate(run, baseline, load_policy(policy), progress=progress_for(json_output))
+    if junit is not None:
+        write_report(verdict.to_junit(), junit)
+    if markdown is not None:
+        write_report(verdict.to_markdown(), markdown)
+    if json_output:
+        print_json(verdict.to_json())
+    else:
+        render_verdict(verdict)
+    raise typer.Exit(EXIT_OK if verdict.passed else EXIT_DIVERGED)

@@ -1,0 +1,54 @@
+"""``qconsist history``: a model's nights, and when a hash or the verdict first changed (and what else did)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from qconsist.cli.app import app, handles_errors, print_json, stdout_console
+
+
+@app.command("history")
+@handles_errors
+def history(
+    model: str = typer.Argument(..., help="Model name, as in the nightly file's [[models]] name."),
+    database: Path = typer.Option(Path("runs/history.sqlite"), "--db", help="History database written by qconsist nightly."),
+    json_output: bool = typer.Option(False, "--json", help="Print the timeline as JSON."),
+) -> None:
+    """Show MODEL's nights (hashes, verdicts) and each change: which stage's hash or the verdict changed,
+    first on which night, and what changed in the environment with it.
+
+    Exit 0; 2: no such database or model.
+    """
+    from qconsist.errors import InputError
+    from qconsist.history import History, model_timeline
+
+    if not database.is_file():
+        raise InputError(f"history database {database} does not exist; run qconsist nightly first (or give --db)")
+    db = History(database)
+    db.mark_abandoned()
+    timeline = model_timeline(db, model)
+    if json_output:
+        print_json(timeline.to_json())
+        return
+    console = stdout_console()
+    console.soft_wrap = True
+    console.print(f"{model}: {len(timeline.nights)} night(s) in {database}")
+    for row in timeline.nights:
+        verdict = row["verdict"]
+        word = "error" if verdict is None else ("pass" if verdict["passed"] else "FAIL")
+        hashes = " ".join(f"{stage}={(h.get('md5') or '')[:8]}" for stage, h in row["hashes"].items())
+        night = row["night_status"] if row["night_status"] != "complete" else ""
+        console.print(f"  {row['night_id']}  {row['started']}  {word:<5} {hashes}  {night}".rstrip())
+        if verdict and verdict["reasons"]:
+            for reason in verdict["reasons"]:
+                console.print(f"      {reason}")
+        if row["error"]:
+            console.print(f"      error: {row['error']}")
+    if not timeline.changes:
+        console.print("no hash or verdict changed")
+        return
+    console.print("changes:")
+    for change in timeline.changes:
+        console.print(f"  {change.describe()}")

@@ -1,0 +1,59 @@
+"""``qconsist nightly``: every model of a nightly file through pipeline, dumps, locate, diff and gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+
+
+def render_night(result) -> None:  # NightlyResult
+    console = stdout_console()
+    console.soft_wrap = True
+    counts = result.summary()
+    console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error")
+    for entry in result.entries:
+        console.print(f"  {entry.status.upper():<5} {entry.model}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
+        if entry.error:
+            console.print(f"        error: {entry.error}")
+        if entry.verdict is not None:
+            for reason in entry.verdict.reasons:
+                console.print(f"        {reason}")
+        if entry.locate_skipped:
+            console.print(f"        locate skipped: {entry.locate_skipped}")
+    console.print(f"report: {result.path / 'report.html'}")
+    console.print(f"history: {result.history}")
+
+
+@app.command("nightly")
+@handles_errors
+def nightly(
+    file: Path = typer.Argument(..., help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model (repeatable)."),
+    runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Where run directories go (default: the file's runs_dir)."),
+    history: Optional[Path] = typer.Option(None, "--history", help="History database (default: the file's history, else <runs_dir>/history.sqlite)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the night's result as JSON."),
+) -> None:
+    """Run every model of FILE: pipeline, inference dumps, locate (where a GPU exists), the diff against the
+    last good night and the gate; record everything in the history; write one HTML report.
+
+    Exit 0: every gate passed; 1: a gate failed; 2: a model could not be judged or FILE is invalid.
+    """
+    from dataclasses import replace
+
+    from qconsist.nightly import load_nightly, run_nightly
+
+    config = load_nightly(file)
+    if runs_dir is not None:
+        config = replace(config, runs_dir=runs_dir.resolve(), history=(history or runs_dir / "history.sqlite").resolve())
+    elif history is not None:
+        config = replace(config, history=history.resolve())
+    result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()))
+    if json_output:
+        print_json(result.to_json())
+    else:
+        render_night(result)
+    raise typer.Exit(result.exit_code)

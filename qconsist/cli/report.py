@@ -1,0 +1,27 @@
+"""``qconsist report``: one self-contained HTML file for runs, nightly entries, nights and diffs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+import typer
+
+from qconsist.cli.app import app, handles_errors, stdout_console
+
+
+@app.command("report")
+@handles_errors
+def report(
+    items: List[Path] = typer.Argument(..., help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
+    output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
+) -> None:
+    """Write one self-contained HTML report: verdict, artifacts table, per-node divergence along the
+    topological order (inline SVG), origin nodes, GPU configuration matrix with latencies.
+
+    Exit 0: written; 2: an input is not a complete run or a diff result, or OUTPUT cannot be written.
+    """
+    from qconsist.report import render_paths, write_report
+
+    write_report(render_paths(items), output)
+    stdout_console().print(f"report: {output}")

@@ -1,0 +1,1 @@
+"""``qconsist diff``: where two runs part — artifacts, calibration tables, tensors, final outputs."""

@@ -1,0 +1,157 @@
+"""Artifacts and calibration tables of two runs: the first stage whose model differs, and how."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import numpy_helper
+
+from qconsist.store.manifest import Manifest
+
+log = logging.getLogger(__name__)
+_QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
+
+
+def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
+    artifact = stage.get("artifact")
+    return artifact if isinstance(artifact, dict) else None
+
+
+def _model_path(run_dir: Path, artifact: dict[str, Any]) -> Path:
+    path = Path(artifact.get("path", ""))
+    return path if path.is_absolute() else Path(run_dir) / path
+
+
+def _load(path: Path) -> onnx.ModelProto | None:
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable file is reported, not fatal
+        log.info("cannot load %s: %s", path, exc)
+        return None
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        for inp in node.input:
+            found.setdefault(inp, []).append(node.name or f"{node.op_type}_{i}")
+    return found
+
+
+def _is_qparam(model: onnx.ModelProto, name: str) -> bool:
+    """A scale or zero point: input 1 or 2 of QuantizeLinear/DequantizeLinear, or a QLinear op's
+    ``*scale`` / ``*zero_point`` input."""
+    for node in model.graph.node:
+        inputs = list(node.input)
+        if name not in inputs[1:]:
+            continue
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and inputs.index(name) in (1, 2):
+            return True
+        if node.op_type in _QPARAM_OPS and name.endswith(("scale", "zero_point")):
+            return True
+    return False
+
+
+def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> dict[str, Any]:
+    """Nodes added and removed, attributes changed, initializers changed (with their consumers)."""
+    nodes_a = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(a.graph.node)}
+    nodes_b = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(b.graph.node)}
+    attributes = []
+    for name in sorted(set(nodes_a) & set(nodes_b)):
+        na, nb = nodes_a[name], nodes_b[name]
+        if na.op_type != nb.op_type or list(na.input) != list(nb.input) or list(na.output) != list(nb.output):
+            attributes.append({"node": name, "attribute": "(op, inputs or outputs)"})
+            continue
+        attrs_a = {x.name: x.SerializeToString(deterministic=True) for x in na.attribute}
+        attrs_b = {x.name: x.SerializeToString(deterministic=True) for x in nb.attribute}
+        for key in sorted(set(attrs_a) | set(attrs_b)):
+            if attrs_a.get(key) != attrs_b.get(key):
+                attributes.append({"node": name, "attribute": key})
+    inits_a = {i.name: i for i in a.graph.initializer}
+    inits_b = {i.name: i for i in b.graph.initializer}
+    consumers = _consumers(b)
+    changed = []
+    for name in sorted(set(inits_a) & set(inits_b)):
+        ta, tb = numpy_helper.to_array(inits_a[name]), numpy_helper.to_array(inits_b[name])
+        if ta.dtype == tb.dtype and ta.shape == tb.shape and ta.tobytes() == tb.tobytes():
+            continue
+        entry: dict[str, Any] = {
+            "name": name, "dtype": str(tb.dtype), "shape": list(tb.shape),
+            "quantization_parameter": _is_qparam(b, name), "consumers": consumers.get(name, []),
+        }
+        if ta.shape == tb.shape and ta.size and ta.dtype.kind in "fiu" and tb.dtype.kind in "fiu":
+            diff = abs(ta.astype("float64") - tb.astype("float64"))
+            entry["elements_changed"] = int((diff != 0).sum())
+            entry["elements"] = int(ta.size)
+            biggest = float(diff.max())
+            entry["max_abs_diff"] = biggest if math.isfinite(biggest) else str(biggest)
+        changed.append(entry)
+    return {
+        "nodes_added": sorted(set(nodes_b) - set(nodes_a)),
+        "nodes_removed": sorted(set(nodes_a) - set(nodes_b)),
+        "attributes_changed": attributes,
+        "initializers_added": sorted(set(inits_b) - set(inits_a)),
+        "initializers_removed": sorted(set(inits_a) - set(inits_b)),
+        "initializers_changed": changed,
+    }
+
+
+def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> dict[str, Any]:
+    """Stage by stage (stages both runs have, in A's order): md5 and content hash, and for the first stage
+    whose model differs, what differs in it."""
+    stages = []
+    first = None
+    for stage_a in a.stages:
+        stage_b = b.stage(stage_a["name"])
+        art_a = _artifact(stage_a)
+        art_b = _artifact(stage_b) if stage_b else None
+        if art_a is None or art_b is None:
+            continue
+        same_bytes = art_a.get("sha256") == art_b.get("sha256")
+        same_content = art_a.get("content") == art_b.get("content")
+        stages.append({
+            "name": stage_a["name"], "same_bytes": same_bytes, "same_content": same_content,
+            "md5_a": art_a.get("md5"), "md5_b": art_b.get("md5"),
+        })
+        if first is None and not same_bytes:
+            first = stage_a["name"]
+            model_a = _load(_model_path(run_a, art_a))
+            model_b = _load(_model_path(run_b, art_b))
+            if model_a is not None and model_b is not None:
+                stages[-1]["changes"] = model_changes(model_a, model_b)
+            else:
+                stages[-1]["changes"] = None
+                stages[-1]["note"] = "model files are gone; only their hashes are compared"
+    return {"first_differing_stage": first, "stages": stages}
+
+
+_CALIB_KEYS = ("min", "max", "scale", "zero_point")
+
+
+def _close(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return x == y
+
+
+def compare_calibration(a: Manifest, b: Manifest) -> dict[str, Any]:
+    """Tensors of the calibration tables whose range, scale or zero point changed."""
+    table_a = (a.calibration or {}).get("table") or {}
+    table_b = (b.calibration or {}).get("table") or {}
+    changed = []
+    for tensor in sorted(set(table_a) & set(table_b)):
+        ea, eb = table_a[tensor] or {}, table_b[tensor] or {}
+        fields = [k for k in _CALIB_KEYS if k in ea or k in eb if not _close(ea.get(k), eb.get(k))]
+        if fields:
+            changed.append({"tensor": tensor, "fields": fields,
+                            "a": {k: ea.get(k) for k in _CALIB_KEYS}, "b": {k: eb.get(k) for k in _CALIB_KEYS}})
+    return {
+        "compared": bool(table_a and table_b),
+        "changed": changed,
+        "only_a": sorted(set(table_a) - set(table_b)),
+        "only_b": sorted(set(table_b) - set(table_a)),
+    }

@@ -1,0 +1,7 @@
+"""The release gate: a candidate against its baseline under an explicit policy; pass or fail with every reason."""
+
+from qconsist.gate.gate import evaluate_gate
+from qconsist.gate.policy import Policy, load_policy, parse_policy
+from qconsist.gate.verdict import CheckResult, CheckStatus, GateVerdict
+
+__all__ = ["CheckResult", "CheckStatus", "GateVerdict", "Policy", "evaluate_gate", "load_policy", "parse_policy"]

@@ -1,0 +1,317 @@
+"""The gate's checks. Each takes the candidate (and the baseline where it needs one) and the policy and
+returns a ``CheckResult`` with the tolerance it applied and the figures it measured."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from qconsist.errors import QconsistError
+from qconsist.gate.evidence import Side, evaluation_inputs
+from qconsist.gate.policy import DriftLimits, Policy
+from qconsist.gate.verdict import CheckResult, CheckStatus
+
+log = logging.getLogger(__name__)
+
+PASS, FAIL, NA = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.NOT_APPLICABLE
+STAGES = ("convert", "optimize", "quantize")
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "none")[:12]
+
+
+def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict[str, Any]]:
+    """Stages whose artifact hash differs from the baseline's, in pipeline order, with what else changed."""
+    changes = []
+    for stage in candidate.pipeline.stages:
+        name = stage["name"]
+        other = baseline.stage(name)
+        mine = (stage.get("artifact") or {}).get(hash_kind)
+        theirs = ((other or {}).get("artifact") or {}).get(hash_kind)
+        if mine is None and theirs is None:
+            continue
+        if mine != theirs:
+            params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
+            changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params})
+    return changes
+
+
+def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = []
+        for key in set(a) | set(b):
+            keys += _differing_keys(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return keys
+    return [] if a == b else [prefix or "value"]
+
+
+def _changed_inputs(candidate: Side, baseline: Side) -> list[str]:
+    """Which recorded input sets (calibration, evaluation) differ from the baseline's, by digest."""
+    changed = []
+    for role in ("calibration", "evaluation"):
+        mine = (candidate.pipeline.inputs.get(role) or {})
+        theirs = (baseline.pipeline.inputs.get(role) or {})
+        if isinstance(mine, dict) and isinstance(theirs, dict) and mine.get("digest") != theirs.get("digest"):
+            changed.append(role)
+    return changed
+
+
+def check_artifacts(candidate: Side, baseline: Side | None, policy: Policy) -> tuple[CheckResult, list[str]]:
+    kind = policy.artifacts.hash.value
+    expected = list(policy.artifacts.expect_changed)
+    tolerance = {"hash": kind, "expect_changed": expected}
+    if baseline is None:
+        return CheckResult("artifacts", NA, "no baseline: nothing to compare the artifact hashes with", tolerance), []
+    changes = changed_stages(candidate, baseline, kind)
+    names = [c["stage"] for c in changes]
+    unexpected = [c for c in changes if c["stage"] not in expected]
+    inputs = _changed_inputs(candidate, baseline)
+    measured = {"changed": changes, "inputs_changed": inputs}
+    if inputs and changes:
+        for change in changes:
+            if change["stage"] == "quantize" and "calibration" in inputs:
+                change["params_changed"].append("calibration inputs (digest differs)")
+    if not changes:
+        return CheckResult("artifacts", PASS, f"every stage's {kind} matches the baseline", tolerance, measured), names
+    described = "; ".join(
+        f"stage '{c['stage']}' changed ({kind} {_short(c['from'])} -> {_short(c['to'])}"
+        + (f"; parameters changed: {', '.join(c['params_changed'])}" if c["params_changed"] else "") + ")"
+        for c in (unexpected or changes)
+    )
+    if unexpected:
+        return CheckResult("artifacts", FAIL, f"{described}; not expected by the policy (expect_changed = {expected})",
+                           tolerance, measured), names
+    return CheckResult("artifacts", PASS, f"{described}; expected by the policy", tolerance, measured), names
+
+
+def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
+    tolerance = {"repeat_must_agree": policy.calibration.repeat_must_agree}
+    section = candidate.pipeline.sections.get("calib_repeat")
+    if not policy.calibration.repeat_must_agree:
+        return CheckResult("calibration.repeat", NA, "the policy does not require repeated calibration to agree", tolerance)
+    if not isinstance(section, dict):
+        return CheckResult("calibration.repeat", FAIL,
+                           "the pipeline run has no repeated calibration; set [calibration] repeat = 2 or more", tolerance)
+    agree = section.get("agree")
+    md5s = [run.get("md5") for run in section.get("runs", []) if isinstance(run, dict)]
+    repeats = len(md5s)
+    measured = {"repeats": repeats, "distinct_md5": len(set(md5s)), "md5": md5s}
+    if agree is True:
+        return CheckResult("calibration.repeat", PASS, f"{repeats} calibrations gave identical quantized models", tolerance, measured)
+    differing = section.get("differences") or []
+    shown = ", ".join(sorted({str(d.get("tensor")) for d in differing if isinstance(d, dict)})[:5])
+    return CheckResult("calibration.repeat", FAIL,
+                       f"{repeats} calibrations disagree ({measured['distinct_md5']} distinct md5)"
+                       + (f"; differing tensors: {shown}" if shown else ""), tolerance, measured)
+
+
+def _scale_problems(candidate: Side) -> list[dict[str, Any]]:
+    """NaN/Inf/zero/negative scales: the pipeline's recorded issues, and a scan of the table itself."""
+    calibration = candidate.pipeline.calibration
+    found: dict[str, dict[str, Any]] = {}
+    for issue in calibration.get("issues", []) or []:
+        if isinstance(issue, dict) and issue.get("tensor"):
+            found[issue["tensor"]] = issue
+    for tensor, entry in (calibration.get("table") or {}).items():
+        if not isinstance(entry, dict) or tensor in found:
+            continue
+        scales = entry.get("scale")
+        values = scales if isinstance(scales, list) else [scales]
+        numbers = [float(v) if isinstance(v, (int, float, str)) else math.nan for v in values if v is not None]
+        bad = [v for v in numbers if not math.isfinite(v) or v <= 0]
+        if bad:
+            problem = "nan" if any(math.isnan(v) for v in bad) else "inf" if any(math.isinf(v) for v in bad) else "zero"
+            found[tensor] = {"tensor": tensor, "problem": problem, "nodes": entry.get("nodes", []),
+                             "scale_initializer": entry.get("scale_initializer")}
+    return list(found.values())
+
+
+def check_quantization_params(candidate: Side, policy: Policy) -> CheckResult:
+    waived = set(policy.calibration.waive_nonfinite)
+    tolerance = {"waive_nonfinite": sorted(waived)}
+    problems = _scale_problems(candidate)
+    blocking = [p for p in problems if p["tensor"] not in waived and p.get("scale_initializer") not in waived]
+    measured = {"problems": problems, "waived": [p["tensor"] for p in problems if p not in blocking]}
+    if not candidate.pipeline.calibration.get("table") and not problems:
+        return CheckResult("calibration.params", FAIL, "the pipeline run records no calibration table", tolerance, measured)
+    if blocking:
+        text = "; ".join(
+            f"tensor '{p['tensor']}' has a {p['problem']} scale"
+            + (f" ('{p['scale_initializer']}')" if p.get("scale_initializer") else "")
+            + (f", consumed by {', '.join(p.get('nodes') or [])}" if p.get("nodes") else "")
+            for p in blocking
+        )
+        return CheckResult("calibration.params", FAIL, text, tolerance, measured)
+    note = f" ({len(measured['waived'])} waived by the policy: {', '.join(measured['waived'])})" if measured["waived"] else ""
+    return CheckResult("calibration.params", PASS, f"every scale is finite and positive{note}", tolerance, measured)
+
+
+def _compare(reference: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], limits: DriftLimits):
+    from qconsist.pipeline.evaluation import compare_outputs
+
+    atol = limits.max_abs_diff
+    return compare_outputs(reference, got, atol, 0.0 if atol is not None else None)
+
+
+def _drift_result(name: str, against: str, comparison: Any, limits: DriftLimits, extra: str = "") -> CheckResult:
+    tolerance = {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement, "rtol": 0.0}
+    pct = 100.0 * comparison.mismatched / comparison.elements if comparison.elements else 0.0
+    measured = {
+        "samples": comparison.samples, "elements": comparison.elements, "mismatched": comparison.mismatched,
+        "max_abs_diff": comparison.max_abs_diff, "max_rel_diff": comparison.max_rel_diff,
+        "worst_output": comparison.worst_output, "worst_sample": comparison.worst_sample,
+        "worst_index": list(comparison.worst_index), "top1_agreement": comparison.top1_agreement,
+    }
+    figures = (
+        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {comparison.worst_output}"
+        f"{list(comparison.worst_index)} of sample {comparison.worst_sample}, top-1 agreement "
+        f"{comparison.top1_agreement:.1%} over {comparison.samples} samples"
+    )
+    failures = []
+    if limits.max_abs_diff is not None and comparison.max_abs_diff > limits.max_abs_diff:
+        failures.append(
+            f"Mismatched elements: {comparison.mismatched} / {comparison.elements} ({pct:.1f}%) beyond {limits.max_abs_diff:g}"
+        )
+    if limits.min_top1_agreement is not None and comparison.top1_agreement < limits.min_top1_agreement:
+        failures.append(f"top-1 agreement {comparison.top1_agreement:.1%} < {limits.min_top1_agreement:.1%}")
+    if failures:
+        return CheckResult(name, FAIL, f"against {against}: {'; '.join(failures)}; {figures}{extra}", tolerance, measured)
+    return CheckResult(name, PASS, f"against {against}: {figures}{extra}", tolerance, measured)
+
+
+def check_drift_float(candidate: Side, policy: Policy) -> CheckResult:
+    float_stage = candidate.float_stage()
+    if float_stage is None or candidate.stage("quantize") is None:
+        return CheckResult("drift.float", FAIL, "the run has no float and quantized artifacts to compare")
+    reference = candidate.outputs(float_stage)
+    got = candidate.outputs("quantize")
+    return _drift_result("drift.float", f"the float model ({float_stage} stage)", _compare(reference, got, policy.drift.float),
+                         policy.drift.float)
+
+
+def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy, divergence: dict[str, Any] | None) -> CheckResult:
+    limits = policy.drift.baseline
+    if baseline is None:
+        return CheckResult("drift.baseline", NA, "no baseline: nothing to compare the final outputs with",
+                           {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement})
+    mine, theirs = evaluation_inputs(candidate), evaluation_inputs(baseline)
+    if mine.digest() != theirs.digest():
+        return CheckResult("drift.baseline", FAIL,
+                           "the evaluation inputs differ from the baseline's (input digests differ); outputs are not comparable")
+    extra = ""
+    if divergence and divergence.get("first_diverging_node"):
+        listed = divergence.get("origin_nodes") or []
+        origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
+        extra = f"; first diverging node {divergence['first_diverging_node']} (origin nodes: {origins})"
+    elif divergence and divergence.get("identical"):
+        extra = "; every dumped tensor is bit-identical to the baseline's"
+    elif divergence and divergence.get("unavailable"):
+        extra = f"; first diverging node unknown ({divergence['unavailable']})"
+    comparison = _compare(baseline.outputs("quantize"), candidate.outputs("quantize"), limits)
+    return _drift_result("drift.baseline", f"the baseline {baseline.path.name}", comparison, limits, extra)
+
+
+def check_inference_repeat(candidate: Side, policy: Policy, repeat_divergence: dict[str, Any] | None) -> CheckResult:
+    tolerance = {"repeat_must_be_identical": policy.inference.repeat_must_be_identical}
+    if not policy.inference.repeat_must_be_identical:
+        return CheckResult("inference.repeat", NA, "the policy does not require repeated inference to be identical", tolerance)
+    if repeat_divergence is not None and not repeat_divergence.get("unavailable"):
+        if repeat_divergence.get("identical"):
+            return CheckResult("inference.repeat", PASS,
+                               f"two dumped inferences are bit-identical in all {repeat_divergence.get('tensors', '?')} tensors",
+                               tolerance, repeat_divergence)
+        return CheckResult("inference.repeat", FAIL,
+                           f"two inferences of the same model differ; first diverging node {repeat_divergence.get('first_diverging_node')}",
+                           tolerance, repeat_divergence)
+    from qconsist.pipeline.evaluation import outputs_of
+
+    first = candidate.outputs("quantize")
+    second = outputs_of(candidate.artifact("quantize"), evaluation_inputs(candidate))
+    differing = [
+        (index, name) for index, (a, b) in enumerate(zip(first, second)) for name in a
+        if a[name].tobytes() != b[name].tobytes()
+    ]
+    measured = {"samples": len(first), "differing": [f"sample {i} {n}" for i, n in differing[:10]]}
+    if differing:
+        return CheckResult("inference.repeat", FAIL,
+                           f"two fresh sessions gave different final outputs in {len(differing)} sample output(s)", tolerance, measured)
+    return CheckResult("inference.repeat", PASS, f"two fresh sessions gave bit-identical final outputs on {len(first)} samples",
+                       tolerance, measured)
+
+
+def check_output_finite(candidate: Side, policy: Policy) -> CheckResult:
+    tolerance = {"allow_nonfinite_outputs": policy.inference.allow_nonfinite_outputs}
+    bad = []
+    for index, sample in enumerate(candidate.outputs("quantize")):
+        for name, value in sample.items():
+            if np.issubdtype(value.dtype, np.floating):
+                nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+                if nan or inf:
+                    bad.append({"sample": index, "output": name, "nan": nan, "inf": inf})
+    measured = {"nonfinite": bad}
+    if bad and not policy.inference.allow_nonfinite_outputs:
+        first = bad[0]
+        return CheckResult("outputs.finite", FAIL,
+                           f"{len(bad)} output(s) hold NaN or Inf, first {first['output']} of sample {first['sample']} "
+                           f"({first['nan']} NaN, {first['inf']} Inf)", tolerance, measured)
+    return CheckResult("outputs.finite", PASS, "no NaN or Inf in the quantized model's final outputs"
+                       if not bad else f"{len(bad)} output(s) hold NaN or Inf (allowed by the policy)", tolerance, measured)
+
+
+def check_labels(candidate: Side, policy: Policy) -> CheckResult:
+    tolerance = {"min_accuracy": policy.labels.min_accuracy}
+    if not candidate.labels:
+        return CheckResult("labels.accuracy", NA, "the evaluation inputs have no labels", tolerance)
+    names = evaluation_inputs(candidate).names
+    outputs = candidate.outputs("quantize")
+    scored = [(name, out) for name, out in zip(names, outputs) if name in candidate.labels]
+    if not scored:
+        return CheckResult("labels.accuracy", FAIL, "no evaluation sample has a label (label names do not match)", tolerance)
+    correct = sum(int(np.argmax(next(iter(out.values()))) == int(candidate.labels[name])) for name, out in scored)
+    accuracy = correct / len(scored)
+    measured = {"accuracy": accuracy, "labelled": len(scored), "correct": correct}
+    status = PASS if accuracy >= policy.labels.min_accuracy else FAIL
+    return CheckResult("labels.accuracy", status,
+                       f"top-1 accuracy {accuracy:.1%} ({correct}/{len(scored)}) against minimum {policy.labels.min_accuracy:.1%}",
+                       tolerance, measured)
+
+
+def recommended_gpu_config(locate: Any) -> str | None:
+    """The recommended config label of a locate run's manifest, wherever its report keeps it."""
+    sections = locate.sections if hasattr(locate, "sections") else dict(locate)
+    report = sections.get("locate", sections)
+    rec = report.get("recommendation") if isinstance(report, dict) else None
+    if isinstance(rec, dict):
+        return rec.get("config")
+    return None
+
+
+def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
+    tolerance = {"require_pinned": policy.gpu.require_pinned}
+    if candidate.locate_path is None:
+        reason = candidate.locate_skipped or "no locate report for this run"
+        return CheckResult("gpu.pinned", NA, f"no GPU recommendation to enforce: {reason}", tolerance)
+    from qconsist.store.rundir import open_run
+
+    recommended = recommended_gpu_config(open_run(candidate.locate_path))
+    measured = {"recommended": recommended, "pinned": candidate.pinned_gpu}
+    if recommended is None:
+        return CheckResult("gpu.pinned", NA, "the locate report recommends no configuration (none was bit-stable)", tolerance, measured)
+    if not policy.gpu.require_pinned:
+        return CheckResult("gpu.pinned", NA, f"locate recommends {recommended}; the policy does not require pinning it", tolerance, measured)
+    if candidate.pinned_gpu is None:
+        return CheckResult("gpu.pinned", FAIL, f"locate recommends {recommended} but the model pins no GPU config; set gpu_config = \"{recommended}\"",
+                           tolerance, measured)
+    from qconsist.gpu.config import GpuConfig
+
+    try:
+        same = GpuConfig.parse(candidate.pinned_gpu).resolved() == GpuConfig.parse(recommended).resolved()
+    except QconsistError as exc:
+        return CheckResult("gpu.pinned", FAIL, f"pinned GPU config is invalid: {exc}", tolerance, measured)
+    if not same:
+        return CheckResult("gpu.pinned", FAIL, f"pinned {candidate.pinned_gpu} but locate recommends {recommended}", tolerance, measured)
+    return CheckResult("gpu.pinned", PASS, f"pins {candidate.pinned_gpu}, the recommended bit-stable config", tolerance, measured)

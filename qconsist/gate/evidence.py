@@ -1,0 +1,131 @@
+"""What the gate judges: a candidate (or baseline) gathered from run directories.
+
+A gate side is either
+
+* a pipeline run (kind ``pipeline``): artifacts, calibration table, repeated calibration; the gate runs the
+  float and quantized artifacts itself on the pipeline's evaluation inputs for the final-output checks; or
+* a nightly entry (kind ``nightly-entry``, written by ``qconsist nightly``): the pipeline run plus the
+  inference runs with fingerprint dumps (quantized, its repeat, float), the locate run or why it was
+  skipped, the pinned GPU config and the labels of the evaluation inputs where they exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qconsist.errors import RunStoreError
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import open_run
+
+log = logging.getLogger(__name__)
+
+ENTRY_KIND = "nightly-entry"
+ENTRY_SECTION = "nightly_entry"
+FLOAT_STAGES = ("optimize", "convert", "source")
+
+
+@dataclass
+class Side:
+    """One side of a gate comparison."""
+
+    path: Path
+    manifest: Manifest  # the run given (pipeline or nightly entry)
+    pipeline_path: Path
+    pipeline: Manifest
+    inference: dict[str, Path] = field(default_factory=dict)  # role -> inference run dir (quantized, repeat, float)
+    locate_path: Path | None = None
+    locate_skipped: str | None = None
+    pinned_gpu: str | None = None
+    labels: dict[str, int] | None = None
+    _outputs: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        entry = self.manifest.sections.get(ENTRY_SECTION, {})
+        return str(entry.get("model") or self.pipeline.model.get("name") or self.pipeline.run_id)
+
+    def stage(self, name: str) -> dict[str, Any] | None:
+        return self.pipeline.stage(name)
+
+    def artifact(self, stage: str) -> Path | None:
+        """The file of a stage's artifact, inside the pipeline run directory."""
+        record = self.stage(stage)
+        if not record or not isinstance(record.get("artifact"), dict):
+            return None
+        relative = Path(str(record["artifact"].get("path", "")))
+        path = relative if relative.is_absolute() else self.pipeline_path / relative
+        if not path.is_file():
+            path = self.pipeline_path / relative.name
+        if not path.is_file():
+            raise RunStoreError(f"run {self.pipeline_path}: the {stage} artifact {relative} is missing")
+        return path
+
+    def float_stage(self) -> str | None:
+        for name in FLOAT_STAGES:
+            if self.stage(name) and self.stage(name).get("artifact"):
+                return name
+        return None
+
+    def config(self) -> dict[str, Any]:
+        """The pipeline configuration the run recorded (``PipelineConfig.to_json``)."""
+        for key in ("config", "pipeline"):
+            value = self.pipeline.sections.get(key)
+            if isinstance(value, dict) and "calibration" in value:
+                return value
+        raise RunStoreError(f"run {self.pipeline_path} does not record its pipeline configuration")
+
+    def outputs(self, stage: str) -> list[dict[str, np.ndarray]]:
+        """Final outputs of a stage's artifact on the evaluation inputs (computed once, on the CPU)."""
+        if stage not in self._outputs:
+            from qconsist.pipeline.evaluation import outputs_of
+
+            self._outputs[stage] = outputs_of(self.artifact(stage), evaluation_inputs(self))
+        return self._outputs[stage]
+
+
+def evaluation_inputs(side: Side):  # -> InputSet
+    from qconsist.inputs import Preprocess, open_input_set
+    from qconsist.pipeline.evaluation import input_specs, open_session
+
+    config = side.config()
+    data = config.get("evaluation") or config["calibration"]
+    preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
+    quantized = side.artifact("quantize")
+    name = input_specs(open_session(quantized))[0].name if quantized else "input"
+    inputs = open_input_set(data["data"], preprocess, input_name=name)
+    return inputs.subset(int(data.get("offset") or 0), data.get("count"))
+
+
+def load_side(path: Path | str) -> Side:
+    """Open a pipeline run or a nightly entry as one side of the gate; ``RunStoreError`` if it is neither."""
+    path = Path(path)
+    manifest = open_run(path)
+    if manifest.kind == "pipeline":
+        return Side(path=path, manifest=manifest, pipeline_path=path, pipeline=manifest)
+    if manifest.kind != ENTRY_KIND:
+        raise RunStoreError(
+            f"run {path} is of kind {manifest.kind!r}; the gate judges a pipeline run or a nightly entry"
+        )
+    entry = manifest.sections.get(ENTRY_SECTION)
+    if not isinstance(entry, dict) or not isinstance(entry.get("pipeline_run"), str):
+        raise RunStoreError(f"run {path}: nightly entry without its pipeline run")
+    runs_root = path.parent
+    pipeline_path = _linked(runs_root, entry["pipeline_run"])
+    side = Side(
+        path=path, manifest=manifest, pipeline_path=pipeline_path, pipeline=open_run(pipeline_path),
+        inference={role: _linked(runs_root, run) for role, run in dict(entry.get("inference_runs", {})).items()},
+        locate_path=_linked(runs_root, entry["locate_run"]) if entry.get("locate_run") else None,
+        locate_skipped=entry.get("locate_skipped"), pinned_gpu=entry.get("pinned_gpu"),
+        labels=entry.get("labels"),
+    )
+    return side
+
+
+def _linked(runs_root: Path, run: str) -> Path:
+    path = Path(run)
+    return path if path.is_absolute() else runs_root / path

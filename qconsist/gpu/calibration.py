@@ -1,0 +1,153 @@
+"""Calibration on the GPU, repeated: N calibrations per cuDNN search mode, hashed and compared, and
+compared with a calibration on the CPU.
+
+Calibration measures every activation's range by running the float model; on the CUDA EP the convolutions
+that produce those ranges run with the algorithms cuDNN picked, so the ranges, the scales and the quantized
+model can depend on the search mode, and on the run if the pick moves. Each repeat set reuses the
+pipeline's own machinery (``qconsist.calibration.repeat.calibrate_each``: quantize, md5, per-tensor
+differences); the GPU sets are then compared with the CPU calibration tensor by tensor
+(``compare_quantized``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import onnx
+
+from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_quantized
+from qconsist.calibration.table import build_table
+from qconsist.errors import ConfigError
+from qconsist.gpu.config import GpuConfig
+from qconsist.gpu.device import CUDA_EP, require_cuda
+from qconsist.inputs.inputset import InputSet
+from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.stages import quantize as quantize_stage
+from qconsist.stages.quantize import CalibrationOptions, Provider, QuantizeOptions
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "qconsist.gpu-calibration/1"
+
+
+@contextlib.contextmanager
+def cuda_calibration_provider(config: GpuConfig) -> Iterator[None]:
+    """Make the quantize stage's calibrator use the CUDA EP with ``config``'s provider options.
+
+    ``CalibrationOptions`` names the provider (cpu|cuda) but not the CUDA EP's options; until it does, the
+    stage's provider lookup is swapped for the duration of the block for one that returns
+    ``("CUDAExecutionProvider", options)``, which ORT's calibrator passes to its ``InferenceSession``.
+    """
+    original = quantize_stage.provider_name
+    options = config.execution_options().provider_options()
+
+    def provider(name: str) -> Any:
+        if name == Provider.CUDA.value:
+            original(name)  # UnavailableError without the CUDA EP
+            return (CUDA_EP, options)
+        return original(name)
+
+    quantize_stage.provider_name = provider  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        quantize_stage.provider_name = original  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """N calibrations on the CUDA EP in one configuration, and how the first compares with the CPU's."""
+
+    config: str
+    repeat: RepeatResult
+    matches_cpu: bool
+    cpu_differences: tuple[dict, ...]  # TensorDifference.to_json of the first GPU run vs the CPU run
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config, "agree": self.repeat.agree, "md5s": self.repeat.md5s,
+            "verdict": self.repeat.verdict(), "repeat": self.repeat.to_json(), "matches_cpu": self.matches_cpu,
+            "cpu_differences": list(self.cpu_differences),
+        }
+
+
+@dataclass
+class GpuCalibrationReport:
+    runs: int
+    cpu_md5: str
+    modes: list[ModeResult] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+
+    @property
+    def gpu_md5s(self) -> set[str]:
+        return {md5 for mode in self.modes for md5 in mode.repeat.md5s}
+
+    @property
+    def passed(self) -> bool:
+        """Every GPU calibration gave the same model (in each mode and across modes)."""
+        return len(self.gpu_md5s) == 1
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def verdict(self) -> str:
+        total = sum(len(m.repeat.runs) for m in self.modes)
+        gpu = f"{total} GPU calibrations over {len(self.modes)} configuration(s): {len(self.gpu_md5s)} distinct md5(s)"
+        cpu = "same as the CPU calibration" if self.cpu_md5 in self.gpu_md5s and len(self.gpu_md5s) == 1 else (
+            "the CPU calibration differs from every GPU one" if self.cpu_md5 not in self.gpu_md5s
+            else "the CPU calibration matches some GPU ones")
+        return f"{gpu}; {cpu}"
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "passed": self.passed, "verdict": self.verdict(), "runs": self.runs,
+            "cpu_md5": self.cpu_md5, "modes": [m.to_json() for m in self.modes], "params": self.params,
+        }
+
+
+def gpu_calibration(
+    model: Path,
+    inputs: InputSet,
+    runs: int,
+    configs: Sequence[GpuConfig],
+    options: QuantizeOptions = QuantizeOptions(),
+    calibration: CalibrationOptions = CalibrationOptions(),
+    progress: Progress = NULL_PROGRESS,
+) -> GpuCalibrationReport:
+    """Calibrate ``model`` ``runs`` times on the CUDA EP in each config, once on the CPU, and compare."""
+    if runs < 2:
+        raise ConfigError(f"--calibration-repeats must be >= 2 to compare repeats, got {runs}")
+    if not configs:
+        raise ConfigError("GPU calibration needs at least one configuration")
+    require_cuda()
+    cpu_options = CalibrationOptions(**{**calibration.__dict__, "provider": Provider.CPU})
+    gpu_options = CalibrationOptions(**{**calibration.__dict__, "provider": Provider.CUDA})
+    with tempfile.TemporaryDirectory(prefix="qconsist-gpu-calib-") as tmp:
+        root = Path(tmp)
+        (root / "cpu").mkdir()
+        cpu = calibrate_each(model, [inputs], options, cpu_options, workdir=root / "cpu", progress=progress)
+        cpu_path = root / "cpu" / "run1.onnx"
+        cpu_table = build_table(onnx.load(str(cpu_path)))
+        report = GpuCalibrationReport(runs=runs, cpu_md5=cpu.runs[0].md5, params={
+            "quantize": options.to_json(), "calibration": gpu_options.to_json(), "inputs": inputs.describe(),
+            "configs": [c.label for c in configs],
+        })
+        for index, config in enumerate(configs):
+            folder = root / f"gpu{index}"
+            folder.mkdir()
+            with cuda_calibration_provider(config):
+                repeat = calibrate_each(model, [inputs] * runs, options, gpu_options, workdir=folder, progress=progress)
+            first = folder / "run1.onnx"
+            matches = repeat.runs[0].md5 == report.cpu_md5
+            differences: list[dict] = []
+            if not matches:
+                diffs, _ = compare_quantized(1, (cpu_path, cpu_table), (first, build_table(onnx.load(str(first)))))
+                differences = [d.to_json() for d in diffs]
+            report.modes.append(ModeResult(config.label, repeat, matches, tuple(differences)))
+            log.info("GPU calibration %s: %s", config.label, repeat.verdict())
+    return report

@@ -1,0 +1,206 @@
+"""``--contention``: another process keeps the GPU busy with changing work while the repeats run again.
+
+cuDNN's EXHAUSTIVE search picks algorithms by timing them, and timings move when the GPU is shared; the
+real case only reproduced in a job that loaded the GPU with several models. ``GpuLoad`` starts
+``python -m qconsist.gpu.contention`` in its own process. The worker runs convolutions of shapes that
+change every iteration (batch, channels, spatial size, kernel size drawn from a seeded generator), through
+PyTorch with cuDNN's own autotuner on when PyTorch with CUDA is importable, else through ONNX Runtime's
+CUDA EP with small Conv models it builds. It prints ``ready <backend>`` after its first iteration and, when
+stopped, ``done <iterations>``, so the report can say how much work competed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from types import TracebackType
+
+import numpy as np
+
+from qconsist.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+SHAPES_SEED = 20261121
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    backend: str
+    iterations: int
+    seconds: float
+    pid: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoadSummary":
+        return cls(**data)
+
+
+class GpuLoad:
+    """Context manager: a worker process loading the GPU for the duration of the block."""
+
+    def __init__(self, seed: int = SHAPES_SEED) -> None:
+        self.seed = seed
+        self.summary: LoadSummary | None = None
+        self._proc: subprocess.Popen | None = None
+        self._backend = ""
+        self._start = 0.0
+
+    def __enter__(self) -> "GpuLoad":
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "qconsist.gpu.contention", "--seed", str(self.seed)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()  # the worker prints "ready" or exits
+        if not line.startswith("ready "):
+            err = self._finish_error()
+            raise UnavailableError(f"the GPU load worker did not start: {line or err or 'no output'}")
+        self._backend = line.split(" ", 1)[1]
+        self._start = time.monotonic()
+        log.info("GPU load worker %d ready (%s)", self._proc.pid, self._backend)
+        return self
+
+    def _finish_error(self) -> str:
+        assert self._proc is not None
+        try:
+            _, err = self._proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            _, err = self._proc.communicate()
+        lines = (err or "").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        assert self._proc is not None
+        seconds = time.monotonic() - self._start
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = self._proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, err = self._proc.communicate()
+        done = [line for line in (out or "").splitlines() if line.startswith("done ")]
+        iterations = int(done[-1].split()[1]) if done else -1
+        self.summary = LoadSummary(self._backend, iterations, seconds, self._proc.pid)
+        if iterations < 0 and exc is None:
+            tail = (err or "").strip().splitlines()[-1:] or ["no output"]
+            raise UnavailableError(f"the GPU load worker died during the contention phase: {tail[0]}")
+
+
+# ---------------------------------------------------------------------------------------------- worker
+
+
+def _shapes(rng: np.random.Generator) -> tuple[int, int, int, int, int]:
+    batch = int(rng.choice([1, 2, 4, 8, 16]))
+    channels = int(rng.choice([16, 32, 64, 128, 256]))
+    size = int(rng.choice([14, 28, 56, 112]))
+    out = int(rng.choice([16, 64, 128, 256]))
+    kernel = int(rng.choice([1, 3, 5]))
+    return batch, channels, size, out, kernel
+
+
+class _Stop:
+    flag = False
+
+
+def _torch_worker(rng: np.random.Generator) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device")
+    torch.backends.cudnn.benchmark = True  # cuDNN's own timing-based autotuner, shapes always new
+    iterations = 0
+    while not _Stop.flag:
+        batch, channels, size, out, kernel = _shapes(rng)
+        x = torch.randn(batch, channels, size, size, device="cuda")
+        w = torch.randn(out, channels, kernel, kernel, device="cuda")
+        for _ in range(4):
+            x2 = torch.nn.functional.conv2d(x, w, padding=kernel // 2)
+        torch.cuda.synchronize()
+        del x2
+        iterations += 1
+        if iterations == 1:
+            print("ready torch", flush=True)
+    return iterations
+
+
+def _conv_model(channels: int, out: int, kernel: int, rng: np.random.Generator) -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = rng.standard_normal((out, channels, kernel, kernel)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[kernel // 2] * 4)
+    graph = helper.make_graph(
+        [node], "load", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", channels, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _ort_worker(rng: np.random.Generator) -> int:
+    import onnxruntime as ort
+
+    from qconsist.gpu.device import require_cuda
+
+    require_cuda()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    iterations = 0
+    while not _Stop.flag:
+        batch, channels, size, out, kernel = _shapes(rng)
+        session = ort.InferenceSession(
+            _conv_model(channels, out, kernel, rng), so,
+            providers=[("CUDAExecutionProvider", {"cudnn_conv_algo_search": "EXHAUSTIVE"})],
+        )
+        x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+        for _ in range(4):
+            session.run(None, {"x": x})
+        iterations += 1
+        if iterations == 1:
+            print("ready onnxruntime", flush=True)
+    return iterations
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Keep the GPU busy with convolutions of changing shapes.")
+    parser.add_argument("--seed", type=int, default=SHAPES_SEED)
+    parser.add_argument("--backend", choices=("auto", "torch", "onnxruntime"), default="auto")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(_Stop, "flag", True))
+    rng = np.random.default_rng(args.seed)
+    backend = args.backend
+    if backend == "auto":
+        try:
+            import torch
+
+            backend = "torch" if torch.cuda.is_available() else "onnxruntime"
+        except ImportError:
+            backend = "onnxruntime"
+    try:
+        iterations = _torch_worker(rng) if backend == "torch" else _ort_worker(rng)
+    except Exception as exc:  # noqa: BLE001 - the parent reports the worker's last line
+        print(f"load worker failed: {exc}", file=sys.stderr, flush=True)
+        return 3
+    print(f"done {iterations}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

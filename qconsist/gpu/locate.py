@@ -1,0 +1,214 @@
+"""``locate``: find the nodes whose outputs vary between fresh sessions or between configurations, measure
+each configuration's latency, and recommend the fastest bit-stable configuration.
+
+``locate()`` is the CUDA entry point (the configuration matrix of ``qconsist.gpu.config``); it refuses to
+run without a usable CUDA GPU (``UnavailableError``). ``explore()`` is the engine underneath, generic over
+named execution options, so the same code measures real CPU configurations in the tests.
+
+Steps, for every variant (a named set of execution options):
+
+1. an ``Observer`` (ORT's optimized graph, every tensor exposed) and a reference session, whose tensor
+   hashes per sample are kept;
+2. repeats: K-1 fresh sessions per variant compared with the reference session (``repeats.py``);
+3. comparisons: the reference variant vs each other one, and TF32 on vs off per search mode;
+4. a production session (the model as the application loads it): latency, and its final outputs checked
+   bit for bit against the observed ones (``FaithfulCheck``: the observation must not change what runs);
+5. with ``contention``: the repeats again while ``GpuLoad`` keeps the GPU busy;
+6. the recommendation (``decision.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+import numpy as np
+
+from qconsist.errors import ConfigError
+from qconsist.gpu.comparison import PairResult
+from qconsist.gpu.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
+from qconsist.gpu.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
+from qconsist.gpu.device import require_cuda
+from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency
+from qconsist.gpu.observe import Observer
+from qconsist.gpu.report import ConfigReport, LocateReport, sensitive_nodes
+from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase
+from qconsist.inference.dump import FaithfulCheck
+from qconsist.inference.session import ExecutionOptions
+from qconsist.progress import NULL_PROGRESS, Progress
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named way to run the model."""
+
+    label: str
+    options: ExecutionOptions
+    timing_based: bool = False  # its kernel picks depend on timings (cuDNN EXHAUSTIVE)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A pair of variants to compare, and why: ``algorithm`` (reference vs another) or ``tf32``."""
+
+    reference: str
+    other: str
+    why: str
+
+
+@dataclass(frozen=True)
+class LocateOptions:
+    configs: tuple[GpuConfig, ...] = field(default_factory=lambda: tuple(default_matrix()))
+    repeats: int = 4  # sessions per config, the reference one included
+    contention: bool = False
+    latency: LatencyOptions = LatencyOptions()
+    max_cost: float = DEFAULT_MAX_COST
+
+    def __post_init__(self) -> None:
+        if not self.configs:
+            raise ConfigError("locate needs at least one configuration")
+        if not isinstance(self.repeats, int) or self.repeats < 2:
+            raise ConfigError(f"--repeats must be an integer >= 2 (fresh sessions per config), got {self.repeats!r}")
+        if not self.max_cost >= 1.0:
+            raise ConfigError(f"--max-cost must be >= 1.0 (a ratio to the fastest config), got {self.max_cost!r}")
+
+    def to_json(self) -> dict:
+        return {
+            "configs": [c.label for c in self.configs], "repeats": self.repeats, "contention": self.contention,
+            "latency": {"warmup": self.latency.warmup, "runs": self.latency.runs}, "max_cost": self.max_cost,
+        }
+
+
+def gpu_variants(configs: Sequence[GpuConfig]) -> tuple[list[Variant], list[Comparison]]:
+    """The variants of a CUDA configuration matrix, and the comparisons locate makes between them."""
+    variants = [Variant(c.label, c.execution_options(), timing_based(c.algo_search)) for c in configs]
+    comparisons: dict[tuple[str, str], Comparison] = {}
+    reference = configs[0]
+    for other in configs[1:]:
+        only_tf32 = other.with_tf32(reference.tf32).label == reference.label
+        comparisons[(reference.label, other.label)] = Comparison(reference.label, other.label,
+                                                                 "tf32" if only_tf32 else "algorithm")
+    for on, off in tf32_pairs(configs):
+        comparisons.setdefault((on.label, off.label), Comparison(on.label, off.label, "tf32"))
+    return variants, list(comparisons.values())
+
+
+def _faithful_and_latency(observer: Observer, reference_session: Any, samples: Sequence[Sample],
+                          options: LatencyOptions) -> tuple[LatencyStats, dict]:
+    stats, production = measure_latency(observer.production_session, samples, options)
+    check = FaithfulCheck()
+    outputs = list(observer.graph.outputs)
+    for s, sample in enumerate(samples):
+        produced = production.run(outputs, dict(sample))
+        observed = Observer.observe(reference_session, sample).outputs(outputs)
+        check.add(s, [np.asarray(p) for p in produced], observed)
+    return stats, check.to_json()
+
+
+def explore(
+    model_path: Path,
+    samples: Sequence[Sample],
+    variants: Sequence[Variant],
+    comparisons: Sequence[Comparison],
+    repeats: int,
+    latency: LatencyOptions = LatencyOptions(),
+    load: Callable[[], ContextManager[Any]] | None = None,
+    max_cost: float = DEFAULT_MAX_COST,
+    progress: Progress = NULL_PROGRESS,
+) -> tuple[list[ConfigReport], list[PairResult], list[tuple[str, PairResult]], dict | None, Any]:
+    """The engine: observe, repeat, compare, time and recommend. Returns the config reports, the comparison
+    results, the tagged results for ``sensitive_nodes``, the load summary and the recommendation."""
+    if not samples:
+        raise ConfigError("locate needs at least one input sample")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"variant labels must be unique, got {labels}")
+    known = set(labels)
+    for c in comparisons:
+        if c.reference not in known or c.other not in known:
+            raise ConfigError(f"comparison {c.reference} vs {c.other} names an unknown variant")
+    observers = {v.label: Observer(model_path, v.options) for v in variants}
+    try:
+        references = ReferenceRuns.collect(observers, samples, progress)
+        outcomes: dict[str, list[RepeatOutcome]] = {label: [] for label in labels}
+        for outcome in repeat_phase(references, samples, repeats, "quiet", progress):
+            outcomes[outcome.config].append(outcome)
+        results = compare_configs(references, samples, [(c.reference, c.other) for c in comparisons], progress)
+        timings: dict[str, tuple[LatencyStats, dict]] = {}
+        with progress.task("latency", len(variants)) as handle:
+            for v in variants:
+                timings[v.label] = _faithful_and_latency(observers[v.label], references.sessions[v.label], samples, latency)
+                handle.advance()
+        load_summary = None
+        if load is not None:
+            with load() as worker:
+                for outcome in repeat_phase(references, samples, repeats, "contention", progress):
+                    outcomes[outcome.config].append(outcome)
+            load_summary = worker.summary.to_json() if worker.summary else None
+    finally:
+        for observer in observers.values():
+            observer.close()
+    reports = [
+        ConfigReport(v.label, v.options.to_json(), timings[v.label][0], timings[v.label][1], tuple(outcomes[v.label]))
+        for v in variants
+    ]
+    decision = recommend([
+        ConfigOutcome(r.label, r.stable and r.faithful.get("faithful", False), r.latency.median_ms, v.timing_based,
+                      load is not None)
+        for r, v in zip(reports, variants)
+    ], max_cost)
+    tagged = [("repeat", c) for r in reports for o in r.repeats for c in o.comparisons]
+    tagged += [(c.why, result) for c, result in zip(comparisons, results)]
+    return reports, results, tagged, load_summary, decision
+
+
+def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> dict:
+    """Per TF32 pair: whether TF32 changed anything and the origin nodes it changes."""
+    pairs = []
+    for c, r in zip(comparisons, results):
+        if c.why != "tf32":
+            continue
+        pairs.append({
+            "tf32_on": c.reference if "tf32=1" in c.reference else c.other,
+            "tf32_off": c.other if "tf32=1" in c.reference else c.reference,
+            "identical": r.identical, "first_node": r.first_node, "origins": [n.label for n in r.origins],
+            "greatest_output_difference": r.effect.greatest_abs,
+        })
+    return {"override": override.to_json(), "pairs": pairs}
+
+
+def locate(
+    model_path: Path,
+    samples: Sequence[Sample],
+    options: LocateOptions = LocateOptions(),
+    model_info: dict | None = None,
+    inputs_info: dict | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> LocateReport:
+    """Run the configuration matrix on the CUDA EP. ``UnavailableError`` without a usable CUDA GPU."""
+    device = require_cuda()
+    start = time.perf_counter()
+    override = Tf32Override.from_environment()
+    variants, comparisons = gpu_variants(options.configs)
+    load = None
+    if options.contention:
+        from qconsist.gpu.contention import GpuLoad
+
+        load = GpuLoad
+    reports, results, tagged, load_summary, decision = explore(
+        model_path, samples, variants, comparisons, options.repeats, options.latency, load, options.max_cost, progress,
+    )
+    return LocateReport(
+        model=model_info or {"path": str(model_path)}, inputs=inputs_info or {"count": len(samples)},
+        device={**device.to_json(), "options": options.to_json()}, reference=variants[0].label,
+        repeats=options.repeats, contention=load_summary, configs=reports, comparisons=results,
+        tf32=tf32_section(override, comparisons, results), recommendation=decision, nodes=sensitive_nodes(tagged),
+        seconds=time.perf_counter() - start,
+    )

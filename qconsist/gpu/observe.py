@@ -1,0 +1,127 @@
+"""Observe every tensor that actually runs, with fresh sessions on demand.
+
+Built on the dump machinery of ``qconsist.inference.dump``: ONNX Runtime optimizes the model for the
+execution options and saves the graph it will run; every node output of *that* graph is exposed and the
+graph is reloaded with optimizations off, so the observed session runs the production kernels. Each call
+of ``fresh_session()`` creates a new session of the exposed graph — on the CUDA EP a new session searches
+its cuDNN algorithms again at its first run — without re-optimizing the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+
+from qconsist.errors import InputError
+from qconsist.gpu.comparison import ObservedGraph, ObservedNode
+from qconsist.inference.dump import DumpPlan, _expose, plan_dump
+from qconsist.inference.fingerprint import tensor_hash
+from qconsist.inference.graphmap import node_names, op_name
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+
+log = logging.getLogger(__name__)
+
+
+def _topological(graph: onnx.GraphProto) -> list[int]:
+    """Node indices in an order where every node comes after the producers of its inputs."""
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for root in range(len(graph.node)):
+        stack = [(root, False)]
+        while stack:
+            index, done = stack.pop()
+            if done:
+                if state.get(index) != 2:
+                    state[index] = 2
+                    order.append(index)
+                continue
+            if state.get(index):
+                continue
+            state[index] = 1
+            stack.append((index, True))
+            for inp in graph.node[index].input:
+                dep = producer.get(inp)
+                if dep is not None and not state.get(dep):
+                    stack.append((dep, False))
+    return order
+
+
+def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
+    """The graph that ran, in topological order, each node labelled with the original node users know."""
+    graph = optimized.graph
+    initializers = {init.name for init in graph.initializer}
+    labels = {t.name: t.label for t in plan.tensors}
+    names = node_names(graph)
+    nodes = []
+    for index in _topological(graph):
+        node = graph.node[index]
+        outputs = tuple(o for o in node.output if o)
+        label = next((labels[o] for o in outputs if o in labels), names[index])
+        nodes.append(ObservedNode(
+            name=names[index], label=label, op_type=op_name(node),
+            inputs=tuple(i for i in node.input if i and i not in initializers), outputs=outputs,
+        ))
+    return ObservedGraph(tuple(nodes), tuple(plan.outputs))
+
+
+@dataclass
+class Observation:
+    """Every observed tensor of one sample, by name, with its xxh3 hash."""
+
+    arrays: dict[str, np.ndarray]
+    hashes: dict[str, int]
+
+    def outputs(self, names: list[str] | tuple[str, ...]) -> list[np.ndarray]:
+        return [self.arrays[n] for n in names]
+
+
+class Observer:
+    """One model under one set of execution options: the plan, and fresh observing sessions."""
+
+    def __init__(self, model_path: Path, options: ExecutionOptions, workdir: Path | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.options = options
+        self._tmp = tempfile.TemporaryDirectory(prefix="qconsist-observe-") if workdir is None else None
+        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
+        self.plan = plan_dump(self.model_path, options, self.workdir)
+        try:
+            optimized = onnx.load(str(self.plan.optimized_path))
+        except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
+            raise InputError(f"cannot read ORT's optimized graph {self.plan.optimized_path}: {exc}") from None
+        self.graph = observed_graph(optimized, self.plan)
+        self._exposed = _expose(optimized)[0].SerializeToString()
+        self._first_session_used = False
+        self.input_names = [i.name for i in self.plan.session.get_inputs()]  # type: ignore[attr-defined]
+
+    @property
+    def structure(self) -> str:
+        return self.plan.structure
+
+    def fresh_session(self) -> Any:
+        """A new observing session (the plan's own session the first time)."""
+        if not self._first_session_used:
+            self._first_session_used = True
+            return self.plan.session
+        return create_session(self._exposed, self.options, level=OptimizationLevel.DISABLE)
+
+    def production_session(self) -> Any:
+        """A session as the application runs it: the original model, the options' optimization level."""
+        return create_session(self.model_path, self.options)
+
+    @staticmethod
+    def observe(session: Any, feed: Mapping[str, np.ndarray]) -> Observation:
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(names, dict(feed))
+        arrays = {n: np.asarray(v) for n, v in zip(names, values)}
+        return Observation(arrays, {n: tensor_hash(a) for n, a in arrays.items()})
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()

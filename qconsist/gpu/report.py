@@ -1,0 +1,169 @@
+"""``LocateReport``: what ``qconsist locate`` found, as an object with a verdict and a versioned JSON form.
+
+Sections:
+
+* ``configs``: per configuration its settings, latency, faithfulness of the observation, and its repeat
+  outcomes (quiet GPU, and under contention when asked);
+* ``comparisons``: the pairs of configurations compared (reference vs each; TF32 on vs off per search mode);
+* ``tf32``: ``NVIDIA_TF32_OVERRIDE`` as seen, and per search mode the origin nodes TF32 changes;
+* ``recommendation``: the fastest bit-stable configuration and its cost;
+* ``calibration`` / ``fp16``: optional sections written by those analyses.
+
+``passed``: a bit-stable configuration exists within the accepted cost, and the optional analyses passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qconsist.errors import RunStoreError
+from qconsist.gpu.comparison import NodeDifference, PairResult
+from qconsist.gpu.decision import Recommendation
+from qconsist.gpu.latency import LatencyStats
+from qconsist.gpu.repeats import RepeatOutcome
+
+SCHEMA = "qconsist.locate/1"
+
+
+@dataclass(frozen=True)
+class ConfigReport:
+    label: str
+    settings: dict[str, Any]  # ExecutionOptions.to_json()
+    latency: LatencyStats | None
+    faithful: dict[str, Any]  # FaithfulCheck.to_json(): observed final outputs vs production
+    repeats: tuple[RepeatOutcome, ...]
+
+    @property
+    def stable(self) -> bool:
+        return all(r.stable for r in self.repeats)
+
+    def repeat(self, phase: str) -> RepeatOutcome | None:
+        return next((r for r in self.repeats if r.phase == phase), None)
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label, "settings": self.settings, "stable": self.stable,
+            "latency": self.latency.to_json() if self.latency else None, "faithful": self.faithful,
+            "repeats": [r.to_json() for r in self.repeats],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ConfigReport":
+        return cls(
+            label=data["label"], settings=data["settings"],
+            latency=LatencyStats.from_json(data["latency"]) if data.get("latency") else None,
+            faithful=data["faithful"], repeats=tuple(RepeatOutcome.from_json(r) for r in data["repeats"]),
+        )
+
+
+@dataclass(frozen=True)
+class SensitiveNode:
+    """An origin node: where outputs first change, between sessions (repeat) or configurations (algorithm)."""
+
+    label: str
+    op_type: str
+    why: str  # "repeat" | "algorithm" | "tf32"
+    between: tuple[str, ...]  # "A vs B" descriptions of the comparisons where it is an origin
+    differing: int  # its differing output elements (the largest comparison)
+    elements: int
+    greatest_abs: float
+    int8_downstream: int
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "between": list(self.between)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SensitiveNode":
+        return cls(**{**data, "between": tuple(data["between"])})
+
+
+def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode]:
+    """Origin nodes over several comparisons, merged by node label; the largest difference is kept."""
+    merged: dict[tuple[str, str], tuple[NodeDifference, list[str]]] = {}
+    order: list[tuple[str, str]] = []
+    for why, result in results:
+        for node in result.origins:
+            key = (why, node.label)
+            description = f"{result.reference} vs {result.other}"
+            if key not in merged:
+                merged[key] = (node, [description])
+                order.append(key)
+            else:
+                best, seen = merged[key]
+                seen.append(description)
+                if node.differing > best.differing:
+                    merged[key] = (node, seen)
+    found = []
+    for key in order:
+        node, between = merged[key]
+        found.append(SensitiveNode(
+            label=node.label, op_type=node.op_type, why=key[0], between=tuple(between), differing=node.differing,
+            elements=node.elements, greatest_abs=node.greatest_abs, int8_downstream=node.int8_downstream,
+        ))
+    return found
+
+
+@dataclass
+class LocateReport:
+    model: dict[str, Any]
+    inputs: dict[str, Any]
+    device: dict[str, Any]
+    reference: str  # the reference configuration's label
+    repeats: int
+    contention: dict[str, Any] | None  # LoadSummary.to_json() when --contention ran
+    configs: list[ConfigReport]
+    comparisons: list[PairResult]
+    tf32: dict[str, Any]
+    recommendation: Recommendation | None  # None when the configuration matrix did not run (fp16 only)
+    nodes: list[SensitiveNode] = field(default_factory=list)
+    calibration: dict[str, Any] | None = None
+    fp16: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """A bit-stable config within the accepted cost (when the matrix ran), no NaN/Inf/overflow in float16
+        (when asked), every GPU calibration the same model (when asked)."""
+        return (
+            (self.recommendation is None or self.recommendation.passed)
+            and (self.fp16 is None or bool(self.fp16.get("passed")))
+            and (self.calibration is None or bool(self.calibration.get("passed")))
+        )
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def config(self, label: str) -> ConfigReport:
+        for cfg in self.configs:
+            if cfg.label == label:
+                return cfg
+        raise KeyError(label)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "passed": self.passed, "model": self.model, "inputs": self.inputs,
+            "device": self.device, "reference": self.reference, "repeats": self.repeats,
+            "contention": self.contention, "configs": [c.to_json() for c in self.configs],
+            "comparisons": [c.to_json() for c in self.comparisons], "tf32": self.tf32,
+            "recommendation": self.recommendation.to_json() if self.recommendation else None, "nodes": [n.to_json() for n in self.nodes],
+            "calibration": self.calibration, "fp16": self.fp16, "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LocateReport":
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise RunStoreError(f"not a locate report (schema {found!r}, expected {SCHEMA!r})")
+        try:
+            return cls(
+                model=data["model"], inputs=data["inputs"], device=data["device"], reference=data["reference"],
+                repeats=data["repeats"], contention=data["contention"],
+                configs=[ConfigReport.from_json(c) for c in data["configs"]],
+                comparisons=[PairResult.from_json(c) for c in data["comparisons"]], tf32=data["tf32"],
+                recommendation=Recommendation.from_json(data["recommendation"]) if data["recommendation"] else None,
+                nodes=[SensitiveNode.from_json(n) for n in data["nodes"]], calibration=data.get("calibration"),
+                fp16=data.get("fp16"), seconds=data.get("seconds", 0.0),
+            )
+        except (KeyError, TypeError) as exc:
+            raise RunStoreError(f"locate report is missing or has an invalid field: {exc}") from None

@@ -1,0 +1,212 @@
+"""``run_locate``: what ``qconsist locate`` does, from a request to a complete run directory (kind "locate").
+
+* precision fp32 (default): the configuration matrix on the CUDA EP (``locate``), and with
+  ``calibration_repeats`` the repeated GPU calibrations against the CPU (``gpu_calibration``);
+* precision fp16: the float16 analysis (``analyse_fp16``) on the chosen EP — the CPU EP needs no GPU.
+
+Run-directory files: ``locate.json`` (the ``LocateReport``); the manifest's ``sections.locate`` holds the
+verdict, the recommendation and the origin nodes, so ``qconsist report`` / history can read them without
+the full report.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from qconsist.environment import fingerprint
+from qconsist.errors import ConfigError, InputError
+from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
+from qconsist.gpu.device import require_cuda
+from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, analyse_fp16
+from qconsist.gpu.locate import LocateOptions, locate
+from qconsist.gpu.report import SCHEMA, LocateReport
+from qconsist.inference.model import ModelSource, input_specs, resolve_model
+from qconsist.inference.session import ExecutionOptions, Provider
+from qconsist.inputs import open_input_set
+from qconsist.inputs.inputset import InputSet
+from qconsist.inputs.preprocess import Preprocess
+from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.store.atomic import write_json_atomic
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import RunDirectory
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "locate.json"
+MAX_SAMPLES = 256
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class LocateRequest:
+    model: Path
+    inputs: str
+    stage: str | None = None
+    pipeline: Path | None = None
+    offset: int = 0
+    count: int = 8
+    precision: Precision = Precision.FP32
+    fp16_ep: Provider = Provider.CUDA
+    locate: LocateOptions = field(default_factory=LocateOptions)
+    calibration_repeats: int = 0
+    calibration_searches: tuple[AlgoSearch, ...] = tuple(AlgoSearch)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", Precision(self.precision))
+        object.__setattr__(self, "fp16_ep", Provider(self.fp16_ep))
+        if not 1 <= self.count <= MAX_SAMPLES:
+            raise ConfigError(f"--count must be between 1 and {MAX_SAMPLES}, got {self.count}")
+        if self.offset < 0:
+            raise ConfigError(f"--offset must be >= 0, got {self.offset}")
+        if self.calibration_repeats and self.calibration_repeats < 2:
+            raise ConfigError(f"--calibration-repeats must be 0 (off) or >= 2, got {self.calibration_repeats}")
+        if self.calibration_repeats and self.precision is Precision.FP16:
+            raise ConfigError("--calibration-repeats applies to --precision fp32")
+
+
+def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | None:
+    if request.pipeline is not None:
+        from qconsist.pipeline.config import load_pipeline
+
+        return load_pipeline(request.pipeline).preprocess
+    found = source.preprocess_json()
+    if found is None:
+        return None
+    return Preprocess.from_dict({k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
+
+
+def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet, list[dict[str, np.ndarray]]]:
+    """The input set (checked against the model's inputs) and its ``count`` samples, loaded."""
+    specs = input_specs(source.path)
+    if not specs:
+        raise InputError(f"model {source.path} has no inputs")
+    input_set = open_input_set(request.inputs, _preprocess(request, source), specs[0].name)
+    available = len(input_set) - request.offset
+    input_set = input_set.subset(request.offset, min(request.count, max(available, 1)))
+    input_set = input_set.checked(specs)
+    return input_set, [input_set.sample(i) for i in range(len(input_set))]
+
+
+def _is_quantized(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(node.op_type in ("QuantizeLinear", "QLinearConv", "DequantizeLinear") for node in model.graph.node)
+
+
+def _float_source(request: LocateRequest, source: ModelSource) -> Path:
+    """The float model to calibrate: the model itself, or the run's optimize stage when given a run."""
+    if source.run_dir is not None and _is_quantized(source.path):
+        return resolve_model(source.run_dir, "optimize").path
+    if _is_quantized(source.path):
+        raise ConfigError(
+            f"--calibration-repeats calibrates a float model; {source.path} is already quantized "
+            "(give the float model, or a run directory whose optimize stage holds it)"
+        )
+    return source.path
+
+
+def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSet, progress: Progress) -> dict:
+    from qconsist.gpu.calibration import gpu_calibration
+    from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
+
+    options, calibration, inputs = QuantizeOptions(), CalibrationOptions(), input_set
+    if request.pipeline is not None:
+        from qconsist.pipeline.config import load_pipeline
+
+        config = load_pipeline(request.pipeline)
+        options, calibration = config.quantize, config.calibration.options
+        data = config.calibration.inputs
+        specs = input_specs(source.path)
+        inputs = open_input_set(data.data, config.preprocess, specs[0].name).subset(data.offset, data.count)
+        inputs = inputs.checked(specs)
+    configs = [GpuConfig(search).resolved() for search in request.calibration_searches]
+    report = gpu_calibration(_float_source(request, source), inputs, request.calibration_repeats, configs,
+                             options, calibration, progress)
+    return report.to_json()
+
+
+def _fp16_report(request: LocateRequest, source: ModelSource, samples: list, progress: Progress) -> dict:
+    if request.fp16_ep is Provider.CUDA:
+        require_cuda()
+        execution = replace(GpuConfig().execution_options(), graph_optimization_level=FP16_LEVEL)
+    else:
+        execution = ExecutionOptions(graph_optimization_level=FP16_LEVEL)
+    return analyse_fp16(source.path, samples, execution, Fp16Options(), progress).to_json()
+
+
+def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
+    return LocateReport(
+        model=source.describe(), inputs=input_set.describe(), device={}, reference="", repeats=0, contention=None,
+        configs=[], comparisons=[], tf32={"override": Tf32Override.from_environment().to_json(), "pairs": []},
+        recommendation=None,
+    )
+
+
+def build_report(request: LocateRequest, progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, ModelSource, InputSet]:
+    """Everything ``qconsist locate`` measures, as a ``LocateReport`` (no run directory)."""
+    source = resolve_model(request.model, request.stage)
+    input_set, samples = open_samples(request, source)
+    if request.precision is Precision.FP16:
+        report = _empty_report(source, input_set)
+        report.fp16 = _fp16_report(request, source, samples, progress)
+        return report, source, input_set
+    report = locate(source.path, samples, request.locate, source.describe(), input_set.describe(), progress)
+    if request.calibration_repeats:
+        report.calibration = _calibration(request, source, input_set, progress)
+    return report, source, input_set
+
+
+def summary(report: LocateReport) -> dict:
+    """The manifest's ``sections.locate``: the verdict and what a reader needs first."""
+    rec = report.recommendation
+    return {
+        "schema": SCHEMA, "passed": report.passed, "report": REPORT_FILE,
+        "recommendation": rec.to_json() if rec else None,
+        "nodes": [{"label": n.label, "why": n.why} for n in report.nodes],
+        "unstable_configs": [c.label for c in report.configs if not c.stable],
+        "fp16_passed": report.fp16.get("passed") if report.fp16 else None,
+        "calibration_passed": report.calibration.get("passed") if report.calibration else None,
+    }
+
+
+def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = (), run_id: str | None = None,
+               progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, Path]:
+    """Measure, then write the run directory (``locate.json`` and the manifest, written last)."""
+    report, source, input_set = build_report(request, progress)
+    label = f"locate-{source.describe().get('name') or source.path.stem}"
+    with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir:
+        write_json_atomic(rundir.file(REPORT_FILE), report.to_json())
+        manifest = Manifest(
+            kind="locate", command=list(command), model=source.describe(),
+            inputs={**input_set.describe(), "digest": input_set.digest()}, environment=fingerprint(),
+            sections={"locate": summary(report)},
+        )
+        path = rundir.finish(manifest)
+    return report, path
+
+
+def load_report(run_dir: Path) -> LocateReport:
+    """The ``LocateReport`` of a complete locate run directory."""
+    import json
+
+    from qconsist.errors import RunStoreError
+    from qconsist.store.rundir import open_run
+
+    manifest = open_run(run_dir)
+    if manifest.kind != "locate":
+        raise RunStoreError(f"run {run_dir} is a {manifest.kind} run, not a locate run")
+    try:
+        data = json.loads((Path(run_dir) / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunStoreError(f"cannot read {Path(run_dir) / REPORT_FILE}: {exc}") from None
+    return LocateReport.from_json(data)

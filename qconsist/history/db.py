@@ -1,0 +1,259 @@
+"""The nightly history: an embedded SQLite database of nights, runs, artifact hashes, verdicts and environments.
+
+Safe when two nightlies overlap: the database runs in WAL mode (readers never block the writer), every
+connection waits up to ``BUSY_TIMEOUT_MS`` for a lock, and every write is one ``BEGIN IMMEDIATE``
+transaction, so a night killed mid-way leaves every committed row intact and its own night ``running``
+until :meth:`History.mark_abandoned` (called by the next nightly) marks it ``incomplete``.
+
+Schema (``PRAGMA user_version = 1``)::
+
+    environments(sha TEXT PRIMARY KEY, data TEXT)                -- fingerprint JSON, stored once
+    nights(night_id TEXT PRIMARY KEY, config TEXT, started TEXT, finished TEXT,
+           status TEXT,                                          -- running | complete | incomplete
+           pid INTEGER, host TEXT, environment_sha TEXT, summary TEXT)
+    entries(night_id TEXT, model TEXT, status TEXT,              -- running | done | error
+            error TEXT, entry_run TEXT, started TEXT, finished TEXT, PRIMARY KEY (night_id, model))
+    runs(night_id TEXT, model TEXT, role TEXT, run_id TEXT, kind TEXT, path TEXT, recorded TEXT,
+         PRIMARY KEY (night_id, model, role))                    -- pipeline, inference, repeat, float, locate
+    hashes(night_id TEXT, model TEXT, stage TEXT, md5 TEXT, sha256 TEXT, content TEXT,
+           PRIMARY KEY (night_id, model, stage))
+    verdicts(night_id TEXT, model TEXT, passed INTEGER, baseline_night TEXT, changed_stages TEXT,
+             first_diverging_node TEXT, reasons TEXT, verdict TEXT, recorded TEXT,
+             PRIMARY KEY (night_id, model))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from qconsist.errors import OutputError, RunStoreError
+from qconsist.store.rundir import utc_now
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 60_000
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS environments(sha TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nights(
+    night_id TEXT PRIMARY KEY, config TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
+    status TEXT NOT NULL, pid INTEGER, host TEXT, environment_sha TEXT REFERENCES environments(sha), summary TEXT);
+CREATE TABLE IF NOT EXISTS entries(
+    night_id TEXT NOT NULL REFERENCES nights(night_id), model TEXT NOT NULL, status TEXT NOT NULL,
+    error TEXT, entry_run TEXT, started TEXT NOT NULL, finished TEXT, PRIMARY KEY (night_id, model));
+CREATE TABLE IF NOT EXISTS runs(
+    night_id TEXT NOT NULL, model TEXT NOT NULL, role TEXT NOT NULL, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+    path TEXT NOT NULL, recorded TEXT NOT NULL, PRIMARY KEY (night_id, model, role));
+CREATE TABLE IF NOT EXISTS hashes(
+    night_id TEXT NOT NULL, model TEXT NOT NULL, stage TEXT NOT NULL, md5 TEXT, sha256 TEXT, content TEXT,
+    PRIMARY KEY (night_id, model, stage));
+CREATE TABLE IF NOT EXISTS verdicts(
+    night_id TEXT NOT NULL, model TEXT NOT NULL, passed INTEGER NOT NULL, baseline_night TEXT,
+    changed_stages TEXT NOT NULL, first_diverging_node TEXT, reasons TEXT NOT NULL, verdict TEXT NOT NULL,
+    recorded TEXT NOT NULL, PRIMARY KEY (night_id, model));
+CREATE INDEX IF NOT EXISTS entries_model ON entries(model, started);
+"""
+
+
+@dataclass(frozen=True)
+class GoodRun:
+    """The last night whose gate passed for a model: the baseline of the next night."""
+
+    night_id: str
+    entry_run: str
+
+
+class History:
+    """The history database at ``path`` (created on first use)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from None
+        with self._connect() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise RunStoreError(f"history {self.path} has schema version {version}; this qconsist reads {SCHEMA_VERSION}")
+            with self._write(conn):
+                for statement in _DDL.strip().split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- connection handling -------------------------------------------------------------------------------
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise OutputError(f"cannot open history database {self.path}: {exc}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.row_factory = sqlite3.Row
+            yield conn
+        except sqlite3.DatabaseError as exc:
+            raise RunStoreError(f"history database {self.path} is unusable: {exc}") from None
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self, conn: sqlite3.Connection) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _execute(self, statements: list[tuple[str, tuple]]) -> None:
+        with self._connect() as conn, self._write(conn):
+            for sql, params in statements:
+                conn.execute(sql, params)
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def start_night(self, night_id: str, config: str, environment: dict[str, Any]) -> None:
+        text = json.dumps(environment, sort_keys=True, default=str)
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        self._execute([
+            ("INSERT OR IGNORE INTO environments(sha, data) VALUES (?, ?)", (sha, text)),
+            ("INSERT INTO nights(night_id, config, started, status, pid, host, environment_sha) VALUES (?,?,?,?,?,?,?)",
+             (night_id, config, utc_now(), "running", os.getpid(), socket.gethostname(), sha)),
+        ])
+
+    def finish_night(self, night_id: str, summary: dict[str, Any]) -> None:
+        self._execute([(
+            "UPDATE nights SET status = 'complete', finished = ?, summary = ? WHERE night_id = ?",
+            (utc_now(), json.dumps(summary, default=str), night_id),
+        )])
+
+    def mark_abandoned(self, config: str | None = None) -> list[str]:
+        """Mark nights still ``running`` whose process is gone as ``incomplete``; return their ids."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT night_id, pid, host FROM nights WHERE status = 'running'").fetchall()
+        host = socket.gethostname()
+        dead = [r["night_id"] for r in rows if r["host"] == host and not _alive(r["pid"])]
+        statements = []
+        for night in dead:
+            statements.append(("UPDATE nights SET status = 'incomplete', finished = ? WHERE night_id = ?", (utc_now(), night)))
+            statements.append(("UPDATE entries SET status = 'error', error = 'night interrupted', finished = ? "
+                               "WHERE night_id = ? AND status = 'running'", (utc_now(), night)))
+        if statements:
+            self._execute(statements)
+        return dead
+
+    def start_entry(self, night_id: str, model: str) -> None:
+        self._execute([(
+            "INSERT OR REPLACE INTO entries(night_id, model, status, started) VALUES (?, ?, 'running', ?)",
+            (night_id, model, utc_now()),
+        )])
+
+    def record_run(self, night_id: str, model: str, role: str, run_id: str, kind: str, path: Path | str) -> None:
+        self._execute([(
+            "INSERT OR REPLACE INTO runs(night_id, model, role, run_id, kind, path, recorded) VALUES (?,?,?,?,?,?,?)",
+            (night_id, model, role, run_id, kind, str(path), utc_now()),
+        )])
+
+    def record_hashes(self, night_id: str, model: str, stages: list[dict[str, Any]]) -> None:
+        statements = []
+        for stage in stages:
+            artifact = stage.get("artifact") or {}
+            statements.append((
+                "INSERT OR REPLACE INTO hashes(night_id, model, stage, md5, sha256, content) VALUES (?,?,?,?,?,?)",
+                (night_id, model, stage["name"], artifact.get("md5"), artifact.get("sha256"), artifact.get("content")),
+            ))
+        if statements:
+            self._execute(statements)
+
+    def finish_entry(self, night_id: str, model: str, entry_run: str | None, verdict: Any | None, baseline_night: str | None,
+                     error: str | None = None) -> None:
+        """Close a model's entry: its verdict (a ``GateVerdict``) or the error that stopped it, in one transaction."""
+        statements: list[tuple[str, tuple]] = [(
+            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ? WHERE night_id = ? AND model = ?",
+            ("error" if error else "done", error, entry_run, utc_now(), night_id, model),
+        )]
+        if verdict is not None:
+            data = verdict.to_json()
+            statements.append((
+                "INSERT OR REPLACE INTO verdicts(night_id, model, passed, baseline_night, changed_stages, "
+                "first_diverging_node, reasons, verdict, recorded) VALUES (?,?,?,?,?,?,?,?,?)",
+                (night_id, model, int(verdict.passed), baseline_night, json.dumps(data["changed_stages"]),
+                 data["first_diverging_node"], json.dumps(data["reasons"]), json.dumps(data), utc_now()),
+            ))
+        self._execute(statements)
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def last_good(self, model: str, before: str | None = None) -> GoodRun | None:
+        """The most recent complete entry of ``model`` whose gate passed (excluding night ``before``)."""
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT e.night_id, e.entry_run FROM entries e JOIN verdicts v USING (night_id, model) "
+                "WHERE e.model = ? AND e.status = 'done' AND v.passed = 1 AND e.night_id != ? "
+                "ORDER BY e.started DESC, e.night_id DESC LIMIT 1",
+                (model, before or ""),
+            ).fetchone()
+        return GoodRun(row["night_id"], row["entry_run"]) if row else None
+
+    def nights(self) -> list[dict[str, Any]]:
+        with self._connect() as conn:
+            return [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY started, night_id")]
+
+    def models(self) -> list[str]:
+        with self._connect() as conn:
+            return [r[0] for r in conn.execute("SELECT DISTINCT model FROM entries ORDER BY model")]
+
+    def model_rows(self, model: str) -> list[dict[str, Any]]:
+        """Every night of ``model``, oldest first, with its hashes, verdict and environment."""
+        with self._connect() as conn:
+            entries = conn.execute(
+                "SELECT e.*, n.status AS night_status, n.environment_sha, env.data AS environment "
+                "FROM entries e JOIN nights n USING (night_id) LEFT JOIN environments env ON env.sha = n.environment_sha "
+                "WHERE e.model = ? ORDER BY e.started, e.night_id",
+                (model,),
+            ).fetchall()
+            rows = []
+            for entry in entries:
+                row = dict(entry)
+                row["environment"] = json.loads(row["environment"]) if row["environment"] else {}
+                row["hashes"] = {
+                    h["stage"]: {"md5": h["md5"], "sha256": h["sha256"], "content": h["content"]}
+                    for h in conn.execute("SELECT * FROM hashes WHERE night_id = ? AND model = ?", (entry["night_id"], model))
+                }
+                verdict = conn.execute("SELECT * FROM verdicts WHERE night_id = ? AND model = ?", (entry["night_id"], model)).fetchone()
+                row["verdict"] = None if verdict is None else {
+                    "passed": bool(verdict["passed"]), "baseline_night": verdict["baseline_night"],
+                    "changed_stages": json.loads(verdict["changed_stages"]),
+                    "first_diverging_node": verdict["first_diverging_node"], "reasons": json.loads(verdict["reasons"]),
+                }
+                row["runs"] = {
+                    r["role"]: r["path"]
+                    for r in conn.execute("SELECT role, path FROM runs WHERE night_id = ? AND model = ?", (entry["night_id"], model))
+                }
+                rows.append(row)
+        return rows
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,195 @@
+"""``--dump``: fingerprints of every tensor ONNX Runtime actually computes, checked against production.
+
+Design (measured in ../shared/MEASURED.md): exposing every tensor of the model as a graph output blocks
+ORT's fusions, so the dumped session would run other kernels than production. Instead qconsist
+
+1. lets ORT optimize the model at the production level and EP and save the graph it will run
+   (``SessionOptions.optimized_model_filepath``),
+2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
+3. runs every sample through it, fingerprints every tensor (``fingerprint.py``), keeps raw tensors only
+   when asked, and
+4. runs every sample through a production session (same options, no dumps) and compares the final outputs
+   bit for bit. The verdict (``faithful``) and the greatest difference go into the manifest.
+
+Run-directory files (``dump/``)::
+
+    optimized.onnx      the graph ORT runs (what was dumped)
+    index.json          tensors in column order: name, node, op, original tensor, label, covers, dtype;
+                        the shape table; the faithfulness verdict per sample
+    fingerprints.npy    RECORD[samples, tensors] (56 bytes per tensor per sample)
+    raw/<sample>.npz    raw tensors asked for (keys t<column>), no pickle
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qconsist.errors import ConfigError, InputError
+from qconsist.inference.graphmap import TensorOrigin, map_tensors, structure_hash
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+
+log = logging.getLogger(__name__)
+
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16", "tensor(int32)": "int32", "tensor(uint32)": "uint32", "tensor(int64)": "int64",
+    "tensor(uint64)": "uint64", "tensor(bool)": "bool",
+}
+
+
+class RawMode(str, Enum):
+    NONE = "none"
+    ALL = "all"
+    NODES = "nodes"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class RawSelection:
+    """Which raw tensors a dump keeps: none, all, those of named nodes, or ``auto`` (those that differ
+    from a reference dump, plus the final outputs)."""
+
+    mode: RawMode = RawMode.NONE
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> "RawSelection":
+        value = (text or "none").strip()
+        if value.lower() in ("none", "all", "auto"):
+            return cls(RawMode(value.lower()))
+        names = tuple(n.strip() for n in value.split(",") if n.strip())
+        if not names:
+            raise ConfigError(f"--raw {text!r}: give all, none, auto or a comma-separated list of node names")
+        return cls(RawMode.NODES, names)
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode.value, "names": list(self.names)}
+
+
+@dataclass
+class DumpPlan:
+    """The exposed optimized graph, its sessions and where each dumped tensor comes from."""
+
+    optimized_path: Path
+    structure: str
+    original_structure: str
+    outputs: list[str]  # the model's final outputs
+    tensors: list[TensorOrigin]  # dumped tensors, column order
+    dtypes: list[str]
+    session: object  # ort.InferenceSession of the exposed graph, optimizations off
+
+    def column(self, name: str) -> int:
+        return [t.name for t in self.tensors].index(name)
+
+
+def _expose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` with every node output (typed or not) added to the graph outputs."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    graph = exposed.graph
+    typed = {v.name: v for v in graph.value_info}
+    present = {o.name for o in graph.output}
+    names: list[str] = []
+    for node in graph.node:
+        for out in node.output:
+            if not out:
+                continue
+            names.append(out)
+            if out not in present:
+                graph.output.append(typed[out] if out in typed else onnx.ValueInfoProto(name=out))
+                present.add(out)
+    return exposed, names
+
+
+def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan:
+    """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    optimized_path = dump_dir / "optimized.onnx"
+    create_session(model_path, options, optimized_model_filepath=optimized_path)
+    try:
+        original = onnx.load(str(model_path))
+        optimized = onnx.load(str(optimized_path))
+    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
+        raise InputError(f"cannot read ORT's optimized graph of {model_path}: {exc}") from None
+    exposed, names = _expose(optimized)
+    session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+    runtime = {}
+    for out in session.get_outputs():
+        shape = tuple(out.shape) if all(isinstance(d, int) for d in out.shape) else None
+        runtime[out.name] = (_ORT_TYPES.get(out.type, out.type), shape)
+    origins = map_tensors(original, optimized, runtime)
+    by_name = {t.name: t for t in origins}
+    tensors = [by_name[n] for n in names]
+    log.info("dump: %d tensors of ORT's optimized graph (%d nodes)", len(tensors), len(optimized.graph.node))
+    return DumpPlan(
+        optimized_path=optimized_path,
+        structure=structure_hash(optimized),
+        original_structure=structure_hash(original),
+        outputs=[o.name for o in optimized.graph.output],
+        tensors=tensors,
+        dtypes=[runtime[n][0] for n in names],
+        session=session,
+    )
+
+
+def select_raw(plan: DumpPlan, raw: RawSelection) -> set[int]:
+    """Columns whose raw tensors are kept (``auto`` is resolved by the runner against a reference)."""
+    if raw.mode is RawMode.ALL:
+        return set(range(len(plan.tensors)))
+    if raw.mode is not RawMode.NODES:
+        return set()
+    chosen: set[int] = set()
+    for wanted in raw.names:
+        hits = {
+            i for i, t in enumerate(plan.tensors)
+            if wanted in (t.name, t.node, t.label, t.original) or wanted in t.covers
+        }
+        if not hits:
+            known = ", ".join(sorted({t.label for t in plan.tensors})[:8])
+            raise ConfigError(f"--raw: no dumped tensor belongs to a node named {wanted!r} (some known: {known}, ...)")
+        chosen |= hits
+    return chosen
+
+
+@dataclass
+class FaithfulCheck:
+    """Dumped final outputs vs a production session without dumps, bit for bit, sample by sample."""
+
+    samples: int = 0
+    mismatched: list[int] = field(default_factory=list)
+    max_abs_diff: float = 0.0
+
+    @property
+    def faithful(self) -> bool:
+        return not self.mismatched
+
+    def add(self, sample: int, production: list[np.ndarray], dumped: list[np.ndarray]) -> None:
+        self.samples += 1
+        same = all(
+            p.dtype == d.dtype and p.shape == d.shape and np.ascontiguousarray(p).tobytes() == np.ascontiguousarray(d).tobytes()
+            for p, d in zip(production, dumped)
+        )
+        if same:
+            return
+        self.mismatched.append(sample)
+        for p, d in zip(production, dumped):
+            if p.shape == d.shape and p.size:
+                diff = np.abs(p.astype(np.float64) - d.astype(np.float64))
+                self.max_abs_diff = max(self.max_abs_diff, float(np.nanmax(diff)) if not np.isnan(diff).all() else float("inf"))
+            else:
+                self.max_abs_diff = float("inf")
+
+    def to_json(self) -> dict:
+        return {
+            "faithful": self.faithful,
+            "samples_checked": self.samples,
+            "mismatched_samples": list(self.mismatched),
+            "max_abs_diff": self.max_abs_diff if np.isfinite(self.max_abs_diff) else "inf",
+        }

@@ -1,0 +1,256 @@
+"""Map the tensors of ONNX Runtime's optimized graph back to the nodes of the original model.
+
+ORT's optimizer fuses nodes (QDQ groups into QLinearConv, Conv+Relu into FusedConv), changes layouts
+(NCHWc, NHWC) and renames tensors. For every tensor of the optimized graph this module finds:
+
+* ``original``: the tensor of the original model holding the same value, when there is one. A surviving
+  name with the same element type is that tensor ("same"). A surviving name whose element type changed
+  (a QLinearConv output keeps the float Conv output's name but holds its quantized value) is followed
+  forward through value-preserving original nodes (QuantizeLinear, DequantizeLinear, Relu, Clip, Cast,
+  Identity) to the first tensor of the right element type and shape ("renamed"). Otherwise the tensor is
+  ``internal`` to the optimized graph (a layout change, a fusion's intermediate) and has no original twin.
+* ``covers``: the original nodes the optimized node computes: those between the original tensors its
+  inputs stand for and the original tensor its output stands for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+import onnx
+
+_VALUE_PRESERVING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Cast", "Identity"}
+_QDQ = {"QuantizeLinear", "DequantizeLinear"}
+_MAX_FOLLOW = 4
+
+
+@dataclass(frozen=True)
+class TensorOrigin:
+    """One dumped tensor and where it comes from in the original model."""
+
+    name: str  # tensor name in the dumped (optimized) graph
+    node: str  # optimized node producing it ("" for a graph input)
+    op_type: str  # that node's op, "domain:op" outside the ONNX domain
+    original: str | None  # original tensor with the same value, if any
+    how: str  # "same" | "renamed" | "relayout" (same name, other layout) | "internal"
+    label: str  # name users know: the original node that computes it
+    covers: tuple[str, ...] = field(default=())  # original nodes the optimized node computes
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "node": self.node, "op_type": self.op_type, "original": self.original,
+            "how": self.how, "label": self.label, "covers": list(self.covers),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TensorOrigin":
+        return cls(
+            name=data["name"], node=data["node"], op_type=data["op_type"], original=data["original"],
+            how=data["how"], label=data["label"], covers=tuple(data["covers"]),
+        )
+
+
+def op_name(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+
+
+def node_names(graph: onnx.GraphProto) -> list[str]:
+    """Node names, with a stable made-up name for unnamed nodes."""
+    return [node.name or f"{node.op_type}_{i}" for i, node in enumerate(graph.node)]
+
+
+@dataclass
+class GraphIndex:
+    """Producers, consumers, names and known tensor types of one graph."""
+
+    graph: onnx.GraphProto
+    names: list[str]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+    initializers: set[str]
+    inputs: set[str]
+    types: dict[str, tuple[str, tuple | None]]  # tensor -> (numpy dtype name, shape or None)
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, infer: bool = True) -> "GraphIndex":
+        graph = model.graph
+        if infer:
+            try:
+                graph = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+            except Exception:  # noqa: BLE001 - inference is a help; contrib ops often defeat it
+                graph = model.graph
+        producer, consumers = {}, {}
+        for i, node in enumerate(graph.node):
+            for out in node.output:
+                if out:
+                    producer[out] = i
+            for inp in node.input:
+                if inp:
+                    consumers.setdefault(inp, []).append(i)
+        types = {}
+        for value in list(graph.value_info) + list(graph.output) + list(graph.input):
+            typed = _value_type(value)
+            if typed is not None:
+                types[value.name] = typed
+        inits = {init.name for init in graph.initializer}
+        return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types)
+
+    def activation_inputs(self, node: onnx.NodeProto) -> list[str]:
+        return [i for i in node.input if i and i not in self.initializers]
+
+
+def _value_type(value: onnx.ValueInfoProto) -> tuple[str, tuple | None] | None:
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.elem_type:
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return None
+    shape = None
+    if value.type.tensor_type.HasField("shape"):
+        dims = value.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shape = tuple(d.dim_value for d in dims)
+    return dtype, shape
+
+
+def _type_fits(original: tuple[str, tuple | None] | None, dtype: str, shape: tuple | None) -> bool:
+    if original is None:
+        return True
+    if original[0] != dtype:
+        return False
+    return original[1] is None or shape is None or tuple(original[1]) == tuple(shape)
+
+
+def _follow(orig: GraphIndex, start: str, dtype: str, shape: tuple | None) -> str | None:
+    """The first original tensor after ``start`` through value-preserving nodes with the given type."""
+    queue = deque([(start, 0)])
+    while queue:
+        tensor, depth = queue.popleft()
+        if depth >= _MAX_FOLLOW:
+            continue
+        for index in orig.consumers.get(tensor, []):
+            node = orig.graph.node[index]
+            if node.op_type not in _VALUE_PRESERVING or node.input[0] != tensor:
+                continue
+            for out in node.output:
+                if out and out in orig.types and _type_fits(orig.types[out], dtype, shape):
+                    return out
+                if out:
+                    queue.append((out, depth + 1))
+    return None
+
+
+def _covered(orig: GraphIndex, target: str, starts: set[str]) -> list[int]:
+    """Original nodes needed to compute ``target`` from ``starts`` (and initializers)."""
+    seen: set[int] = set()
+    stack = [target]
+    visited: set[str] = set()
+    while stack:
+        tensor = stack.pop()
+        if tensor in visited or tensor in starts or tensor in orig.initializers or tensor in orig.inputs:
+            continue
+        visited.add(tensor)
+        index = orig.producer.get(tensor)
+        if index is None or index in seen:
+            continue
+        seen.add(index)
+        stack.extend(i for i in orig.graph.node[index].input if i)
+    return sorted(seen)
+
+
+def _principal(orig: GraphIndex, covered: list[int], target: str | None) -> str | None:
+    """The covered node a user would name: the one compute node, else the target's producer."""
+    compute = [i for i in covered if orig.graph.node[i].op_type not in _QDQ]
+    if len(compute) == 1:
+        return orig.names[compute[0]]
+    if target is not None and target in orig.producer:
+        return orig.names[orig.producer[target]]
+    return None
+
+
+def _surviving(orig: GraphIndex, name: str, by_node_name: dict[str, int]) -> str | None:
+    """The original tensor a surviving name points at: the tensor itself, or (ORT names the outputs of
+    QDQ fusions after the fused node) the first output of the original node of that name."""
+    if name in orig.producer or name in orig.inputs:
+        return name
+    index = by_node_name.get(name)
+    if index is not None and orig.graph.node[index].output:
+        return orig.graph.node[index].output[0]
+    return None
+
+
+def map_tensors(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    runtime_types: dict[str, tuple[str, tuple | None]],
+) -> list[TensorOrigin]:
+    """Where each tensor of ``optimized`` (node outputs, in node order) comes from in ``original``.
+
+    ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them.
+    """
+    orig = GraphIndex.of(original)
+    opt = GraphIndex.of(optimized, infer=False)
+    by_node_name = {name: i for i, name in enumerate(orig.names)}
+    mapped: dict[str, str | None] = {name: name for name in opt.inputs}
+    starts: dict[str, set[str]] = {name: {name} for name in opt.inputs}
+    result: list[TensorOrigin] = []
+    for index, node in enumerate(optimized.graph.node):
+        node_starts: set[str] = set()
+        for inp in opt.activation_inputs(node):
+            if mapped.get(inp):
+                node_starts.add(mapped[inp])  # type: ignore[arg-type]
+            else:
+                node_starts |= starts.get(inp, set())
+        for out in node.output:
+            if not out:
+                continue
+            dtype, shape = runtime_types.get(out, ("", None))
+            target, how, anchor = None, "internal", _surviving(orig, out, by_node_name)
+            if anchor is not None:
+                if anchor == out and _type_fits(orig.types.get(out), dtype, shape):
+                    target, how = out, "same"
+                else:
+                    target = anchor if _type_fits(orig.types.get(anchor), dtype, shape) else _follow(orig, anchor, dtype, shape)
+                    how = "renamed" if target else "relayout"
+                    anchor = target or anchor
+            mapped[out] = target
+            starts[out] = node_starts if anchor is None else {anchor}
+            covered = _covered(orig, anchor, node_starts) if anchor else []
+            principal = _principal(orig, covered, anchor)
+            label = principal or f"{opt.names[index]} ({op_name(node)}, internal to ORT's optimized graph)"
+            result.append(TensorOrigin(
+                name=out, node=opt.names[index], op_type=op_name(node), original=target, how=how,
+                label=label, covers=tuple(orig.names[i] for i in covered),
+            ))
+    return result
+
+
+def structure_hash(model: onnx.ModelProto) -> str:
+    """sha256 of the graph's structure: nodes, attributes, tensor names, initializer types and shapes,
+    but not initializer values. Two models with the same structure can be compared tensor by tensor."""
+    h = hashlib.sha256()
+
+    def put(*parts: Iterable | str) -> None:
+        for part in parts:
+            h.update(repr(part).encode())
+
+    graph = model.graph
+    put([v.name for v in graph.input], [v.name for v in graph.output])
+    for init in graph.initializer:
+        put(init.name, init.data_type, list(init.dims))
+    for node in graph.node:
+        attrs = []
+        for attr in node.attribute:
+            value = onnx.helper.get_attribute_value(attr)
+            if isinstance(value, onnx.TensorProto):
+                value = (value.data_type, list(value.dims))
+            elif isinstance(value, (onnx.GraphProto,)):
+                value = value.SerializeToString(deterministic=True)
+            attrs.append((attr.name, value))
+        put(node.domain, node.op_type, list(node.input), list(node.output), sorted(attrs, key=lambda a: a[0]))
+    return h.hexdigest()

@@ -1,0 +1,97 @@
+"""Which model ``qconsist run`` executes: an ``.onnx`` file, or a stage's artifact in a run directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qconsist.errors import ConfigError, InputError
+from qconsist.inputs.inputset import InputSpec
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import open_run
+
+DEFAULT_STAGE = "quantize"
+
+
+@dataclass
+class ModelSource:
+    """A model file and, when it came from a run directory, that run's stage and provenance."""
+
+    path: Path
+    stage: str | None = None
+    run_dir: Path | None = None
+    manifest: Manifest | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)  # provenance: stages up to the one run
+
+    def describe(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"path": str(self.path)}
+        if self.run_dir is not None:
+            data.update({"run": str(self.run_dir), "stage": self.stage})
+            if self.manifest is not None:
+                data["name"] = self.manifest.model.get("name")
+        else:
+            data["name"] = self.path.stem
+        return data
+
+    def preprocess_json(self) -> dict | None:
+        """The source run's declared preprocessing, when its manifest records one."""
+        if self.manifest is None:
+            return None
+        for holder in (self.manifest.inputs, self.manifest.model, *self.manifest.sections.values()):
+            if isinstance(holder, dict) and isinstance(holder.get("preprocess"), dict):
+                return holder["preprocess"]
+        for stage in self.manifest.stages:
+            params = stage.get("params") or {}
+            if isinstance(params.get("preprocess"), dict):
+                return params["preprocess"]
+        return None
+
+
+def resolve_model(model: Path | str, stage: str | None = None) -> ModelSource:
+    """``model`` is an ONNX file, or a complete run directory (``stage`` picks its artifact, default quantize)."""
+    path = Path(model)
+    if path.is_dir():
+        manifest = open_run(path)
+        names = [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
+        wanted = stage or (DEFAULT_STAGE if DEFAULT_STAGE in names else (names[-1] if names else None))
+        if wanted is None:
+            raise InputError(f"run {path} has no stage with a model artifact")
+        if wanted not in names:
+            raise ConfigError(f"run {path} has no stage {wanted!r} with a model; stages: {', '.join(names) or 'none'}")
+        position = names.index(wanted)
+        record = manifest.stage(wanted)
+        artifact = Path(record["artifact"]["path"])  # type: ignore[index]
+        artifact = artifact if artifact.is_absolute() else path / artifact
+        if not artifact.is_file():
+            raise InputError(f"run {path}: the {wanted} artifact {artifact} is missing")
+        kept = [s for s in manifest.stages if s.get("name") in names[: position + 1]]
+        return ModelSource(artifact, wanted, path, manifest, kept)
+    if stage is not None:
+        raise ConfigError("--stage applies to a run directory, not to a model file")
+    if not path.exists():
+        raise InputError(f"model {path} does not exist")
+    if path.suffix.lower() != ".onnx":
+        raise InputError(f"model {path}: give an .onnx file or a run directory")
+    return ModelSource(path)
+
+
+def input_specs(path: Path) -> list[InputSpec]:
+    """The model's graph inputs (initializers excluded), for checking samples."""
+    import numpy as np
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path} is not a readable ONNX model: {exc}") from None
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+        specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
+    return specs

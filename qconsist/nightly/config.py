@@ -1,0 +1,205 @@
+"""Nightly files (TOML): which models to run every night, how, and under which policy.
+
+Relative paths start at the nightly file's folder. Format::
+
+    runs_dir = "../runs"                       # run directories (default: "runs" beside the file)
+    history = "../runs/history.sqlite"         # default: <runs_dir>/history.sqlite
+    policy = "../policies/default.toml"        # default policy of every model (default: built-in)
+
+    [[models]]
+    name = "open_nsfw-minmax"                  # unique; the key of the model's history
+    pipeline = "open_nsfw.toml"                # a pipeline file …
+    [models.set.calibration]                   # … with values overridden (deep-merged into it)
+    method = "MinMax"
+
+    [[models]]
+    name = "nudenet-320n"
+    policy = "../policies/nudenet.toml"        # this model's policy
+    gpu_config = "HEURISTIC/tf32=0"            # the GPU config the deployment pins (checked against locate)
+    labels = "labels.json"                     # {sample name: class index} of the evaluation inputs
+    locate = true                              # run qconsist locate where a GPU exists (default true)
+    [models.pipeline]                          # … or a pipeline written inline
+    [models.pipeline.model]
+    onnx = "package:nudenet/320n.onnx"         # a file shipped inside an installed package
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qconsist.errors import ConfigError, InputError
+from qconsist.nightly.package import is_package_path, resolve_package_path
+from qconsist.pipeline.config import PipelineConfig, parse_pipeline
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+_TOP_KEYS = {"runs_dir", "history", "policy", "models"}
+_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate"}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    pipeline: PipelineConfig
+    policy: Path | None = None
+    gpu_config: str | None = None
+    labels: dict[str, int] | None = None
+    locate: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "policy": str(self.policy) if self.policy else None, "gpu_config": self.gpu_config,
+            "labels": self.labels, "locate": self.locate, "pipeline": self.pipeline.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    path: Path
+    runs_dir: Path
+    history: Path
+    models: tuple[ModelEntry, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "runs_dir": str(self.runs_dir), "history": str(self.history),
+                "models": [m.to_json() for m in self.models]}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _string(table: dict[str, Any], key: str, where: str) -> str | None:
+    value = table.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}")
+    return value
+
+
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {path} is a directory") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+def _labels(base: Path, text: str, where: str) -> dict[str, int]:
+    path = base / text
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{where}: labels file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{where}: labels file {path} is not a JSON object of sample name -> class ({exc})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        raise ConfigError(f"{where}: labels file {path} must map sample names to integer classes")
+    return data
+
+
+_PATH_KEYS = {("calibration", "data"), ("evaluation", "data"), ("model", "onnx"), ("model", "prototxt"), ("model", "caffemodel")}
+
+
+def _anchored(overrides: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Overrides with their relative paths made absolute from the nightly file's folder (not the pipeline's)."""
+    anchored = copy.deepcopy(overrides)
+    for table, key in _PATH_KEYS:
+        section = anchored.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str) and not section[key].startswith("package:"):
+            section[key] = str((base / section[key]).resolve())
+    return anchored
+
+
+def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path | None) -> ModelEntry:
+    where = f"{origin}: models[{index}]"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a table ([[models]])")
+    unknown = sorted(set(data) - _MODEL_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_MODEL_KEYS))})")
+    name = _string(data, "name", where)
+    if not name or not _NAME_RE.match(name):
+        raise ConfigError(f"{where}: 'name' must be letters, digits, '.', '_' or '-' (got {name!r})")
+    where = f"{origin}: model '{name}'"
+    inline = isinstance(data.get("pipeline"), dict)
+    pipeline_file = None if inline else _string(data, "pipeline", where)
+    if inline:
+        pipeline_data, pipeline_path = dict(data["pipeline"]), origin
+    elif pipeline_file is not None:
+        pipeline_path = (base / pipeline_file).resolve()
+        pipeline_data = _read_toml(pipeline_path, "pipeline file")
+    else:
+        raise ConfigError(f"{where}: needs pipeline = \"<file>\" or a [models.pipeline] table")
+    overrides = data.get("set", {})
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{where}: 'set' must be a table of pipeline values to override")
+    pipeline_data = _merge(pipeline_data, _anchored(overrides, base))
+    pipeline_data["name"] = name
+    model = pipeline_data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("onnx"), str) and is_package_path(model["onnx"]):
+        model["onnx"] = str(resolve_package_path(model["onnx"]))
+    pipeline = parse_pipeline(pipeline_data, pipeline_path)
+    policy = _string(data, "policy", where)
+    gpu_config = _string(data, "gpu_config", where)
+    if gpu_config is not None:
+        from qconsist.gpu.config import GpuConfig
+
+        GpuConfig.parse(gpu_config)
+    labels = _string(data, "labels", where)
+    locate = data.get("locate", True)
+    if not isinstance(locate, bool):
+        raise ConfigError(f"{where}: 'locate' must be true or false, got {locate!r}")
+    return ModelEntry(
+        name=name, pipeline=pipeline, policy=(base / policy).resolve() if policy else default_policy,
+        gpu_config=gpu_config, labels=_labels(base, labels, where) if labels else None, locate=locate,
+    )
+
+
+def parse_nightly(data: Any, path: Path) -> NightlyConfig:
+    path = Path(path).resolve()
+    base = path.parent
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a nightly file is a table")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_TOP_KEYS))})")
+    runs_dir = (base / (_string(data, "runs_dir", str(path)) or "runs")).resolve()
+    history_text = _string(data, "history", str(path))
+    history = (base / history_text).resolve() if history_text else runs_dir / "history.sqlite"
+    policy_text = _string(data, "policy", str(path))
+    policy = (base / policy_text).resolve() if policy_text else None
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise ConfigError(f"{path}: list at least one model as [[models]] with a name and a pipeline")
+    entries = tuple(_entry(m, i, base, path, policy) for i, m in enumerate(models))
+    names = [e.name for e in entries]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{path}: model name '{duplicates[0]}' is listed twice; names must be unique")
+    return NightlyConfig(path=path, runs_dir=runs_dir, history=history, models=entries)
+
+
+def load_nightly(path: Path | str) -> NightlyConfig:
+    """Read and validate a nightly file (every pipeline in it included)."""
+    path = Path(path)
+    return parse_nightly(_read_toml(path, "nightly file"), path)

@@ -1,0 +1,152 @@
+"""HTML reports: one self-contained file per run, diff and nightly (``qconsist report``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from qconsist.errors import InputError, RunStoreError
+from qconsist.report.html import (
+    artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
+)
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import open_run
+
+__all__ = ["render_entry_report", "render_nightly_report", "render_paths", "write_report"]
+
+
+def _locate_section(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        manifest = open_run(path)
+    except RunStoreError:
+        return None
+    return manifest.sections.get("locate") or manifest.sections
+
+
+def _entry_parts(path: Path, manifest: Manifest, heading: str = "h1") -> tuple[str, list[str]]:
+    entry = manifest.sections.get("nightly_entry", {})
+    verdict = manifest.sections.get("gate")
+    locate_run = entry.get("locate_run")
+    locate = _locate_section(path.parent / locate_run) if locate_run else None
+    name = str(entry.get("model") or manifest.model.get("name"))
+    return name, entry_body(name, manifest.stages, verdict, locate, entry.get("locate_skipped"), heading)
+
+
+def _title(name: str, verdict: dict[str, Any] | None) -> tuple[str, str]:
+    if verdict is None:
+        return "neutral", f"{name}: no verdict"
+    word = "PASS" if verdict.get("passed") else "FAIL"
+    return verdict_state(verdict), f"{word} — {name}"
+
+
+def render_entry_report(path: Path, manifest: Manifest, side: Any = None) -> str:
+    """One model's night: verdict, artifacts, divergence against the baseline, origin nodes, GPU matrix."""
+    name, body = _entry_parts(Path(path), manifest)
+    state, title = _title(name, manifest.sections.get("gate"))
+    reasons = (manifest.sections.get("gate") or {}).get("reasons") or []
+    return page(f"qconsist {name}", [banner(state, title, f"{len(reasons)} reason(s) to fail" if reasons else "all checks passed"),
+                                     "<main>", *body, "</main>"])
+
+
+def render_nightly_report(result: Any) -> str:
+    """A night: the summary table, then every model's section."""
+    data = result.to_json() if hasattr(result, "to_json") else result
+    entries = data["entries"]
+    summary = data.get("summary") or {}
+    state = "error" if summary.get("error") else ("pass" if data.get("passed") else "fail")
+    title = f"Nightly {data['night_id']}: {summary.get('pass', 0)} pass, {summary.get('fail', 0)} fail, {summary.get('error', 0)} error"
+    rows = []
+    for entry in entries:
+        verdict = entry.get("verdict") or {}
+        detail = entry.get("error") or "; ".join(verdict.get("reasons") or []) or "all checks passed"
+        rows.append(f"<tr><td><a href=\"#model-{entry['model']}\">{entry['model']}</a></td>"
+                    f"<td class=\"status-{'pass' if entry['status'] == 'pass' else 'fail'}\">{entry['status']}</td>"
+                    f"<td>{_esc(detail)}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
+                    f"<td>{entry.get('seconds', 0):.1f}</td></tr>")
+    body = [banner(state, title, f"config {data.get('config')}"), "<main>", "<h2>Summary</h2>",
+            "<table><tr><th>model</th><th>status</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
+            + "".join(rows) + "</table>"]
+    for entry in entries:
+        if entry.get("entry_run"):
+            path = Path(entry["entry_run"])
+            try:
+                manifest = open_run(path)
+            except RunStoreError as exc:
+                body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p>{_esc(exc.message)}</p>")
+                continue
+            body += _entry_parts(path, manifest, heading="h2")[1]
+        else:
+            body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p class=\"reasons\">error: {_esc(entry.get('error'))}</p>")
+    body.append("</main>")
+    return page(f"qconsist nightly {data['night_id']}", body)
+
+
+def _esc(text: Any) -> str:
+    from html import escape
+
+    return escape(str(text))
+
+
+def _diff_parts(diff: dict[str, Any], label: str) -> list[str]:
+    stage = (diff.get("artifacts") or {}).get("first_differing_stage")
+    first = (diff.get("tensors") or {}).get("first")
+    identical = bool(diff.get("passed"))
+    parts = [banner("pass" if identical else "fail", f"diff {label}: " + ("identical" if identical else "diverged"),
+                    f"first changed stage: {stage or 'none'}; first diverging node: {first or 'none'}"), "<main>"]
+    final = diff.get("outputs") or {}
+    if final:
+        parts.append("<h2>Final outputs</h2><table>" + "".join(
+            f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in final.items() if not isinstance(v, (dict, list))
+        ) + "</table>")
+    parts.append(divergence_section(diff))
+    parts.append("</main>")
+    return parts
+
+
+def _run_parts(path: Path) -> tuple[str, list[str]]:
+    manifest = open_run(path)
+    if manifest.kind == "nightly-entry":
+        name, body = _entry_parts(path, manifest)
+        state, title = _title(name, manifest.sections.get("gate"))
+        return name, [banner(state, title), "<main>", *body, "</main>"]
+    if manifest.kind == "nightly":
+        data = manifest.sections.get("nightly") or {}
+        html = render_nightly_report(data)
+        return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
+    name = str(manifest.model.get("name") or manifest.run_id)
+    body = [banner("neutral", f"{manifest.kind} run {manifest.run_id}", name), "<main>",
+            artifacts_section(manifest.stages)]
+    repeat = manifest.sections.get("calib_repeat")
+    if isinstance(repeat, dict):
+        body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
+    if manifest.kind == "locate":
+        body.append(gpu_section(manifest.sections.get("locate") or manifest.sections, None))
+    body.append("</main>")
+    return name, body
+
+
+def render_paths(paths: Sequence[Path | str]) -> str:
+    """One page for any mix of run directories and ``qconsist diff --json`` files."""
+    if not paths:
+        raise InputError("give at least one run directory or diff JSON file")
+    body: list[str] = []
+    names = []
+    for item in paths:
+        path = Path(item)
+        if path.is_file():
+            try:
+                diff = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise InputError(f"{path} is not a diff JSON file ({exc})") from None
+            if not isinstance(diff, dict) or "tensors" not in diff:
+                raise InputError(f"{path} is not a `qconsist diff --json` result (no 'tensors')")
+            body += _diff_parts(diff, path.stem)
+            names.append(path.stem)
+        else:
+            name, parts = _run_parts(path)
+            body += parts
+            names.append(name)
+    return page("qconsist report: " + ", ".join(names), body)

@@ -1,0 +1,141 @@
+"""The convert stage's own numerical check: the converted ONNX model (onnxruntime, CPU) against the numpy
+reference of the Caffe network (``reference.py``) on one deterministic input.
+
+Tolerance per output: ``atol + rtol * peak``, ``peak`` the greatest magnitude of the reference output.
+``max_rel`` is the greatest absolute difference divided by that peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qconsist.stages.caffe import reference
+from qconsist.stages.caffe.geometry import input_shapes
+
+SCHEMA = "qconsist.convert-check/1"
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+DEFAULT_SEED = 0
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    max_abs: float
+    max_rel: float
+    peak: float
+    tolerance: float
+    index: tuple[int, ...]  # where the greatest difference is
+    passed: bool
+
+    def describe(self) -> str:
+        return (
+            f"output '{self.name}': greatest absolute difference {self.max_abs:.3g} at {list(self.index)} "
+            f"(relative to the output's peak {self.peak:.3g}: {self.max_rel:.3g}); tolerance {self.tolerance:.3g}"
+        )
+
+
+@dataclass
+class FidelityCheck:
+    """ONNX (onnxruntime) vs the numpy Caffe reference on a seeded standard-normal input."""
+
+    outputs: list[OutputCheck]
+    seed: int
+    rtol: float
+    atol: float
+    seconds: float = 0.0
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((o.max_rel for o in self.outputs), default=0.0)
+
+    @property
+    def tolerance(self) -> float:
+        """The tightest output tolerance (absolute)."""
+        return min((o.tolerance for o in self.outputs), default=self.atol)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "passed": self.passed, "max_abs": self.max_abs, "max_rel": self.max_rel,
+            "tolerance": self.tolerance,
+            "rtol": self.rtol, "atol": self.atol, "seed": self.seed, "seconds": self.seconds,
+            "input_shapes": self.input_shapes,
+            "outputs": [{**asdict(o), "index": list(o.index)} for o in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FidelityCheck":
+        outputs = [OutputCheck(**{**o, "index": tuple(o["index"])}) for o in data["outputs"]]
+        return cls(outputs=outputs, seed=data["seed"], rtol=data["rtol"], atol=data["atol"],
+                   seconds=data.get("seconds", 0.0), input_shapes=data.get("input_shapes", {}))
+
+
+def compare(name: str, actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> OutputCheck:
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        return OutputCheck(name, float("inf"), float("inf"), 0.0, 0.0, (), False)
+    diff = np.abs(actual - expected)
+    diff = np.where(np.isnan(actual) != np.isnan(expected), np.inf, np.nan_to_num(diff, nan=0.0))
+    peak = float(np.abs(expected).max()) if expected.size else 0.0
+    tolerance = atol + rtol * peak
+    index = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)) if diff.size else ()
+    max_abs = float(diff.max()) if diff.size else 0.0
+    return OutputCheck(name, max_abs, max_abs / peak if peak else max_abs, peak, tolerance, index, max_abs <= tolerance)
+
+
+def seeded_inputs(net, seed: int = DEFAULT_SEED, batch: int | None = None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in input_shapes(net).items():
+        shape = (batch, *shape[1:]) if batch else shape
+        out[name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def onnx_session(path: Path | bytes):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    source = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(session, net, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feed Caffe-named inputs to the ONNX model (caffe2onnx renames them; inputs follow Caffe's order)."""
+    feeds = {meta.name: inputs[blob] for meta, blob in zip(session.get_inputs(), input_shapes(net))}
+    names = [meta.name for meta in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def check_fidelity(model: Path | bytes, net, weights, *, seed: int = DEFAULT_SEED, rtol: float = DEFAULT_RTOL,
+                   atol: float = DEFAULT_ATOL, inputs: dict[str, np.ndarray] | None = None) -> FidelityCheck:
+    import time
+
+    start = time.perf_counter()
+    inputs = inputs if inputs is not None else seeded_inputs(net, seed)
+    expected = reference.forward(net, weights, inputs, dtype=np.float32)
+    actual = run_onnx(onnx_session(model), net, inputs)
+    outputs = []
+    for (name, want), (onnx_name, got) in zip(expected.items(), actual.items()):
+        outputs.append(compare(onnx_name, got, want, rtol, atol))
+    return FidelityCheck(
+        outputs=outputs, seed=seed, rtol=rtol, atol=atol, seconds=time.perf_counter() - start,
+        input_shapes={k: list(v.shape) for k, v in inputs.items()},
+    )

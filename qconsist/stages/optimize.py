@@ -1,0 +1,190 @@
+"""Stage optimize: ONNX Runtime's own offline graph tools, parameters recorded, outputs checked.
+
+Two methods:
+
+* ``quant_pre_process`` (default): ``onnxruntime.quantization.shape_inference.quant_pre_process``, the
+  preparation ORT recommends before ``quantize_static`` (ORT's basic-level graph optimizations, then ONNX
+  shape inference). Symbolic shape inference (for transformer-style dynamic shapes, needs sympy) is off
+  unless ``symbolic_shape = true``.
+* ``session``: an ORT session at a recorded graph-optimization level writes its optimized graph
+  (``SessionOptions.optimized_model_filepath``). Levels above ``basic`` may emit ORT-only fused operators.
+
+Check: the optimized model's outputs against the original's on real evaluation inputs, elementwise
+``|opt - orig| <= atol + rtol * |orig|``; greatest absolute and relative difference and the tolerance are
+recorded, and a mismatch raises ``FidelityError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+
+from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
+from qconsist.inputs.inputset import InputSet
+from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, outputs_of
+from qconsist.store.atomic import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+class OptimizeMethod(str, Enum):
+    PRE_PROCESS = "quant_pre_process"
+    SESSION = "session"
+
+
+class GraphLevel(str, Enum):
+    BASIC = "basic"
+    EXTENDED = "extended"
+    ALL = "all"
+
+
+_ORT_LEVELS = {
+    GraphLevel.BASIC: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    GraphLevel.EXTENDED: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    GraphLevel.ALL: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    method: OptimizeMethod = OptimizeMethod.PRE_PROCESS
+    level: GraphLevel = GraphLevel.BASIC  # session method only; quant_pre_process applies ORT's basic level
+    skip_optimization: bool = False  # quant_pre_process: shape inference only
+    symbolic_shape: bool = False  # quant_pre_process: symbolic shape inference (needs sympy)
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise ConfigError(f"optimize.{name} must be a number >= 0, got {value!r}")
+        if self.method is OptimizeMethod.SESSION and (self.skip_optimization or self.symbolic_shape):
+            raise ConfigError("optimize.skip_optimization and optimize.symbolic_shape apply to method quant_pre_process only")
+        if self.method is OptimizeMethod.PRE_PROCESS and self.level is not GraphLevel.BASIC:
+            raise ConfigError("optimize.level applies to method \"session\" only (quant_pre_process uses ORT's basic level)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method.value, "level": self.level.value, "skip_optimization": self.skip_optimization,
+            "symbolic_shape": self.symbolic_shape, "atol": self.atol, "rtol": self.rtol,
+        }
+
+    def tool_params(self) -> dict[str, Any]:
+        """The exact arguments given to ORT's tool, for the manifest."""
+        if self.method is OptimizeMethod.SESSION:
+            return {
+                "tool": "onnxruntime.SessionOptions.optimized_model_filepath",
+                "graph_optimization_level": _ORT_LEVELS[self.level].name,
+                "providers": ["CPUExecutionProvider"],
+            }
+        return {
+            "tool": "onnxruntime.quantization.shape_inference.quant_pre_process",
+            "skip_optimization": self.skip_optimization,
+            "skip_onnx_shape": False,
+            "skip_symbolic_shape": not self.symbolic_shape,
+            "auto_merge": False,
+            "int_max": 2**31 - 1,
+            "guess_output_rank": False,
+        }
+
+
+@dataclass
+class OptimizeResult:
+    path: Path
+    seconds: float
+    params: dict[str, Any]
+    nodes_before: int
+    nodes_after: int
+    check: OutputComparison | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path), "seconds": self.seconds, "params": self.params,
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "check": self.check.to_json() if self.check else None,
+        }
+
+
+def _pre_process(source: Path, target: Path, options: OptimizeOptions) -> None:
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    params = options.tool_params()
+    quant_pre_process(
+        str(source), str(target),
+        skip_optimization=params["skip_optimization"], skip_onnx_shape=params["skip_onnx_shape"],
+        skip_symbolic_shape=params["skip_symbolic_shape"], auto_merge=params["auto_merge"],
+        int_max=params["int_max"], guess_output_rank=params["guess_output_rank"],
+    )
+
+
+def _session_optimize(source: Path, target: Path, options: OptimizeOptions) -> None:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = _ORT_LEVELS[options.level]
+    so.optimized_model_filepath = str(target)
+    ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
+
+
+def _node_count(path: Path) -> int:
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def optimize_model(
+    source: Path,
+    output: Path,
+    options: OptimizeOptions = OptimizeOptions(),
+    evaluation: InputSet | None = None,
+) -> OptimizeResult:
+    """Optimize ``source`` into ``output`` (written atomically) and check it on ``evaluation``.
+
+    Raises ``FidelityError`` when an output differs beyond ``options.atol``/``rtol``.
+    """
+    source, output = Path(source), Path(output)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qconsist-optimize-") as tmp:
+        staged = Path(tmp) / "model.onnx"
+        try:
+            if options.method is OptimizeMethod.SESSION:
+                _session_optimize(source, staged, options)
+            else:
+                _pre_process(source, staged, options)
+        except ImportError as exc:
+            raise ConfigError(f"optimize: {exc}") from None
+        except Exception as exc:  # ORT raises Fail/InvalidGraph/RuntimeError; onnx raises its own
+            if isinstance(exc, (ConfigError,)):
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UnsupportedModelError(f"optimize: onnxruntime cannot optimize {source}: {first}") from None
+        write_atomic(output, lambda tmp_path: tmp_path.write_bytes(staged.read_bytes()))
+    seconds = time.perf_counter() - start
+    result = OptimizeResult(
+        path=output, seconds=seconds, params=options.to_json() | options.tool_params(),
+        nodes_before=_node_count(source), nodes_after=_node_count(output),
+    )
+    log.info("optimized %s -> %s (%d -> %d nodes) in %.2f s", source, output, result.nodes_before, result.nodes_after, seconds)
+    if evaluation is not None:
+        result.check = check_optimized(source, output, evaluation, options)
+    return result
+
+
+def check_optimized(source: Path, optimized: Path, evaluation: InputSet, options: OptimizeOptions) -> OutputComparison:
+    """Compare optimized and original outputs on ``evaluation``; ``FidelityError`` beyond the tolerance."""
+    reference = outputs_of(source, evaluation)
+    candidate = outputs_of(optimized, evaluation)
+    comparison = compare_outputs(reference, candidate, atol=options.atol, rtol=options.rtol)
+    if not comparison.passed:
+        raise FidelityError(f"optimize changed the model's outputs beyond tolerance: {comparison.summary()}")
+    return comparison

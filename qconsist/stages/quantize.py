@@ -1,0 +1,350 @@
+"""Stage quantize: calibration, then ``onnxruntime.quantization.quantize_static``, then validation.
+
+ORT's ``extra_options`` string bag is hidden behind typed options: ``CalibrationOptions`` (method and its
+parameters, execution provider) and ``QuantizeOptions`` (format, types, per-channel, symmetry, gates).
+
+Steps:
+
+1. Calibration: ORT's calibrator (``create_calibrator``) runs the float model over the calibration
+   ``InputSet`` (streamed one sample at a time) and computes every tensor's range.
+2. The ranges go to ``quantize_static`` through its calibration cache (so calibration happens once, with
+   exactly the recorded parameters), which writes the quantized model (atomically, via a temporary file).
+3. The calibration table is read back from the quantized model (``qconsist.calibration.table``) and
+   validated: a NaN, infinite, zero or negative scale is an issue naming its tensor and nodes. Issues fail
+   the stage (``FidelityError``) unless ``allow_invalid_scales`` is set; they are recorded either way.
+4. The quantized model is compared with the float model on the evaluation inputs: greatest difference
+   and top-1 agreement are recorded; ``min_top1_agreement`` / ``max_abs_diff`` gate when set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qconsist.calibration.table import CalibrationTable, ScaleIssue, build_table
+from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
+from qconsist.inputs.inputset import InputSet
+from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, input_specs, open_session, outputs_of, provider_name
+from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.store.atomic import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+class QuantFormatChoice(str, Enum):
+    QDQ = "QDQ"
+    QOPERATOR = "QOperator"
+
+
+class QuantTypeChoice(str, Enum):
+    INT8 = "int8"
+    UINT8 = "uint8"
+    INT16 = "int16"
+    UINT16 = "uint16"
+
+    @property
+    def signed(self) -> bool:
+        return self in (QuantTypeChoice.INT8, QuantTypeChoice.INT16)
+
+
+class CalibrationMethodChoice(str, Enum):
+    MINMAX = "MinMax"
+    ENTROPY = "Entropy"
+    PERCENTILE = "Percentile"
+    DISTRIBUTION = "Distribution"
+
+
+class Provider(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class DistributionScenario(str, Enum):
+    SAME = "same"
+    P3 = "p3"
+
+
+# Parameters each calibration method takes, with ORT's defaults (onnxruntime.quantization.calibrate).
+METHOD_PARAMETERS: dict[CalibrationMethodChoice, dict[str, Any]] = {
+    CalibrationMethodChoice.MINMAX: {"symmetric": False, "moving_average": False, "averaging_constant": 0.01},
+    CalibrationMethodChoice.ENTROPY: {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128},
+    CalibrationMethodChoice.PERCENTILE: {"symmetric": True, "num_bins": 2048, "percentile": 99.999},
+    CalibrationMethodChoice.DISTRIBUTION: {"num_bins": 2048, "scenario": DistributionScenario.SAME},
+}
+_ALL_PARAMETERS = ("symmetric", "moving_average", "averaging_constant", "num_bins", "num_quantized_bins", "percentile", "scenario")
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How tensor ranges are measured. A parameter left None takes its method's ORT default."""
+
+    method: CalibrationMethodChoice = CalibrationMethodChoice.MINMAX
+    provider: Provider = Provider.CPU
+    symmetric: bool | None = None
+    moving_average: bool | None = None
+    averaging_constant: float | None = None
+    num_bins: int | None = None
+    num_quantized_bins: int | None = None
+    percentile: float | None = None
+    scenario: DistributionScenario | None = None
+
+    def __post_init__(self) -> None:
+        allowed = METHOD_PARAMETERS[self.method]
+        for name in _ALL_PARAMETERS:
+            if getattr(self, name) is not None and name not in allowed:
+                raise ConfigError(
+                    f"calibration.{name} does not apply to method {self.method.value} "
+                    f"(its parameters: {', '.join(allowed)})"
+                )
+        if self.num_bins is not None and self.num_bins < 2:
+            raise ConfigError(f"calibration.num_bins must be >= 2, got {self.num_bins}")
+        if self.num_quantized_bins is not None and self.num_quantized_bins < 2:
+            raise ConfigError(f"calibration.num_quantized_bins must be >= 2, got {self.num_quantized_bins}")
+        if self.percentile is not None and not 0 < self.percentile <= 100:
+            raise ConfigError(f"calibration.percentile must be in (0, 100], got {self.percentile}")
+        if self.averaging_constant is not None and not 0 < self.averaging_constant <= 1:
+            raise ConfigError(f"calibration.averaging_constant must be in (0, 1], got {self.averaging_constant}")
+
+    def resolved(self) -> dict[str, Any]:
+        """The method's parameters with defaults filled in: exactly what the calibrator receives."""
+        values = {}
+        for name, default in METHOD_PARAMETERS[self.method].items():
+            value = getattr(self, name)
+            value = default if value is None else value
+            values[name] = value.value if isinstance(value, Enum) else value
+        return values
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method.value, "provider": self.provider.value, **self.resolved()}
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """How the model is quantized. Defaults follow ``quantize_static``'s own."""
+
+    format: QuantFormatChoice = QuantFormatChoice.QDQ
+    per_channel: bool = False
+    activation_type: QuantTypeChoice = QuantTypeChoice.INT8
+    weight_type: QuantTypeChoice = QuantTypeChoice.INT8
+    reduce_range: bool = False
+    activation_symmetric: bool = False
+    weight_symmetric: bool | None = None  # None: symmetric for signed weight types (ORT's rule)
+    op_types: tuple[str, ...] = ()  # empty: every operator ORT can quantize
+    nodes_to_exclude: tuple[str, ...] = ()
+    allow_invalid_scales: bool = False  # NaN/Inf/zero scales are recorded but do not fail the stage
+    min_top1_agreement: float | None = None  # gate on the evaluation inputs; None: record only
+    max_abs_diff: float | None = None  # gate on the evaluation inputs; None: record only
+
+    def __post_init__(self) -> None:
+        if self.activation_type is QuantTypeChoice.INT8 and self.weight_type is QuantTypeChoice.UINT8:
+            raise ConfigError("quantize: activation_type int8 with weight_type uint8 is not supported by onnxruntime")
+        sixteen = {QuantTypeChoice.INT16, QuantTypeChoice.UINT16}
+        if (self.activation_type in sixteen or self.weight_type in sixteen) and self.format is not QuantFormatChoice.QDQ:
+            raise ConfigError("quantize: 16-bit activation_type/weight_type need format QDQ")
+        if self.min_top1_agreement is not None and not 0 <= self.min_top1_agreement <= 1:
+            raise ConfigError(f"quantize.min_top1_agreement must be in [0, 1], got {self.min_top1_agreement}")
+        if self.max_abs_diff is not None and not self.max_abs_diff >= 0:
+            raise ConfigError(f"quantize.max_abs_diff must be >= 0, got {self.max_abs_diff}")
+
+    @property
+    def resolved_weight_symmetric(self) -> bool:
+        return self.weight_type.signed if self.weight_symmetric is None else self.weight_symmetric
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format.value, "per_channel": self.per_channel,
+            "activation_type": self.activation_type.value, "weight_type": self.weight_type.value,
+            "reduce_range": self.reduce_range, "activation_symmetric": self.activation_symmetric,
+            "weight_symmetric": self.resolved_weight_symmetric, "op_types": list(self.op_types),
+            "nodes_to_exclude": list(self.nodes_to_exclude), "allow_invalid_scales": self.allow_invalid_scales,
+            "min_top1_agreement": self.min_top1_agreement, "max_abs_diff": self.max_abs_diff,
+        }
+
+
+class InputSetReader:
+    """An ORT ``CalibrationDataReader`` over an ``InputSet``: one sample at a time, counted."""
+
+    def __init__(self, inputs: InputSet, progress_handle: Any = None) -> None:
+        self._iter = iter(inputs)
+        self._handle = progress_handle
+        self.count = 0
+
+    def get_next(self) -> dict | None:
+        sample = next(self._iter, None)
+        if sample is not None:
+            self.count += 1
+            if self._handle is not None:
+                self._handle.advance()
+        return sample
+
+    def __iter__(self):  # ORT's CalibrationDataReader protocol
+        return self
+
+    def __next__(self) -> dict:
+        sample = self.get_next()
+        if sample is None:
+            raise StopIteration
+        return sample
+
+
+@dataclass
+class QuantizeResult:
+    path: Path
+    seconds: float
+    calibration_seconds: float
+    params: dict[str, Any]
+    table: CalibrationTable
+    issues: list[ScaleIssue]
+    ranges_path: Path | None = None
+    check: OutputComparison | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path), "seconds": self.seconds, "calibration_seconds": self.calibration_seconds,
+            "params": self.params, "issues": [i.to_json() for i in self.issues],
+            "check": self.check.to_json() if self.check else None,
+        }
+
+
+def _ort_enums(options: QuantizeOptions, calibration: CalibrationOptions):
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+    types = {
+        QuantTypeChoice.INT8: QuantType.QInt8, QuantTypeChoice.UINT8: QuantType.QUInt8,
+        QuantTypeChoice.INT16: QuantType.QInt16, QuantTypeChoice.UINT16: QuantType.QUInt16,
+    }
+    return (
+        QuantFormat.QDQ if options.format is QuantFormatChoice.QDQ else QuantFormat.QOperator,
+        types[options.activation_type], types[options.weight_type], CalibrationMethod[calibration.method.value],
+    )
+
+
+def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, workdir: Path, progress: Progress = NULL_PROGRESS):
+    """Run ORT's calibrator over ``inputs``; returns its ``TensorsData`` (tensor → range)."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    if len(inputs) == 0:
+        raise InputError(f"calibration set {inputs.source} is empty")
+    providers = [provider_name(calibration.provider.value)]
+    checked = inputs.checked(input_specs(open_session(model)))
+    op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+    calibrator = create_calibrator(
+        Path(model), op_types, augmented_model_path=str(workdir / "augmented.onnx"),
+        calibrate_method=_ort_enums(QuantizeOptions(), calibration)[3], providers=providers,
+        extra_options=calibration.resolved(),
+    )
+    chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
+    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter):
+        calibrator.collect_data(InputSetReader(checked, handle))
+        ranges = calibrator.compute_data()
+    if chatter.getvalue():
+        log.debug("onnxruntime calibrator: %s", chatter.getvalue().strip())
+    return ranges
+
+
+def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
+    found = {}
+    for name in tensors_data:
+        low, high = tensors_data[name].range_value
+        found[name] = (float(low.reshape(-1)[0]) if hasattr(low, "reshape") else float(low),
+                       float(high.reshape(-1)[0]) if hasattr(high, "reshape") else float(high))
+    return found
+
+
+def quantize_model(
+    source: Path,
+    output: Path,
+    calibration_inputs: InputSet,
+    options: QuantizeOptions = QuantizeOptions(),
+    calibration: CalibrationOptions = CalibrationOptions(),
+    evaluation: InputSet | None = None,
+    ranges_output: Path | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> QuantizeResult:
+    """Calibrate ``source`` on ``calibration_inputs``, quantize it into ``output`` and validate the result."""
+    from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    source, output = Path(source), Path(output)
+    quant_format, activation_type, weight_type, method = _ort_enums(options, calibration)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qconsist-quantize-") as tmp:
+        workdir = Path(tmp)
+        tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
+        calibration_seconds = time.perf_counter() - start
+        cache = workdir / "ranges.json"
+        save_tensors_data(tensors_data, cache)
+        extra = {"ActivationSymmetric": options.activation_symmetric, "WeightSymmetric": options.resolved_weight_symmetric}
+
+        def write(target: Path) -> None:
+            quantize_static(
+                str(source), str(target), None, quant_format=quant_format,
+                op_types_to_quantize=list(options.op_types) or None, per_channel=options.per_channel,
+                reduce_range=options.reduce_range, activation_type=activation_type, weight_type=weight_type,
+                nodes_to_exclude=list(options.nodes_to_exclude) or None, calibrate_method=method,
+                extra_options=extra, calibration_cache_path=str(cache),
+            )
+
+        try:
+            with warnings.catch_warnings():  # numpy's divide/cast warnings on bad ranges: validated below
+                warnings.simplefilter("ignore", RuntimeWarning)
+                write_atomic(output, write)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {exc}") from None
+        if ranges_output is not None:
+            write_atomic(Path(ranges_output), lambda target: target.write_bytes(cache.read_bytes()))
+    seconds = time.perf_counter() - start
+    quantized = onnx.load(str(output))
+    table = build_table(quantized, _ranges(tensors_data))
+    issues = table.issues()
+    params = {
+        **options.to_json(), "calibration": calibration.to_json(), "calibration_count": len(calibration_inputs),
+        "tool": "onnxruntime.quantization.quantize_static",
+        "ort_arguments": {
+            "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
+            "calibrate_method": method.name, "calibration_providers": [provider_name(calibration.provider.value)],
+            "extra_options": extra,
+        },
+    }
+    result = QuantizeResult(
+        path=output, seconds=seconds, calibration_seconds=calibration_seconds, params=params, table=table,
+        issues=issues, ranges_path=Path(ranges_output) if ranges_output else None,
+    )
+    log.info("quantized %s -> %s in %.2f s (%d table entries, %d issues)", source, output, seconds, len(table.entries), len(issues))
+    if issues and not options.allow_invalid_scales:
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        raise FidelityError(
+            f"quantization produced invalid parameters: {issues[0].message()}{more}; "
+            "set [quantize] allow_invalid_scales = true to keep the model anyway"
+        )
+    if evaluation is not None:
+        result.check = check_quantized(source, output, evaluation, options)
+    return result
+
+
+def check_quantized(source: Path, quantized: Path, evaluation: InputSet, options: QuantizeOptions) -> OutputComparison:
+    """Quantized vs float outputs on ``evaluation``: greatest difference and top-1 agreement, gated if asked."""
+    comparison = compare_outputs(outputs_of(source, evaluation), outputs_of(quantized, evaluation), atol=None, rtol=None)
+    if options.min_top1_agreement is not None and comparison.top1_agreement < options.min_top1_agreement:
+        raise FidelityError(
+            f"quantized model agrees with the float model on top-1 for {comparison.top1_agreement:.1%} of "
+            f"{comparison.samples} evaluation inputs, below quantize.min_top1_agreement {options.min_top1_agreement:.1%}"
+        )
+    if options.max_abs_diff is not None and comparison.max_abs_diff > options.max_abs_diff:
+        raise FidelityError(
+            f"quantized model differs from the float model by up to {comparison.max_abs_diff:.3g} "
+            f"(output {comparison.worst_output}, sample {comparison.worst_sample}), above quantize.max_abs_diff {options.max_abs_diff}"
+        )
+    return comparison

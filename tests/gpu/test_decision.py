@@ -1,0 +1,68 @@
+"""The recommendation rule: the fastest bit-stable configuration and its cost against the fastest."""
+
+from __future__ import annotations
+
+import pytest
+
+from qconsist.errors import ConfigError
+from qconsist.gpu.decision import ConfigOutcome, Recommendation, recommend
+
+
+def test_recommendation_from_real_cpu_measurements(cpu_threads_exploration):
+    reports = cpu_threads_exploration["reports"]
+    decision = cpu_threads_exploration["decision"]
+    medians = {r.label: r.latency.median_ms for r in reports}
+    fastest = min(medians, key=medians.get)
+    assert all(r.stable for r in reports)
+    assert decision.config == fastest and decision.fastest == fastest
+    assert decision.cost == pytest.approx(1.0)
+    assert decision.stable_configs == tuple(sorted(medians, key=medians.get))
+    assert decision.accepted and bool(decision)
+    assert Recommendation.from_json(decision.to_json()) == decision
+
+
+def test_unstable_fastest_config_costs_the_ratio(cpu_threads_exploration):
+    # The measured latencies, with the faster config declared unstable: the slower one is recommended.
+    reports = sorted(cpu_threads_exploration["reports"], key=lambda r: r.latency.median_ms)
+    fast, slow = reports[0].latency.median_ms, reports[1].latency.median_ms
+    outcomes = [ConfigOutcome("fast", False, fast, False, False), ConfigOutcome("slow", True, slow, False, False)]
+    decision = recommend(outcomes, max_cost=1e6)
+    assert decision.config == "slow" and decision.fastest == "fast"
+    assert decision.cost == pytest.approx(slow / fast)
+    assert decision.stable_configs == ("slow",)
+    tight = recommend(outcomes, max_cost=1.0)
+    assert (not tight.accepted) == (slow / fast > 1.0)
+    if slow / fast > 1.0:
+        assert tight.notes[-1] == f"its cost {slow / fast:.2f}x exceeds the accepted 1.00x"
+
+
+def test_no_stable_config_means_no_recommendation():
+    decision = recommend([ConfigOutcome("a", False, 2.0, True, True), ConfigOutcome("b", False, 1.0, False, True)])
+    assert decision.config is None and decision.cost is None and not decision
+    assert decision.fastest == "b"
+    assert "no configuration was bit-stable" in decision.notes[0]
+
+
+def test_timing_based_pick_is_flagged_and_an_untimed_alternative_named():
+    decision = recommend([
+        ConfigOutcome("EXHAUSTIVE", True, 1.50, True, False), ConfigOutcome("HEURISTIC", True, 1.60, False, False),
+    ])
+    assert decision.config == "EXHAUSTIVE"
+    assert decision.notes == (
+        "EXHAUSTIVE picks algorithms by timing and was not tested under contention (--contention); its pick may move under load",
+        "the fastest stable config whose pick uses no timing is HEURISTIC (1.07x the fastest)",
+    )
+
+
+def test_equal_latency_prefers_the_untimed_pick():
+    decision = recommend([ConfigOutcome("E", True, 1.5, True, True), ConfigOutcome("H", True, 1.5, False, True)])
+    assert decision.config == "H" and decision.notes == ()
+
+
+def test_invalid_inputs():
+    with pytest.raises(ConfigError, match="no configuration was measured"):
+        recommend([])
+    with pytest.raises(ConfigError, match=r"max cost must be >= 1.0"):
+        recommend([ConfigOutcome("a", True, 1.0, False, False)], max_cost=0.5)
+    with pytest.raises(ConfigError, match=r"config a: median latency must be > 0 ms"):
+        ConfigOutcome("a", True, 0.0, False, False)

@@ -1,0 +1,55 @@
+"""LocateReport: JSON round trip of a real CPU exploration, and the terminal rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from qconsist.cli.locate import render
+from qconsist.errors import RunStoreError
+from qconsist.gpu.config import Tf32Override
+from qconsist.gpu.report import SCHEMA, LocateReport, sensitive_nodes
+
+
+@pytest.fixture(scope="module")
+def report(cpu_threads_exploration) -> LocateReport:
+    e = cpu_threads_exploration
+    return LocateReport(
+        model={"name": "open_nsfw", "path": "quantize/model.onnx"}, inputs={"count": 2}, device={"name": "CPU"},
+        reference="threads=1", repeats=2, contention=None, configs=e["reports"], comparisons=e["results"],
+        tf32={"override": Tf32Override(None).to_json(), "pairs": []}, recommendation=e["decision"],
+        nodes=sensitive_nodes(e["tagged"]),
+    )
+
+
+def test_round_trip(report):
+    data = json.loads(json.dumps(report.to_json(), allow_nan=False))
+    assert data["schema"] == SCHEMA
+    again = LocateReport.from_json(data)
+    assert again.to_json() == report.to_json()
+    assert again.passed == report.passed is True
+
+
+def test_schema_is_checked(report):
+    data = report.to_json()
+    with pytest.raises(RunStoreError, match=r"not a locate report \(schema 'qconsist.locate/0', expected 'qconsist.locate/1'\)"):
+        LocateReport.from_json({**data, "schema": "qconsist.locate/0"})
+    del data["configs"]
+    with pytest.raises(RunStoreError, match="locate report is missing or has an invalid field: 'configs'"):
+        LocateReport.from_json(data)
+
+
+def test_rendering_reads_like_the_investigation(report):
+    buffer = io.StringIO()
+    render(report, Console(file=buffer, width=200, no_color=True, highlight=False))
+    text = buffer.getvalue()
+    first = report.comparisons[0].first_node
+    assert "qconsist locate: open_nsfw (quantize/model.onnx), 2 inputs, on CPU" in text
+    assert "2/2 identical" in text
+    assert f"threads=1 vs threads=3" in text and first in text
+    assert "Origin nodes: outputs differ while all inputs are bit-identical" in text
+    assert "recommendation: cudnn_conv_algo_search=" in text
+    assert "Latency per config (ms, batch 1)" in text

@@ -1,0 +1,147 @@
+"""qconsist run: execution options, the run directory, and the faithful dump."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import xxhash
+from onnx import TensorProto, helper
+from typer.testing import CliRunner
+
+from qconsist.cli import app
+from qconsist.errors import ConfigError, UnavailableError
+from qconsist.inference import ExecutionOptions, create_session
+from qconsist.inference.fingerprint import RECORD, read_table
+
+
+def _gelu_model(path: Path) -> Path:
+    """x → com.microsoft:Gelu → Relu → y: onnx shape inference cannot type the Gelu output."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3])
+    nodes = [
+        helper.make_node("Gelu", ["x"], ["g"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Relu", ["g"], ["y"], name="relu"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "gelu", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _arrays(path: Path, count: int = 3) -> Path:
+    np.save(path, np.random.default_rng(7).standard_normal((count, 4, 3)).astype(np.float32))
+    return path
+
+
+def test_options_are_validated():
+    with pytest.raises(ConfigError, match=r"use_tf32 only apply to --ep cuda"):
+        ExecutionOptions(use_tf32=True)
+    with pytest.raises(ConfigError, match=r"graph_optimization_level 'max' is not one of disable, basic, extended, all"):
+        ExecutionOptions(graph_optimization_level="max")
+    with pytest.raises(ConfigError, match=r"intra_op_threads must be a non-negative integer, got -1"):
+        ExecutionOptions(intra_op_threads=-1)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) tf32"):
+        ExecutionOptions.from_json({"tf32": True})
+    opts = ExecutionOptions(ep="cuda", cudnn_conv_algo_search="heuristic", use_tf32=False, device_id=0)
+    assert opts.provider_options() == {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    assert ExecutionOptions.from_json(opts.to_json()) == opts
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has CUDA")
+def test_cuda_unavailable_is_exit_3(tmp_path):
+    model = _gelu_model(tmp_path / "m.onnx")
+    with pytest.raises(UnavailableError, match=r"--ep cuda needs CUDAExecutionProvider"):
+        create_session(model, ExecutionOptions(ep="cuda"))
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(_arrays(tmp_path / "x.npy")), "--ep", "cuda"])
+    assert out.exit_code == 3, out.output
+    assert out.output.startswith("error: --ep cuda needs CUDAExecutionProvider")
+
+
+def test_run_writes_an_inference_run_directory(tmp_path):
+    model = _gelu_model(tmp_path / "m.onnx")
+    x = np.load(_arrays(tmp_path / "x.npy"))
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(tmp_path / "x.npy"), "--runs-dir", "runs", "--run-id", "r1", "--json"])
+    assert out.exit_code == 0, out.output
+    run = Path("runs/r1")
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["kind"] == "inference" and manifest["status"] == "complete"
+    assert manifest["sections"]["inference"]["options"]["graph_optimization_level"] == "all"
+    assert manifest["stages"][0]["artifact"]["md5"] == manifest["model"]["artifact"]["md5"]
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    table = read_table(run / "outputs" / "fingerprints.npy")
+    assert table.shape == (3, 1)
+    for i in range(3):
+        expected = sess.run(None, {"x": x[i : i + 1]})[0]
+        with np.load(run / "outputs" / f"{i:06d}.npz", allow_pickle=False) as saved:
+            assert saved["o0"].tobytes() == expected.tobytes()
+        assert table[i, 0]["hash"] == xxhash.xxh3_64_intdigest(expected.tobytes())
+        assert table[i, 0]["max"] == float(expected.max())
+
+
+def test_dump_keeps_a_tensor_shape_inference_cannot_type(tmp_path):
+    model = _gelu_model(tmp_path / "m.onnx")
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(model)))
+    assert "g" not in {v.name for v in inferred.graph.value_info}  # onnx cannot type the Gelu output
+    x = np.load(_arrays(tmp_path / "x.npy"))
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(tmp_path / "x.npy"), "--runs-dir", "runs", "--run-id", "d", "--dump", "--raw", "gelu"])
+    assert out.exit_code == 0, out.output
+    assert "dump faithful: final outputs bit-identical to production in 3 samples" in out.output
+    index = json.loads(Path("runs/d/dump/index.json").read_text())
+    column = [t["name"] for t in index["tensors"]].index("g")
+    assert index["tensors"][column]["dtype"] == "float32" and index["tensors"][column]["label"] == "gelu"
+    table = read_table(Path("runs/d/dump/fingerprints.npy"))
+    expose = onnx.load(str(model))
+    expose.graph.output.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4, 3]))
+    sess = ort.InferenceSession(expose.SerializeToString(), providers=["CPUExecutionProvider"])
+    for i in range(3):
+        g = sess.run(["g"], {"x": x[i : i + 1]})[0]
+        assert table[i, column]["hash"] == xxhash.xxh3_64_intdigest(g.tobytes())
+        with np.load(f"runs/d/dump/raw/{i:06d}.npz", allow_pickle=False) as raw:
+            assert np.array_equal(raw[f"t{column}"], g)
+
+
+def test_raw_of_unknown_node_is_refused(tmp_path):
+    model = _gelu_model(tmp_path / "m.onnx")
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(_arrays(tmp_path / "x.npy")), "--dump", "--raw", "nope"])
+    assert out.exit_code == 2
+    assert out.output.startswith("error: --raw: no dumped tensor belongs to a node named 'nope'")
+    assert not Path("runs").exists() or not any(Path("runs").iterdir())
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(tmp_path / "x.npy"), "--raw", "all"])
+    assert out.exit_code == 2 and out.output == "error: --raw needs --dump\n"
+
+
+def test_open_nsfw_dump_at_level_all_is_faithful(nsfw_run, tmp_path):
+    from qconsist.inference.model import input_specs, resolve_model
+    from qconsist.inputs import open_input_set
+    from qconsist.pipeline.config import load_pipeline
+
+    pipeline = Path(__file__).resolve().parents[2] / "pipelines" / "open_nsfw.toml"
+    out = CliRunner().invoke(app, [
+        "run", str(nsfw_run.path), "--inputs", "package:photos", "--pipeline", str(pipeline), "--count", "2",
+        "--dump", "--runs-dir", "runs", "--run-id", "n", "--json",
+    ])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["dump"]["faithful"] is True and data["dump"]["samples_checked"] == 2
+    assert data["dump"]["bytes_per_tensor_per_sample"] == RECORD.itemsize <= 64
+    manifest = json.loads(Path("runs/n/manifest.json").read_text())
+    assert manifest["model"]["stage"] == "quantize" and manifest["sections"]["dump"]["faithful"] is True
+    optimized = onnx.load("runs/n/dump/optimized.onnx")
+    assert any(n.op_type == "QLinearConv" for n in optimized.graph.node)  # what ORT runs, fused
+    # final output fingerprints equal an independent production session's outputs
+    source = resolve_model(nsfw_run.path)
+    name = input_specs(source.path)[0].name
+    photos = open_input_set("package:photos", load_pipeline(pipeline).preprocess, name)
+    sess = ort.InferenceSession(str(source.path), providers=["CPUExecutionProvider"])
+    table = read_table(Path("runs/n/outputs/fingerprints.npy"))
+    for i in range(2):
+        prob = sess.run(None, photos.sample(i))[0]
+        assert table[i, 0]["hash"] == xxhash.xxh3_64_intdigest(prob.tobytes())
