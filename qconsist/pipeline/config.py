@@ -206,6 +206,8 @@ def _guard(table: _Table, build: Callable[[], Any]) -> Any:
     try:
         return build()
     except ConfigError as exc:
+        if exc.message.startswith(f"{table.origin}: "):
+            raise
         raise ConfigError(f"{table.origin}: {exc.message}") from None
 
 

@@ -72,8 +72,9 @@ def test_method_parameters(tmp_path):
     ],
 )
 def test_invalid_files(tmp_path, data, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as info:
         parse_pipeline(data, tmp_path / "p.toml")
+    assert info.value.message.count("p.toml") == 1
 
 
 def test_convert_opset_is_validated(tmp_path):
