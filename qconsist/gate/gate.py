@@ -46,7 +46,7 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
     """Every check of the policy on ``candidate`` against ``baseline`` (None: first run, nothing to compare)."""
     cand = candidate if isinstance(candidate, Side) else load_side(candidate)
     base = baseline if isinstance(baseline, Side) or baseline is None else load_side(baseline)
-    with progress.task(f"gate {cand.model}", 9) as task:
+    with progress.task(f"gate {cand.model}", 11) as task:
         baseline_divergence = _divergence(base, cand, "quantized")
         task.advance()
         repeat_divergence = _divergence(cand, cand, "quantized", "repeat") if "repeat" in cand.inference else None

@@ -71,11 +71,12 @@ class SensitiveNode:
     int8_downstream: int
 
     def to_json(self) -> dict:
-        return {**self.__dict__, "between": list(self.between)}
+        finite = self.greatest_abs == self.greatest_abs and abs(self.greatest_abs) != float("inf")
+        return {**self.__dict__, "between": list(self.between), "greatest_abs": self.greatest_abs if finite else "inf"}
 
     @classmethod
     def from_json(cls, data: dict) -> "SensitiveNode":
-        return cls(**{**data, "between": tuple(data["between"])})
+        return cls(**{**data, "between": tuple(data["between"]), "greatest_abs": float(data["greatest_abs"])})
 
 
 def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode]:

@@ -43,6 +43,7 @@ def ort_message(exc: BaseException) -> str:
     """onnxruntime's error text without its error-code prefix and C++ source location."""
     text = " ".join(str(exc).split())
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"^Load model from .*? failed:\s*", "", text)
     text = re.sub(r"^/\S+:\d+ .*?\) (?=[A-Z])", "", text)
     return text or type(exc).__name__
 

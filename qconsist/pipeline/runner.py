@@ -110,8 +110,7 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first = (str(exc).strip().splitlines() or ["invalid"])[0]
-        raise InputError(f"{path} fails the ONNX checker: {first}") from None
+        raise InputError(f"{path} fails the ONNX checker: {' '.join(str(exc).split())}") from None
     try:
         open_session(path)
     except UnsupportedModelError as exc:

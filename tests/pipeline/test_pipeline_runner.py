@@ -31,7 +31,10 @@ def test_open_nsfw_run_directory(nsfw_run):
         assert artifact["sha256"] == hashlib.sha256(data).hexdigest() and artifact["size"] == len(data)
         assert len(artifact["initializers"]) > 100 and stage["seconds"] > 0
     convert = manifest.stage("convert")
-    assert convert["params"]["opset"] == 17 and convert["checks"] == {"onnx_checker": "passed", "onnxruntime_load": "passed"}
+    assert convert["params"]["opset"] == 17 and convert["params"]["check"] is True
+    checks = convert["checks"]
+    assert checks["onnx_checker"] == checks["onnxruntime_load"] == "passed"
+    assert checks["caffe_reference"]["passed"] is True and checks["caffe_reference"]["max_abs"] < 1e-5
     assert manifest.model["source"] == "open_nsfw"
     assert manifest.model["files"]["caffemodel"]["sha256"] == "74b7c0374425c2b324f73b134f8a7254eab9bbddc9e452a22d934b8c17015ad2"
 

@@ -69,16 +69,24 @@ def test_open_nsfw_result_round_trips_through_json(nsfw):
     assert FidelityCheck.from_json(data["check"]).passed
 
 
-def test_open_nsfw_matches_reference_on_photographs(nsfw):
+def test_open_nsfw_matches_reference_on_photographs(nsfw, tmp_path):
+    """Three photographs, Caffe preprocessing: the logits (fc_nsfw) and probabilities of the converted model
+    against the numpy reference. The logits are exposed as an extra output of a copy of the model."""
     photos = open_input_set("package:photos", NSFW_PREPROCESS, "data_input").subset(0, 3)
     batch = np.concatenate([sample["data_input"] for sample in photos])
     assert batch.shape == (3, 3, 224, 224)
-    expected = reference.forward(nsfw["net"], nsfw["weights"], {"data": batch}, dtype=np.float32)["prob"]
-    session = onnx_session(nsfw["dynamic"].path)
-    (actual,) = session.run(None, {"data_input": batch})
-    assert np.abs(actual - expected).max() <= 1e-5  # softmax probabilities
-    np.testing.assert_allclose(actual.sum(axis=1), 1.0, rtol=1e-5)
-    assert len({round(float(p), 3) for p in actual[:, 1]}) == 3  # three different photographs, three scores
+    blobs = reference.forward(nsfw["net"], nsfw["weights"], {"data": batch}, dtype=np.float32, keep_all=True)
+    model = onnx.load(nsfw["dynamic"].path)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("fc_nsfw", onnx.TensorProto.FLOAT, None))
+    exposed = tmp_path / "logits.onnx"
+    onnx.save(model, exposed)
+    prob, logits = onnx_session(exposed).run(["prob", "fc_nsfw"], {"data_input": batch})
+    peak = float(np.abs(blobs["fc_nsfw"]).max())
+    assert peak > 1.0  # real logits, not a degenerate input
+    assert np.abs(logits - blobs["fc_nsfw"]).max() <= 1e-4 * (1 + peak)
+    assert np.abs(prob - blobs["prob"]).max() <= 1e-5
+    np.testing.assert_allclose(prob.sum(axis=1), 1.0, rtol=1e-5)
+    assert len({round(float(p), 4) for p in prob[:, 1]}) == 3  # three different photographs, three scores
 
 
 def test_open_nsfw_dynamic_batch_matches_batch_one(nsfw):
@@ -302,3 +310,11 @@ def test_legacy_input_header_with_two_inputs_is_refused(tmp_path):
     prototxt, caffemodel = _legacy(tmp_path, ["data", "extra"])
     with pytest.raises(UnsupportedModelError, match=r"^the network declares 2 inputs in the legacy 'input:' form"):
         convert_caffe(prototxt, caffemodel, tmp_path / "m.onnx")
+
+
+def test_empty_caffemodel(tmp_path, small):
+    _, prototxt, _ = small
+    empty = tmp_path / "empty.caffemodel"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match=rf"^caffemodel {empty} holds no layers; is it a Caffe weights file\?$"):
+        convert_caffe(prototxt, empty, tmp_path / "m.onnx")
