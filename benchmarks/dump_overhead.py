@@ -1,12 +1,23 @@
-"""Dump overhead on open_nsfw QDQ (CPU, batch 1): plain inference vs full fingerprint dump, side by side.
+"""Dump overhead on a QDQ model (CPU, batch 1): plain inference vs the faithful fingerprint dump, side by side.
 
-Usage: .venv/bin/python benchmarks/dump_overhead.py QDQ_MODEL.onnx INPUTS.npy [SAMPLES]
-Prints ms per sample of the production session, of the dump session with fingerprints, of a whole
-`--dump` run (dump + production check), peak RSS for 8 vs SAMPLES samples, and bytes per tensor per sample.
+Usage: .venv/bin/python benchmarks/dump_overhead.py MODEL INPUTS.npy [SAMPLES] [REPEATS]
+
+MODEL is an .onnx file or a pipeline run directory (its quantize artifact); INPUTS.npy holds preprocessed
+samples stacked on axis 0 (cycled to SAMPLES, default 32). One invocation measures, interleaving the
+variants REPEATS times (default 3) so that machine load hits them alike:
+
+- per sample: the production session; the dump session alone (every tensor of ORT's optimized graph
+  exposed); the dump session plus fingerprints (the full dump); each as a ratio to production;
+- whole ``run_inference`` with and without ``--dump`` (the dump's run includes the production run, whose
+  outputs are the inference result, and the faithfulness check of every sample), with the fingerprint
+  worker thread on and off;
+- whole ``qconsist run`` commands (new processes) with and without ``--dump``;
+- peak RSS of ``qconsist run --dump`` for 8 and 64 samples, and bytes stored per tensor per sample.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -16,40 +27,135 @@ from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parent.parent
+QCONSIST = str(Path(sys.executable).parent / "qconsist")
 
-def child(model: str, inputs: str, count: int, dump: bool) -> None:
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def stacked(inputs: Path, count: int, folder: Path) -> Path:
+    base = np.load(inputs)
+    path = folder / f"inputs-{count}.npy"
+    np.save(path, base[np.arange(count) % len(base)])
+    return path
+
+
+def per_sample(fn, feeds) -> float:
+    for feed in feeds[:2]:
+        fn(feed)
+    start = time.perf_counter()
+    for feed in feeds:
+        fn(feed)
+    return 1000 * (time.perf_counter() - start) / len(feeds)
+
+
+def spread(values: list[float]) -> str:
+    return f"median {np.median(values):7.2f}  (" + " ".join(f"{v:.2f}" for v in values) + ")"
+
+
+def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
+    from qconsist.inference import ExecutionOptions, resolve_model
+    from qconsist.inference.dump import plan_dump
+    from qconsist.inference.fingerprint import FingerprintTable
+    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import create_session
+
+    source = resolve_model(model)
+    options = ExecutionOptions()
+    production = create_session(source.path, options)
+    plan = plan_dump(source.path, options, folder / "plan")
+    names = [t.name for t in plan.tensors]
+    name = input_specs(source.path)[0].name
+    feeds = [{name: np.ascontiguousarray(row[None])} for row in np.load(inputs)]
+    table = FingerprintTable(folder / "table.npy", 1, len(names))
+    arrays = plan.session.run(names, feeds[0])
+    print(f"model {source.path}: {len(names)} dumped tensors, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB per sample")
+    times: dict[str, list[float]] = {"plain": [], "dump session": [], "dump session + fingerprints": []}
+    for _ in range(repeats):
+        times["plain"].append(per_sample(lambda f: production.run(None, f), feeds))
+        times["dump session"].append(per_sample(lambda f: plan.session.run(names, f), feeds))
+        times["dump session + fingerprints"].append(per_sample(lambda f: table.write_row(0, plan.session.run(names, f)), feeds))
+    table.close()
+    plain = float(np.median(times["plain"]))
+    for label, values in times.items():
+        print(f"  {label:30s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}")
+
+
+def whole_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
+    from qconsist.inference import dump as dump_module
+    from qconsist.inference.model import input_specs
     from qconsist.inputs import open_input_set
 
     source = resolve_model(model)
+    samples = open_input_set(inputs, None, input_specs(source.path)[0].name)
+    walls: dict[str, list[float]] = {"run": [], "run --dump": [], "run --dump, no worker thread": []}
+    faithful = []
+    for r in range(repeats):
+        for label in walls:
+            dump_module.OVERLAP = label != "run --dump, no worker thread"
+            start = time.perf_counter()
+            result = run_inference(source, samples, RunRequest(ExecutionOptions(), dump="dump" in label), folder / "runs")
+            walls[label].append(time.perf_counter() - start)
+            if result.dump:
+                faithful.append((result.dump["faithful"], result.dump["samples_checked"]))
+    dump_module.OVERLAP = True
+    plain = float(np.median(walls["run"]))
+    print(f"whole run_inference, {len(samples)} samples (includes session creation and ORT's graph save):")
+    for label, values in walls.items():
+        print(f"  {label:30s} s {spread(values)}  ratio {np.median(values) / plain:.2f}")
+    print(f"  faithful (verdict, samples checked) per dump run: {sorted(set(faithful))}")
+
+
+def cli_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
+    walls: dict[str, list[float]] = {"qconsist run": [], "qconsist run --dump": []}
+    for r in range(repeats):
+        for label in walls:
+            command = [QCONSIST, "run", str(model), "--inputs", str(inputs), "--runs-dir", str(folder / "cli"), "--json"]
+            start = time.perf_counter()
+            subprocess.run(command + (["--dump"] if "dump" in label else []), check=True, capture_output=True)
+            walls[label].append(time.perf_counter() - start)
+    plain = float(np.median(walls["qconsist run"]))
+    print(f"whole commands (new processes, imports included):")
+    for label, values in walls.items():
+        print(f"  {label:30s} s {spread(values)}  ratio {np.median(values) / plain:.2f}")
+
+
+def child_peak(model: str, inputs: str, runs: str) -> None:
+    from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
     from qconsist.inference.model import input_specs
+    from qconsist.inputs import open_input_set
 
-    base = open_input_set(inputs, None, input_specs(source.path)[0].name)
-    reps = -(-count // len(base))
-    from qconsist.inputs.inputset import InputSet
-
-    names = [f"{i:06d}" for i in range(count)]
-    inp = InputSet(inputs, "arrays", names, lambda i: base.sample(i % len(base)))
-    with tempfile.TemporaryDirectory() as runs:
-        start = time.perf_counter()
-        r = run_inference(source, inp, RunRequest(ExecutionOptions(), dump=dump), Path(runs))
-        wall = time.perf_counter() - start
-        size = (r.run_dir / "dump" / "fingerprints.npy").stat().st_size if dump else 0
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        d = r.dump or {}
-        print(f"samples={count} dump={dump} wall={wall:.2f}s prod_ms={r.ms_per_sample:.2f} "
-              f"dump_ms={d.get('ms_per_sample', 0):.2f} tensors={d.get('tensors', 0)} faithful={d.get('faithful')} "
-              f"table_bytes={size} peak_rss_mb={peak:.0f}", flush=True)
+    source = resolve_model(model)
+    samples = open_input_set(inputs, None, input_specs(source.path)[0].name)
+    result = run_inference(source, samples, RunRequest(ExecutionOptions(), dump=True), Path(runs))
+    size = (result.run_dir / "dump" / "fingerprints.npy").stat().st_size
+    per = size / (result.samples * result.dump["tensors"])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  {result.samples:3d} samples: peak RSS {peak:.0f} MB; fingerprints.npy {size} bytes = {per:.1f} bytes per tensor "
+          f"per sample (header included); faithful {result.dump['faithful']} in {result.dump['samples_checked']} samples")
 
 
 def main() -> None:
-    if sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")
+    if sys.argv[1] == "--child-peak":
+        child_peak(*sys.argv[2:5])
         return
-    model, inputs = sys.argv[1], sys.argv[2]
-    many = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-    for count, dump in ((many, False), (many, True), (8, True)):
-        subprocess.run([sys.executable, __file__, "--child", model, inputs, str(count), "1" if dump else "0"], check=True)
+    model, inputs = Path(sys.argv[1]), Path(sys.argv[2])
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else 32
+    repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    print(f"load average at start: {load()}")
+    with tempfile.TemporaryDirectory(prefix="qconsist-bench-") as tmp:
+        folder = Path(tmp)
+        many = stacked(inputs, count, folder)
+        sessions(model, many, folder, repeats)
+        whole_runs(model, many, folder, repeats)
+        cli_runs(model, many, folder, repeats)
+        print("memory of `run --dump` (separate processes):")
+        for n in (8, 64):
+            subprocess.run([sys.executable, __file__, "--child-peak", str(model), str(stacked(inputs, n, folder)), str(folder / "peak")], check=True)
+    print(f"load average at end: {load()}")
 
 
 if __name__ == "__main__":

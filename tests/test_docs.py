@@ -3,7 +3,6 @@
 import re
 from pathlib import Path
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -17,8 +16,8 @@ def _commands() -> list[tuple[str, ...]]:
     root = typer.main.get_command(app)
     found: list[tuple[str, ...]] = []
 
-    def walk(cmd: click.Command, path: tuple[str, ...]) -> None:
-        if isinstance(cmd, click.Group):
+    def walk(cmd, path: tuple[str, ...]) -> None:
+        if hasattr(cmd, "commands"):
             for name, sub in cmd.commands.items():
                 walk(sub, path + (name,))
         else:

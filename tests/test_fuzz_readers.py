@@ -8,8 +8,7 @@ import string
 import tomllib
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qconsist.errors import QconsistError

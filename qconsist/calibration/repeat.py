@@ -8,6 +8,7 @@ much each moved) and to the nodes that consume it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from qconsist.errors import InputError
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions, QuantizeResult, quantize_model
-from qconsist.store.hashing import hash_artifact
+from qconsist.store.hashing import ArtifactHashes, hash_artifact
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class RepeatResult:
         if self.agree:
             return f"{n} calibrations agree: md5 {self.runs[0].md5}"
         distinct = len(set(self.md5s))
+        if len({r.content for r in self.runs}) == 1:
+            return f"{n} calibrations disagree in bytes only: {distinct} distinct md5s, one model content (metadata or encoding differ)"
         tensors = len({d.tensor for d in self.differences})
         return f"{n} calibrations disagree: {distinct} distinct md5s, {tensors} quantized tensor(s) differ"
 
@@ -163,12 +166,12 @@ def _entry_difference(run: int, first: TableEntry, other: TableEntry, initialize
 
 def compare_quantized(
     run: int,
-    first: tuple[Path, CalibrationTable],
-    other: tuple[Path, CalibrationTable],
+    first: tuple[ArtifactHashes, CalibrationTable],
+    other: tuple[ArtifactHashes, CalibrationTable],
 ) -> tuple[list[TensorDifference], list[str]]:
     """Which quantized tensors (and which other initializers) differ between two quantized models."""
-    first_digests = hash_artifact(first[0]).initializers
-    other_digests = hash_artifact(other[0]).initializers
+    first_digests = first[0].initializers
+    other_digests = other[0].initializers
     changed = sorted(
         name for name in set(first_digests) | set(other_digests) if first_digests.get(name) != other_digests.get(name)
     )
@@ -201,11 +204,11 @@ def calibrate_each(
     progress: Progress = NULL_PROGRESS,
 ) -> RepeatResult:
     """Calibrate and quantize ``model`` once per input set (``first``: an already made run 1 to reuse)."""
-    quant_options = QuantizeOptions(**{**options.__dict__, "allow_invalid_scales": True,
-                                       "min_top1_agreement": None, "max_abs_diff": None})
+    # repeats compare parameters, so they keep models with invalid scales and skip the evaluation gates
+    quant_options = dataclasses.replace(options, allow_invalid_scales=True, min_top1_agreement=None, max_abs_diff=None)
     with tempfile.TemporaryDirectory(prefix="qconsist-repeat-") as tmp:
         folder = Path(workdir) if workdir is not None else Path(tmp)
-        results: list[tuple[Path, CalibrationTable]] = []
+        results: list[tuple[ArtifactHashes, CalibrationTable]] = []
         runs: list[RepeatRun] = []
         for index, inputs in enumerate(input_sets, start=1):
             if index == 1 and first is not None:
@@ -214,7 +217,7 @@ def calibrate_each(
                 result = quantize_model(model, folder / f"run{index}.onnx", inputs, quant_options, calibration, progress=progress)
             hashes = hash_artifact(result.path)
             runs.append(RepeatRun(index, hashes.md5, hashes.sha256, hashes.content, inputs.digest(), result.seconds))
-            results.append((result.path, result.table))
+            results.append((hashes, result.table))
             log.info("calibration run %d: md5 %s", index, hashes.md5)
         repeat = RepeatResult(runs=runs, params={
             "count": len(input_sets), "quantize": options.to_json(), "calibration": calibration.to_json(),

@@ -26,6 +26,9 @@ def _render(result) -> None:  # result: DiffResult
     first = art["first_differing_stage"]
     console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
     for stage in art["stages"]:
+        if not stage["same_bytes"] and stage["same_computation"]:
+            what = "; ".join(line[:120] for line in stage.get("metadata", [])[:2]) or stage.get("note", "")
+            console.print(f"  {stage['name']}: bytes differ, computation identical ({what})")
         if stage.get("changes"):
             ch = stage["changes"]
             console.print(

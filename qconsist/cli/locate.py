@@ -64,6 +64,7 @@ def locate_command(
     from qconsist.gpu.locate import LocateOptions
     from qconsist.gpu.run import LocateRequest, run_locate
 
+    _quiet_onnxruntime()
     request = LocateRequest(
         model=model, inputs=inputs, stage=stage, pipeline=pipeline, offset=offset, count=count,
         precision=_choice(precision, ("fp32", "fp16"), "--precision"),
@@ -82,6 +83,17 @@ def locate_command(
         stdout_console().print(f"run directory: {path}")
     if not report.passed:
         raise typer.Exit(EXIT_DIVERGED)
+
+
+def _quiet_onnxruntime() -> None:
+    """ONNX Runtime's process-wide logger prints kernel warnings on stderr (the CUDA EP warns for every Conv
+    in DEFAULT search: "running in Fallback mode"); keep them for --verbose only."""
+    import logging
+
+    import onnxruntime as ort
+
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        ort.set_default_logger_severity(3)
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
@@ -137,10 +149,9 @@ def _render_comparisons(report, console) -> None:
     for column in ("compared", "why", "result", "first diverging node", "origins", "int8 values changed",
                    "output max diff", "top-1"):
         table.add_column(column)
-    whys = {(n.label, b): n.why for n in report.nodes for b in n.between}
-    for result in report.comparisons:
+    kinds = report.kinds or [""] * len(report.comparisons)
+    for result, why in zip(report.comparisons, kinds):
         pair = f"{result.reference} vs {result.other}"
-        why = next((w for (label, b), w in whys.items() if b == pair), "")
         effect = result.effect
         table.add_row(
             pair, why, "identical" if result.identical else "[yellow]differ[/yellow]", result.first_node or "-",
@@ -236,9 +247,14 @@ def _render_calibration(calibration, console) -> None:
         md5s = ", ".join(sorted(set(mode["md5s"])))
         cpu = "same as CPU" if mode["matches_cpu"] else f"differs from CPU in {len(mode['cpu_differences'])} tensor(s)"
         console.print(f"  {mode['config']}: {len(mode['md5s'])} runs, md5 {md5s}; {cpu}")
-        for diff in mode["cpu_differences"][:5]:
+        activations = sum(1 for d in mode["cpu_differences"] if d["kind"] == "activation")
+        if mode["cpu_differences"]:
+            console.print(f"    {activations} activation scale(s) differ from the CPU calibration; the largest:")
+        for diff in mode["cpu_differences"][:3]:
+            rel = diff["scale_max_rel_diff"]
+            shown = rel if isinstance(rel, str) else f"{100 * float(rel):.3f}%"
             console.print(f"    {diff['kind']} {diff['tensor']} (nodes {', '.join(diff['nodes'][:2])}): scale differs by "
-                          f"up to {_abs(diff['scale_max_abs_diff'])}")
+                          f"up to {_abs(diff['scale_max_abs_diff'])} ({shown})")
 
 
 def render(report, console) -> None:
@@ -258,3 +274,7 @@ def render(report, console) -> None:
         _render_calibration(report.calibration, console)
     if report.fp16:
         _render_fp16(report.fp16, console)
+    phases = report.device.get("phase_seconds") or {}
+    if report.seconds:
+        detail = ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items())
+        console.print(f"locate took {report.seconds:.1f} s" + (f" ({detail})" if detail else ""))

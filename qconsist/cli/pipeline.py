@@ -52,7 +52,8 @@ def run(
 ) -> None:
     """Run every stage of FILE; print the three artifacts with their md5 and the repeated-calibration verdict.
 
-    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree; 2: error.
+    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree; 2: error;
+    3: [calibration] provider = "cuda" without the CUDA execution provider.
     """
     from qconsist.pipeline.config import load_pipeline
     from qconsist.pipeline.runner import run_pipeline

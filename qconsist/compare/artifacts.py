@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from qconsist.store.hashing import initializer_digests
 from qconsist.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -100,9 +103,55 @@ def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> dict[str, Any]:
     }
 
 
+_METADATA = ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string")
+
+
+def semantic_hash(model: onnx.ModelProto, initializers: dict[str, Any] | None = None) -> str:
+    """sha256 of what decides the computation: nodes, graph inputs, outputs and value types, opsets and
+    initializer values. Not names of the model or graph (converters stamp file paths into them), doc
+    strings, producers or metadata. ``initializers``: the artifact's recorded initializer digests
+    (name -> digest JSON), which spare hashing the weights again."""
+    h = hashlib.sha256()
+    graph = model.graph
+    for node in graph.node:
+        bare = onnx.NodeProto()
+        bare.CopyFrom(node)
+        bare.doc_string = ""
+        h.update(bare.SerializeToString(deterministic=True))
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            h.update(value.name.encode() + value.type.SerializeToString(deterministic=True))
+    h.update(repr(sorted((o.domain, o.version) for o in model.opset_import)).encode())
+    if initializers is None:
+        initializers = {name: digest.to_json() for name, digest in initializer_digests(model).items()}
+    h.update(json.dumps(initializers, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def metadata_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> list[str]:
+    """Differences in what does not change the computation: names, producers, doc strings, metadata."""
+    found = [f"{key}: {getattr(a, key)!r} -> {getattr(b, key)!r}" for key in _METADATA if getattr(a, key) != getattr(b, key)]
+    for key in ("name", "doc_string"):
+        if getattr(a.graph, key) != getattr(b.graph, key):
+            found.append(f"graph.{key}: {getattr(a.graph, key)!r} -> {getattr(b.graph, key)!r}")
+    props_a = {p.key: p.value for p in a.metadata_props}
+    props_b = {p.key: p.value for p in b.metadata_props}
+    if props_a != props_b:
+        found.append(f"metadata_props: {props_a} -> {props_b}")
+    return found
+
+
+def _stage_models(run_a: Path, art_a: dict, run_b: Path, art_b: dict) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
+    model_a = _load(_model_path(run_a, art_a))
+    model_b = _load(_model_path(run_b, art_b))
+    return (model_a, model_b) if model_a is not None and model_b is not None else None
+
+
 def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> dict[str, Any]:
-    """Stage by stage (stages both runs have, in A's order): md5 and content hash, and for the first stage
-    whose model differs, what differs in it."""
+    """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
+    differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
+    stage whose computation differs, what differs in it. Without the model files, the recorded content
+    hashes decide."""
     stages = []
     first = None
     for stage_a in a.stages:
@@ -112,20 +161,26 @@ def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> dic
         if art_a is None or art_b is None:
             continue
         same_bytes = art_a.get("sha256") == art_b.get("sha256")
-        same_content = art_a.get("content") == art_b.get("content")
-        stages.append({
-            "name": stage_a["name"], "same_bytes": same_bytes, "same_content": same_content,
+        entry: dict[str, Any] = {
+            "name": stage_a["name"], "same_bytes": same_bytes,
+            "same_content": art_a.get("content") == art_b.get("content"), "same_computation": same_bytes,
             "md5_a": art_a.get("md5"), "md5_b": art_b.get("md5"),
-        })
-        if first is None and not same_bytes:
+        }
+        stages.append(entry)
+        if same_bytes:
+            continue
+        models = _stage_models(run_a, art_a, run_b, art_b)
+        if models is None:
+            entry["same_computation"] = entry["same_content"]
+            entry["note"] = "model files are gone; only their recorded hashes are compared"
+        else:
+            entry["same_computation"] = (
+                semantic_hash(models[0], art_a.get("initializers")) == semantic_hash(models[1], art_b.get("initializers"))
+            )
+            entry["metadata"] = metadata_changes(*models)
+        if first is None and not entry["same_computation"]:
             first = stage_a["name"]
-            model_a = _load(_model_path(run_a, art_a))
-            model_b = _load(_model_path(run_b, art_b))
-            if model_a is not None and model_b is not None:
-                stages[-1]["changes"] = model_changes(model_a, model_b)
-            else:
-                stages[-1]["changes"] = None
-                stages[-1]["note"] = "model files are gone; only their hashes are compared"
+            entry["changes"] = model_changes(*models) if models is not None else None
     return {"first_differing_stage": first, "stages": stages}
 
 

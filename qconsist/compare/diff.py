@@ -95,10 +95,26 @@ def capture_command(manifest: Manifest, keys: list[str]) -> str:
     return " ".join(parts)
 
 
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def _model_stages(manifest: Manifest) -> list[str]:
+    return [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
+
+
 def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> None:
     name_a, name_b = a.model.get("name"), b.model.get("name")
     if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline":
         raise RunStoreError(f"runs of different models: {path_a} is {name_a!r}, {path_b} is {name_b!r}")
+    if a.kind != b.kind:
+        stages_a, stages_b = _model_stages(a), _model_stages(b)
+        if not set(stages_a) & set(stages_b):
+            raise RunStoreError(
+                f"runs share no stage with a model ({', '.join(stages_a)} vs {', '.join(stages_b)}): {path_a} is "
+                f"{_a(a.kind)} run and {path_b} {_a(b.kind)} run; run the model from the pipeline's run directory "
+                "(qconsist run RUN_DIR) to compare them"
+            )
     if a.kind == b.kind == "inference":
         digest_a, digest_b = a.inputs.get("digest"), b.inputs.get("digest")
         if digest_a != digest_b:
@@ -151,5 +167,5 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
         else:
             result.notes.append("no tensor dumps; rerun both with `qconsist run ... --dump` to find the first diverging node")
     elif a.kind != b.kind:
-        result.notes.append(f"a {a.kind} run and a {b.kind} run: artifacts and calibration compared")
+        result.notes.append(f"{_a(a.kind)} run and {_a(b.kind)} run: artifacts and calibration compared")
     return result

@@ -25,19 +25,43 @@ def _short(digest: str | None) -> str:
 
 
 def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict[str, Any]]:
-    """Stages whose artifact hash differs from the baseline's, in pipeline order, with what else changed."""
+    """Stages whose artifact hash differs from the baseline's, in pipeline order, with what else changed:
+    parameters, and (``qconsist diff``'s artifact comparison) whether only metadata such as the graph name
+    changed or the computation itself."""
+    from qconsist.compare.artifacts import compare_artifacts
+
+    recorded = "md5" if hash_kind == "computation" else hash_kind
+    compared = {s["name"]: s for s in compare_artifacts(baseline.pipeline_path, baseline.pipeline,
+                                                        candidate.pipeline_path, candidate.pipeline)["stages"]}
     changes = []
     for stage in candidate.pipeline.stages:
         name = stage["name"]
         other = baseline.stage(name)
-        mine = (stage.get("artifact") or {}).get(hash_kind)
-        theirs = ((other or {}).get("artifact") or {}).get(hash_kind)
-        if mine is None and theirs is None:
+        mine = _artifact_of(stage).get(recorded)
+        theirs = _artifact_of(other).get(recorded)
+        if (mine is None and theirs is None) or mine == theirs:
             continue
-        if mine != theirs:
-            params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
-            changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params})
+        detail = compared.get(name, {})
+        metadata_only = detail.get("same_computation") is True
+        params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
+        changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params,
+                        "metadata_only": metadata_only, "metadata": list(detail.get("metadata") or [])})
     return changes
+
+
+def _describe_change(change: dict[str, Any], kind: str) -> str:
+    shown = "md5" if kind == "computation" else kind
+    text = f"stage '{change['stage']}' changed ({shown} {_short(change['from'])} -> {_short(change['to'])}"
+    if change["params_changed"]:
+        text += f"; parameters changed: {', '.join(change['params_changed'])}"
+    if change["metadata_only"]:
+        text += "; the computation is the same, only metadata differs: " + "; ".join(m[:160] for m in change["metadata"][:3])
+    return text + ")"
+
+
+def _artifact_of(stage: dict[str, Any] | None) -> dict[str, Any]:
+    artifact = (stage or {}).get("artifact")
+    return artifact if isinstance(artifact, dict) else {}
 
 
 def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -60,32 +84,40 @@ def _changed_inputs(candidate: Side, baseline: Side) -> list[str]:
     return changed
 
 
-def check_artifacts(candidate: Side, baseline: Side | None, policy: Policy) -> tuple[CheckResult, list[str]]:
+def _divergence_note(divergence: dict[str, Any] | None) -> str:
+    if not divergence or not divergence.get("first_diverging_node"):
+        return ""
+    listed = divergence.get("origin_nodes") or []
+    origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
+    return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins})"
+
+
+def check_artifacts(candidate: Side, baseline: Side | None, policy: Policy,
+                    divergence: dict[str, Any] | None = None) -> tuple[CheckResult, list[str]]:
     kind = policy.artifacts.hash.value
     expected = list(policy.artifacts.expect_changed)
     tolerance = {"hash": kind, "expect_changed": expected}
     if baseline is None:
         return CheckResult("artifacts", NA, "no baseline: nothing to compare the artifact hashes with", tolerance), []
-    changes = changed_stages(candidate, baseline, kind)
+    everything = changed_stages(candidate, baseline, kind)
+    changes = [c for c in everything if not (kind == "computation" and c["metadata_only"])]
+    ignored = [c["stage"] for c in everything if c not in changes]
     names = [c["stage"] for c in changes]
     unexpected = [c for c in changes if c["stage"] not in expected]
     inputs = _changed_inputs(candidate, baseline)
-    measured = {"changed": changes, "inputs_changed": inputs}
+    measured = {"changed": changes, "inputs_changed": inputs, "metadata_only": ignored}
+    note = f" (md5 differs in metadata only: {', '.join(ignored)})" if ignored else ""
     if inputs and changes:
         for change in changes:
             if change["stage"] == "quantize" and "calibration" in inputs:
                 change["params_changed"].append("calibration inputs (digest differs)")
     if not changes:
-        return CheckResult("artifacts", PASS, f"every stage's {kind} matches the baseline", tolerance, measured), names
-    described = "; ".join(
-        f"stage '{c['stage']}' changed ({kind} {_short(c['from'])} -> {_short(c['to'])}"
-        + (f"; parameters changed: {', '.join(c['params_changed'])}" if c["params_changed"] else "") + ")"
-        for c in (unexpected or changes)
-    )
+        return CheckResult("artifacts", PASS, f"every stage's {kind} matches the baseline{note}", tolerance, measured), names
+    described = "; ".join(_describe_change(c, kind) for c in (unexpected or changes))
     if unexpected:
-        return CheckResult("artifacts", FAIL, f"{described}; not expected by the policy (expect_changed = {expected})",
-                           tolerance, measured), names
-    return CheckResult("artifacts", PASS, f"{described}; expected by the policy", tolerance, measured), names
+        return CheckResult("artifacts", FAIL, f"{described}; not expected by the policy (expect_changed = {expected}){note}"
+                           f"{_divergence_note(divergence)}", tolerance, measured), names
+    return CheckResult("artifacts", PASS, f"{described}; expected by the policy{note}", tolerance, measured), names
 
 
 def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
@@ -193,23 +225,28 @@ def check_drift_float(candidate: Side, policy: Policy) -> CheckResult:
                          policy.drift.float)
 
 
+def _evaluation_digest(side: Side) -> str:
+    """The evaluation inputs' digest as the pipeline recorded it, or computed when it did not."""
+    recorded = side.pipeline.inputs.get("evaluation")
+    if isinstance(recorded, dict) and recorded.get("same_as") == "calibration":
+        recorded = side.pipeline.inputs.get("calibration")
+    if isinstance(recorded, dict) and isinstance(recorded.get("digest"), str):
+        return recorded["digest"]
+    return evaluation_inputs(side).digest()
+
+
 def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy, divergence: dict[str, Any] | None) -> CheckResult:
     limits = policy.drift.baseline
     if baseline is None:
         return CheckResult("drift.baseline", NA, "no baseline: nothing to compare the final outputs with",
                            {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement})
-    mine, theirs = evaluation_inputs(candidate), evaluation_inputs(baseline)
-    if mine.digest() != theirs.digest():
+    if _evaluation_digest(candidate) != _evaluation_digest(baseline):
         return CheckResult("drift.baseline", FAIL,
                            "the evaluation inputs differ from the baseline's (input digests differ); outputs are not comparable")
-    extra = ""
-    if divergence and divergence.get("first_diverging_node"):
-        listed = divergence.get("origin_nodes") or []
-        origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
-        extra = f"; first diverging node {divergence['first_diverging_node']} (origin nodes: {origins})"
-    elif divergence and divergence.get("identical"):
+    extra = _divergence_note(divergence)
+    if not extra and divergence and divergence.get("identical"):
         extra = "; every dumped tensor is bit-identical to the baseline's"
-    elif divergence and divergence.get("unavailable"):
+    elif not extra and divergence and divergence.get("unavailable"):
         extra = f"; first diverging node unknown ({divergence['unavailable']})"
     comparison = _compare(baseline.outputs("quantize"), candidate.outputs("quantize"), limits)
     return _drift_result("drift.baseline", f"the baseline {baseline.path.name}", comparison, limits, extra)

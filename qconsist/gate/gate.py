@@ -51,7 +51,7 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
         task.advance()
         repeat_divergence = _divergence(cand, cand, "quantized", "repeat") if "repeat" in cand.inference else None
         task.advance()
-        artifacts, changed = checks.check_artifacts(cand, base, policy)
+        artifacts, changed = checks.check_artifacts(cand, base, policy, baseline_divergence)
         results = [artifacts]
         task.advance()
         for check in (

@@ -9,7 +9,7 @@ Format (schema ``qconsist.policy/1``) with the defaults::
     schema = "qconsist.policy/1"
 
     [artifacts]
-    hash = "md5"                 # md5 | sha256 | content: which hash decides that a stage's artifact changed
+    hash = "md5"                 # md5 | sha256 | content | computation: which hash decides that a stage changed
     expect_changed = []          # stages allowed to change against the baseline, e.g. ["quantize"]
 
     [calibration]
@@ -53,6 +53,7 @@ class HashKind(str, Enum):
     MD5 = "md5"
     SHA256 = "sha256"
     CONTENT = "content"
+    COMPUTATION = "computation"  # the content hash less the graph name: only a change in what is computed counts
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def _table(data: dict, key: str, where: str) -> dict:
     return value
 
 
-_KINDS = {bool: "true or false", float: "a number", tuple: "a list of strings", HashKind: "one of md5, sha256, content"}
+_KINDS = {bool: "true or false", float: "a number", tuple: "a list of strings", HashKind: "one of md5, sha256, content, computation"}
 
 
 def _coerce(value: Any, kind: Any, where: str, key: str) -> Any:

@@ -217,8 +217,9 @@ class Tf32Override:
             return f"{TF32_OVERRIDE_VAR} is unset: use_tf32 decides whether cuDNN/cuBLAS may use TF32."
         if self.disables_tf32:
             return (
-                f"{TF32_OVERRIDE_VAR}=0 overrides use_tf32: NVIDIA's libraries never use TF32 in this "
-                "process, so tf32=1 configs compute as tf32=0 ones."
+                f"{TF32_OVERRIDE_VAR}=0 overrides use_tf32: NVIDIA's libraries are told never to use TF32 in this "
+                "process; use_tf32 still sets the math mode ONNX Runtime asks cuDNN for, which can change the "
+                "algorithm picked, so the tf32=1 / tf32=0 pairs below show what remains."
             )
         return (
             f"{TF32_OVERRIDE_VAR}={self.value!r} has no effect (only 0 overrides use_tf32, by disabling TF32)."

@@ -122,9 +122,20 @@ def explore(
     load: Callable[[], ContextManager[Any]] | None = None,
     max_cost: float = DEFAULT_MAX_COST,
     progress: Progress = NULL_PROGRESS,
+    phases: dict[str, float] | None = None,
 ) -> tuple[list[ConfigReport], list[PairResult], list[tuple[str, PairResult]], dict | None, Any]:
     """The engine: observe, repeat, compare, time and recommend. Returns the config reports, the comparison
-    results, the tagged results for ``sensitive_nodes``, the load summary and the recommendation."""
+    results, the tagged results for ``sensitive_nodes``, the load summary and the recommendation; ``phases``
+    (when given) receives the seconds each step took."""
+    phases = {} if phases is None else phases
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 3)
+        clock = now
+
     if not samples:
         raise ConfigError("locate needs at least one input sample")
     labels = [v.label for v in variants]
@@ -135,23 +146,29 @@ def explore(
         if c.reference not in known or c.other not in known:
             raise ConfigError(f"comparison {c.reference} vs {c.other} names an unknown variant")
     observers = {v.label: Observer(model_path, v.options) for v in variants}
+    lap("plan")
     try:
         references = ReferenceRuns.collect(observers, samples, progress)
+        lap("reference")
         outcomes: dict[str, list[RepeatOutcome]] = {label: [] for label in labels}
         for outcome in repeat_phase(references, samples, repeats, "quiet", progress):
             outcomes[outcome.config].append(outcome)
+        lap("repeats")
         results = compare_configs(references, samples, [(c.reference, c.other) for c in comparisons], progress)
+        lap("comparisons")
         timings: dict[str, tuple[LatencyStats, dict]] = {}
         with progress.task("latency", len(variants)) as handle:
             for v in variants:
                 timings[v.label] = _faithful_and_latency(observers[v.label], references.sessions[v.label], samples, latency)
                 handle.advance()
+        lap("latency")
         load_summary = None
         if load is not None:
             with load() as worker:
                 for outcome in repeat_phase(references, samples, repeats, "contention", progress):
                     outcomes[outcome.config].append(outcome)
             load_summary = worker.summary.to_json() if worker.summary else None
+            lap("contention")
     finally:
         for observer in observers.values():
             observer.close()
@@ -202,13 +219,15 @@ def locate(
         from qconsist.gpu.contention import GpuLoad
 
         load = GpuLoad
+    phases: dict[str, float] = {}
     reports, results, tagged, load_summary, decision = explore(
         model_path, samples, variants, comparisons, options.repeats, options.latency, load, options.max_cost, progress,
+        phases,
     )
     return LocateReport(
         model=model_info or {"path": str(model_path)}, inputs=inputs_info or {"count": len(samples)},
-        device={**device.to_json(), "options": options.to_json()}, reference=variants[0].label,
+        device={**device.to_json(), "options": options.to_json(), "phase_seconds": phases}, reference=variants[0].label,
         repeats=options.repeats, contention=load_summary, configs=reports, comparisons=results,
         tf32=tf32_section(override, comparisons, results), recommendation=decision, nodes=sensitive_nodes(tagged),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, kinds=[c.why for c in comparisons],
     )

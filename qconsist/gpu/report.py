@@ -121,6 +121,7 @@ class LocateReport:
     calibration: dict[str, Any] | None = None
     fp16: dict[str, Any] | None = None
     seconds: float = 0.0
+    kinds: list[str] = field(default_factory=list)  # why each comparison was made: "algorithm" | "tf32"
 
     @property
     def passed(self) -> bool:
@@ -148,7 +149,7 @@ class LocateReport:
             "contention": self.contention, "configs": [c.to_json() for c in self.configs],
             "comparisons": [c.to_json() for c in self.comparisons], "tf32": self.tf32,
             "recommendation": self.recommendation.to_json() if self.recommendation else None, "nodes": [n.to_json() for n in self.nodes],
-            "calibration": self.calibration, "fp16": self.fp16, "seconds": self.seconds,
+            "calibration": self.calibration, "fp16": self.fp16, "seconds": self.seconds, "kinds": list(self.kinds),
         }
 
     @classmethod
@@ -164,7 +165,7 @@ class LocateReport:
                 comparisons=[PairResult.from_json(c) for c in data["comparisons"]], tf32=data["tf32"],
                 recommendation=Recommendation.from_json(data["recommendation"]) if data["recommendation"] else None,
                 nodes=[SensitiveNode.from_json(n) for n in data["nodes"]], calibration=data.get("calibration"),
-                fp16=data.get("fp16"), seconds=data.get("seconds", 0.0),
+                fp16=data.get("fp16"), seconds=data.get("seconds", 0.0), kinds=list(data.get("kinds", [])),
             )
         except (KeyError, TypeError) as exc:
             raise RunStoreError(f"locate report is missing or has an invalid field: {exc}") from None

@@ -6,8 +6,8 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 1. lets ORT optimize the model at the production level and EP and save the graph it will run
    (``SessionOptions.optimized_model_filepath``),
 2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
-3. runs every sample through it, fingerprints every tensor (``fingerprint.py``), keeps raw tensors only
-   when asked, and
+3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
+   ``DumpRecorder``, overlapping ORT's next sample), keeps raw tensors only when asked, and
 4. runs every sample through a production session (same options, no dumps) and compares the final outputs
    bit for bit. The verdict (``faithful``) and the greatest difference go into the manifest.
 
@@ -23,14 +23,17 @@ Run-directory files (``dump/``)::
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError, InputError
+from qconsist.inference.fingerprint import FingerprintTable
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, structure_hash
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
 
@@ -193,3 +196,70 @@ class FaithfulCheck:
             "mismatched_samples": list(self.mismatched),
             "max_abs_diff": self.max_abs_diff if np.isfinite(self.max_abs_diff) else "inf",
         }
+
+
+OVERLAP = True  # fingerprint sample i in a worker thread while ORT runs sample i + 1 (benchmarks turn it off)
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Arrays in an uncompressed ``.npz`` (no pickle)."""
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+class DumpRecorder:
+    """Records each dumped sample: its fingerprint row, the faithfulness check, the raw tensors kept.
+
+    With ``OVERLAP`` the work runs in one background thread, so fingerprinting a sample overlaps ONNX
+    Runtime computing the next one (numpy's reductions and xxhash release the GIL). At most one sample
+    waits, so memory holds two samples' tensors whatever the number of samples.
+    """
+
+    def __init__(
+        self,
+        table: FingerprintTable,
+        final_columns: list[int],
+        raw_columns: set[int],
+        raw_path: Callable[[int], Path],
+        differing: Callable[[int, np.ndarray], set[int]] | None = None,
+    ) -> None:
+        self.table = table
+        self.check = FaithfulCheck()
+        self.raw_saved = 0
+        self._final = final_columns
+        self._raw = raw_columns
+        self._raw_path = raw_path
+        self._differing = differing
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="qconsist-dump") if OVERLAP else None
+        self._pending: Future | None = None
+
+    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray]) -> None:
+        """Record sample ``index`` (production outputs and dumped tensors); raises what an earlier one raised."""
+        self.wait()
+        if self._pool is None:
+            self._record(index, produced, arrays)
+        else:
+            self._pending = self._pool.submit(self._record, index, produced, arrays)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the last sample and stop the worker (also after an error: nothing is left running)."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray]) -> None:
+        row = self.table.write_row(index, arrays)
+        self.check.add(index, produced, [arrays[c] for c in self._final])
+        keep = set(self._raw)
+        if self._differing is not None:
+            keep |= self._differing(index, row)
+        if keep:
+            self.raw_saved += len(keep)
+            save_npz(self._raw_path(index), {f"t{c}": arrays[c] for c in sorted(keep)})

@@ -58,10 +58,10 @@ def _sum(flat: np.ndarray) -> float:
     return float(flat.sum(dtype=np.float64))
 
 
-def fingerprint(array: np.ndarray, shape_id: int) -> tuple:
-    """The fingerprint of ``array`` as a tuple in ``RECORD`` field order."""
+def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> tuple:
+    """The fingerprint of ``array`` as a tuple in ``RECORD`` field order (``digest``: its hash, if known)."""
     array = np.asarray(array)
-    digest, code = tensor_hash(array), dtype_code(array.dtype)
+    digest, code = tensor_hash(array) if digest is None else digest, dtype_code(array.dtype)
     if array.size == 0 or array.dtype.kind not in "fiub":
         return (digest, np.nan, np.nan, np.nan, 0, 0, shape_id, code, 1)
     if array.dtype.kind == "b":
@@ -107,10 +107,26 @@ class FingerprintTable:
         self._table = np.lib.format.open_memmap(self.path, mode="w+", dtype=RECORD, shape=(samples, tensors))
         self._table[:] = np.zeros((), dtype=RECORD)
         self.shapes = ShapeTable()
+        self._last: list[tuple] = []  # the previous row's records
 
     def write_row(self, sample: int, arrays: list[np.ndarray]) -> np.ndarray:
-        """Fingerprint ``arrays`` (one per column) as row ``sample``; returns the row."""
-        row = np.array([fingerprint(a, self.shapes.id(tuple(np.shape(a)))) for a in arrays], dtype=RECORD)
+        """Fingerprint ``arrays`` (one per column) as row ``sample``; returns the row.
+
+        A column whose bytes hash, element type and shape equal the previous row's (a dequantized weight,
+        any tensor computed from constants) reuses that row's statistics instead of recomputing them:
+        equal hashes are what the comparison takes as equal bytes, so the statistics are the same.
+        """
+        records = []
+        for column, array in enumerate(arrays):
+            array = np.asarray(array)
+            digest, shape_id = tensor_hash(array), self.shapes.id(array.shape)
+            last = self._last[column] if column < len(self._last) else None
+            if last is not None and last[0] == digest and last[6] == shape_id and last[7] == dtype_code(array.dtype):
+                records.append(last)
+            else:
+                records.append(fingerprint(array, shape_id, digest))
+        self._last = records
+        row = np.array(records, dtype=RECORD)
         self._table[sample] = row
         return row
 

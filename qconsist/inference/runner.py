@@ -22,7 +22,8 @@ import onnx
 
 from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.errors import ConfigError, InputError
-from qconsist.inference.dump import DumpPlan, FaithfulCheck, RawMode, RawSelection, plan_dump, select_raw
+from qconsist.inference import dump as dump_module
+from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode, RawSelection, plan_dump, save_npz, select_raw
 from qconsist.inference.fingerprint import RECORD, FingerprintTable
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource
@@ -111,11 +112,6 @@ def _digest_update(h: Any, sample: dict[str, np.ndarray]) -> None:
         h.update(arr.tobytes())
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as handle:
-        np.savez(handle, **arrays)
-
-
 def _model_record(source: ModelSource) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     model = onnx.load(str(source.path))
     hashes = hash_artifact(source.path, model=model).to_json()
@@ -159,34 +155,35 @@ def run_inference(
             raw_columns = {plan.column(name) for name in plan.outputs}
         run.mark_progress("inference")
         outputs_table = FingerprintTable(run.file("outputs/fingerprints.npy"), len(inputs), len(output_names))
-        dump_table = FingerprintTable(run.file("dump/fingerprints.npy"), len(inputs), len(plan.tensors)) if plan else None
-        check = FaithfulCheck()
         digest = hashlib.sha256()
         names = [t.name for t in plan.tensors] if plan else []
-        final_columns = [names.index(n) for n in output_names] if plan else []
+        recorder = DumpRecorder(
+            FingerprintTable(run.file("dump/fingerprints.npy"), len(inputs), len(plan.tensors)),
+            [names.index(n) for n in output_names], raw_columns,
+            lambda index: run.file(f"dump/raw/{index:06d}.npz"), reference.differing if reference else None,
+        ) if plan else None
         seconds = {"production": 0.0, "dump": 0.0}
-        raw_count = 0
-        with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
-            for index, sample in enumerate(inputs):
-                _digest_update(digest, sample)
-                start = time.perf_counter()
-                produced = production.run(None, sample)
-                seconds["production"] += time.perf_counter() - start
-                outputs_table.write_row(index, produced)
-                _save_npz(run.file(f"outputs/{index:06d}.npz"), {f"o{i}": a for i, a in enumerate(produced)})
-                if plan is not None:
+        try:
+            with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
+                for index, sample in enumerate(inputs):
+                    _digest_update(digest, sample)
                     start = time.perf_counter()
-                    arrays = plan.session.run(names, sample)
-                    row = dump_table.write_row(index, arrays)  # type: ignore[union-attr]
+                    produced = production.run(None, sample)
+                    seconds["production"] += time.perf_counter() - start
+                    outputs_table.write_row(index, produced)
+                    save_npz(run.file(f"outputs/{index:06d}.npz"), {f"o{i}": a for i, a in enumerate(produced)})
+                    if recorder is not None:
+                        start = time.perf_counter()
+                        recorder.submit(index, produced, plan.session.run(names, sample))  # type: ignore[union-attr]
+                        seconds["dump"] += time.perf_counter() - start
+                    task.advance()
+                if recorder is not None:
+                    start = time.perf_counter()
+                    recorder.wait()
                     seconds["dump"] += time.perf_counter() - start
-                    check.add(index, produced, [arrays[c] for c in final_columns])
-                    keep = set(raw_columns)
-                    if reference is not None:
-                        keep |= reference.differing(index, row)
-                    if keep:
-                        raw_count += len(keep)
-                        _save_npz(run.file(f"dump/raw/{index:06d}.npz"), {f"t{c}": arrays[c] for c in sorted(keep)})
-                task.advance()
+        finally:
+            if recorder is not None:
+                recorder.close()
         outputs_table.close()
         inputs_digest = digest.hexdigest()
         if reference is not None and reference.digest != inputs_digest:
@@ -205,7 +202,8 @@ def run_inference(
         }
         dump_json = None
         if plan is not None:
-            dump_table.close()  # type: ignore[union-attr]
+            check, dump_table = recorder.check, recorder.table  # type: ignore[union-attr]
+            dump_table.close()
             dump_json = {
                 **check.to_json(),
                 "tensors": len(plan.tensors),
@@ -218,12 +216,13 @@ def run_inference(
                 "fingerprints": "dump/fingerprints.npy",
                 "bytes_per_tensor_per_sample": RECORD.itemsize,
                 "raw": {**request.raw.to_json(), "reference": str(request.reference) if request.reference else None,
-                        "tensors_saved": raw_count, "dir": "dump/raw"},
+                        "tensors_saved": recorder.raw_saved, "dir": "dump/raw"},  # type: ignore[union-attr]
+                "fingerprints_overlap_inference": dump_module.OVERLAP,
             }
             index = {
                 "schema": "qconsist.dump/1",
                 "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
-                "shapes": dump_table.shapes.to_json(),  # type: ignore[union-attr]
+                "shapes": dump_table.shapes.to_json(),
                 "outputs": plan.outputs,
                 "mismatched_samples": check.mismatched,
             }

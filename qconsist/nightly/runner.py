@@ -120,9 +120,13 @@ def _locate(entry: ModelEntry, pipeline_run: Path, runs_dir: Path, progress: Pro
         require_cuda()
     except UnavailableError as exc:
         return None, exc.message
-    from qconsist.gpu.locate import locate_for_nightly
+    from qconsist.gpu.run import LocateRequest, run_locate
 
-    return locate_for_nightly(pipeline_run, runs_dir, progress=progress), None
+    evaluation = entry.pipeline.evaluation or entry.pipeline.calibration.inputs
+    request = LocateRequest(model=pipeline_run, inputs=evaluation.data, stage="quantize", offset=evaluation.offset,
+                            count=min(evaluation.count or 8, 256))
+    _, path = run_locate(request, runs_dir, command=["qconsist", "nightly"], progress=progress)
+    return path, None
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -32,10 +32,10 @@ from qconsist.environment import fingerprint
 from qconsist.errors import InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, open_input_set
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
-from qconsist.pipeline.evaluation import input_specs, open_session, ort_message
+from qconsist.pipeline.evaluation import input_specs, open_session, provider_name
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.optimize import optimize_model
-from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions, quantize_model
+from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions, QuantizeResult, quantize_model
 from qconsist.store.atomic import write_atomic
 from qconsist.store.hashing import ArtifactHashes, hash_artifact, hash_file
 from qconsist.store.manifest import Manifest
@@ -172,6 +172,28 @@ def _model_record(config: PipelineConfig, files: dict[str, Path]) -> dict[str, A
     }
 
 
+def _optimize(config: PipelineConfig, converted: Path, evaluation: InputSet, run: RunDirectory) -> tuple[dict, Path]:
+    optimized = run.file("optimize/model.onnx")
+    result = optimize_model(converted, optimized, config.optimize, evaluation)
+    checks = {"outputs_vs_convert": result.check.to_json() if result.check else None,
+              "nodes_before": result.nodes_before, "nodes_after": result.nodes_after}
+    return _stage("optimize", result.params, hash_artifact(optimized, run.path), checks, result.seconds), optimized
+
+
+def _quantize(config: PipelineConfig, optimized: Path, calibration: InputSet, evaluation: InputSet,
+              run: RunDirectory, progress: Progress) -> tuple[dict, QuantizeResult]:
+    quantized = run.file("quantize/model.onnx")
+    result = quantize_model(
+        optimized, quantized, calibration, config.quantize, config.calibration.options, evaluation,
+        ranges_output=run.file("quantize/calibration_ranges.json"), progress=progress,
+    )
+    checks = {"outputs_vs_optimize": result.check.to_json() if result.check else None,
+              "invalid_scales": [i.to_json() for i in result.issues]}
+    stage = _stage("quantize", result.params, hash_artifact(quantized, run.path), checks, result.seconds)
+    stage["calibration_seconds"] = result.calibration_seconds
+    return stage, result
+
+
 def run_pipeline(
     config: PipelineConfig,
     runs_dir: Path | None = None,
@@ -180,61 +202,44 @@ def run_pipeline(
 ) -> PipelineResult:
     """Run every stage of ``config`` into a new run directory and return what it produced."""
     files = _model_files(config)
+    # fail before any work: CUDA asked for and absent, input sets missing, empty or too short
+    provider_name(config.calibration.options.provider.value)
+    _input_set(config.calibration.inputs, config, "input", "calibration")
+    if config.evaluation:
+        _input_set(config.evaluation, config, "input", "evaluation")
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
     with RunDirectory.create(root, config.name, "pipeline", run_id) as run:
         manifest = Manifest(kind="pipeline", command=list(sys.argv), model=_model_record(config, files))
         run.mark_progress("convert")
         convert_stage, converted = _convert(config, files, run)
         input_name = input_specs(open_session(converted))[0].name
-        calibration_set = _input_set(config.calibration.inputs, config, input_name, "calibration")
-        evaluation_set = _input_set(config.evaluation, config, input_name, "evaluation") if config.evaluation else calibration_set
+        calibration = _input_set(config.calibration.inputs, config, input_name, "calibration")
+        evaluation = _input_set(config.evaluation, config, input_name, "evaluation") if config.evaluation else calibration
         manifest.inputs = {
-            "calibration": _describe(calibration_set),
-            "evaluation": _describe(evaluation_set) if config.evaluation else {"same_as": "calibration"},
+            "calibration": _describe(calibration),
+            "evaluation": _describe(evaluation) if config.evaluation else {"same_as": "calibration"},
         }
-
         run.mark_progress("optimize")
-        optimized = run.file("optimize/model.onnx")
-        opt = optimize_model(converted, optimized, config.optimize, evaluation_set)
-        optimize_stage = _stage(
-            "optimize", opt.params, hash_artifact(optimized, run.path),
-            {"outputs_vs_convert": opt.check.to_json() if opt.check else None,
-             "nodes_before": opt.nodes_before, "nodes_after": opt.nodes_after}, opt.seconds,
-        )
-
+        optimize_stage, optimized = _optimize(config, converted, evaluation, run)
         run.mark_progress("quantize")
-        quantized = run.file("quantize/model.onnx")
-        quant = quantize_model(
-            optimized, quantized, calibration_set, config.quantize, config.calibration.options, evaluation_set,
-            ranges_output=run.file("quantize/calibration_ranges.json"), progress=progress,
-        )
-        quantize_stage = _stage(
-            "quantize", quant.params, hash_artifact(quantized, run.path),
-            {"outputs_vs_optimize": quant.check.to_json() if quant.check else None,
-             "invalid_scales": [i.to_json() for i in quant.issues]},
-            quant.seconds,
-        )
-        quantize_stage["calibration_seconds"] = quant.calibration_seconds
+        quantize_stage, quant = _quantize(config, optimized, calibration, evaluation, run, progress)
         manifest.stages = [convert_stage, optimize_stage, quantize_stage]
         manifest.calibration = {
             "table": quant.table.to_json(), "issues": [i.to_json() for i in quant.issues],
             "ranges_file": "quantize/calibration_ranges.json", "params": config.calibration.to_json(),
         }
-
         repeat = None
         if config.calibration.repeat > 1:
             run.mark_progress("calib_repeat")
-            repeat = repeat_calibration(
-                optimized, calibration_set, config.calibration.repeat, config.quantize, config.calibration.options,
-                first=quant, progress=progress,
-            )
+            repeat = repeat_calibration(optimized, calibration, config.calibration.repeat, config.quantize,
+                                        config.calibration.options, first=quant, progress=progress)
             manifest.sections["calib_repeat"] = repeat.to_json()
         manifest.sections["pipeline"] = config.to_json()
         manifest.environment = fingerprint()
         run.finish(manifest)
-    artifacts = {s["name"]: ArtifactHashes.from_json(s["artifact"]) for s in manifest.stages}
     return PipelineResult(
-        run_id=run.run_id, path=run.path, name=config.name, artifacts=artifacts,
+        run_id=run.run_id, path=run.path, name=config.name,
+        artifacts={s["name"]: ArtifactHashes.from_json(s["artifact"]) for s in manifest.stages},
         checks={s["name"]: s["checks"] for s in manifest.stages}, seconds={s["name"]: s["seconds"] for s in manifest.stages},
         issues=[i.to_json() for i in quant.issues], repeat=repeat,
     )

@@ -20,10 +20,11 @@ def _locate_section(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        manifest = open_run(path)
-    except RunStoreError:
+        open_run(path)
+        data = json.loads((path / "locate.json").read_text(encoding="utf-8"))
+    except (RunStoreError, OSError, ValueError):
         return None
-    return manifest.sections.get("locate") or manifest.sections
+    return data if isinstance(data, dict) else None
 
 
 def _entry_parts(path: Path, manifest: Manifest, heading: str = "h1") -> tuple[str, list[str]]:
@@ -123,7 +124,7 @@ def _run_parts(path: Path) -> tuple[str, list[str]]:
     if isinstance(repeat, dict):
         body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
     if manifest.kind == "locate":
-        body.append(gpu_section(manifest.sections.get("locate") or manifest.sections, None))
+        body.append(gpu_section(_locate_section(path), "the locate report (locate.json) is unreadable"))
     body.append("</main>")
     return name, body
 

@@ -166,21 +166,24 @@ def gpu_section(locate: dict[str, Any] | None, skipped: str | None) -> str:
     title = "<h2>GPU configuration matrix</h2>"
     if not locate:
         return title + f"<p class=\"muted\">Not measured: {escape(skipped or 'no locate report')}.</p>"
-    configs = locate.get("configs") or locate.get("matrix") or []
-    rec = (locate.get("recommendation") or {}).get("config")
+    configs = locate.get("configs") or []
+    recommendation = locate.get("recommendation") or {}
+    rec = recommendation.get("config")
     rows = []
     for cfg in configs:
-        label = cfg.get("label") or cfg.get("config")
+        label = cfg.get("label")
         latency = cfg.get("latency") or {}
-        median = latency.get("median_ms", cfg.get("median_ms"))
-        spread = latency.get("spread", cfg.get("spread"))
-        stable = cfg.get("stable")
         star = " ★ recommended" if label == rec else ""
-        rows.append(f"<tr><td><code>{escape(str(label))}</code>{star}</td><td>{_fmt(median)}</td><td>{_fmt(spread)}</td>"
-                    f"<td>{_fmt(stable)}</td></tr>")
-    table = ("<table><tr><th>config</th><th>median ms</th><th>spread</th><th>bit-stable</th></tr>" + "".join(rows) + "</table>"
-             if rows else "<p class=\"muted\">The locate report lists no configurations.</p>")
-    return title + table + (f"<p>Recommended: <code>{escape(str(rec))}</code></p>" if rec else "")
+        rows.append(f"<tr><td><code>{escape(str(label))}</code>{star}</td><td>{_fmt(latency.get('median_ms'))}</td>"
+                    f"<td>{_fmt(latency.get('spread'))}</td><td>{_fmt(cfg.get('stable'))}</td></tr>")
+    table = ("<table><tr><th>config</th><th>median ms</th><th>spread (IQR / median)</th><th>bit-stable</th></tr>"
+             + "".join(rows) + "</table>" if rows else "<p class=\"muted\">The locate report lists no configurations.</p>")
+    cost = recommendation.get("cost")
+    text = f"<p>Recommended: <code>{escape(str(rec))}</code>" + (f", cost {_fmt(cost)}× the fastest" if cost else "") + "</p>" if rec else ""
+    nodes = locate.get("nodes") or []
+    if nodes:
+        text += "<p>Sensitive nodes: " + ", ".join(f"<code>{escape(str(n.get('label')))}</code> ({escape(str(n.get('why')))})" for n in nodes[:20]) + "</p>"
+    return title + table + text
 
 
 def verdict_state(verdict: dict[str, Any] | None) -> str:

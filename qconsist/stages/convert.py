@@ -284,7 +284,7 @@ def _run_caffe2onnx(net, weights, prototxt: Path, output: Path) -> onnx.ModelPro
         with contextlib.redirect_stdout(chatter), warnings.catch_warnings(), _fast_tensors(tool):
             # -sys.float_info.max cast to float32 for its MaxPool Pad constant (that node is removed by repair)
             warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
-            return tool.Caffe2Onnx(net, weights, str(output)).createOnnxModel()
+            return tool.Caffe2Onnx(net, weights, net.name or "caffe").createOnnxModel()  # 3rd arg is the graph name
     except SystemExit:
         last = chatter.getvalue().strip().splitlines()[-1:] or ["no message"]
         raise UnsupportedModelError(f"caffe2onnx gave up on {prototxt}: {last[0]}") from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet
-from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, outputs_of
+from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, ort_message, outputs_of
 from qconsist.store.atomic import write_atomic
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,13 @@ _ORT_LEVELS = {
     GraphLevel.EXTENDED: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     GraphLevel.ALL: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+
+_STATE = ort.capi.onnxruntime_pybind11_state
+# what ORT's tools raise on a model they cannot handle (anything else is a bug and keeps its traceback)
+_TOOL_ERRORS = (
+    _STATE.Fail, _STATE.InvalidGraph, _STATE.InvalidArgument, _STATE.NotImplemented, _STATE.InvalidProtobuf,
+    onnx.checker.ValidationError, onnx.shape_inference.InferenceError, RuntimeError, ValueError,
+)
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
@@ -108,7 +115,6 @@ class OptimizeResult:
     nodes_before: int
     nodes_after: int
     check: OutputComparison | None = None
-    checks: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,11 +169,8 @@ def optimize_model(
                 _pre_process(source, staged, options)
         except ImportError as exc:
             raise ConfigError(f"optimize: {exc}") from None
-        except Exception as exc:  # ORT raises Fail/InvalidGraph/RuntimeError; onnx raises its own
-            if isinstance(exc, (ConfigError,)):
-                raise
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise UnsupportedModelError(f"optimize: onnxruntime cannot optimize {source}: {first}") from None
+        except _TOOL_ERRORS as exc:
+            raise UnsupportedModelError(f"optimize: onnxruntime cannot optimize {source}: {ort_message(exc)}") from None
         write_atomic(output, lambda tmp_path: tmp_path.write_bytes(staged.read_bytes()))
     seconds = time.perf_counter() - start
     result = OptimizeResult(

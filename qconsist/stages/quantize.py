@@ -24,7 +24,7 @@ import logging
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -207,7 +207,6 @@ class QuantizeResult:
     issues: list[ScaleIssue]
     ranges_path: Path | None = None
     check: OutputComparison | None = None
-    checks: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -217,17 +216,22 @@ class QuantizeResult:
         }
 
 
-def _ort_enums(options: QuantizeOptions, calibration: CalibrationOptions):
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+def _ort_method(calibration: CalibrationOptions):
+    from onnxruntime.quantization import CalibrationMethod
+
+    return CalibrationMethod[calibration.method.value]
+
+
+def _ort_enums(options: QuantizeOptions):
+    """ORT's enums for the format and the activation and weight types."""
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     types = {
         QuantTypeChoice.INT8: QuantType.QInt8, QuantTypeChoice.UINT8: QuantType.QUInt8,
         QuantTypeChoice.INT16: QuantType.QInt16, QuantTypeChoice.UINT16: QuantType.QUInt16,
     }
-    return (
-        QuantFormat.QDQ if options.format is QuantFormatChoice.QDQ else QuantFormat.QOperator,
-        types[options.activation_type], types[options.weight_type], CalibrationMethod[calibration.method.value],
-    )
+    quant_format = QuantFormat.QDQ if options.format is QuantFormatChoice.QDQ else QuantFormat.QOperator
+    return quant_format, types[options.activation_type], types[options.weight_type]
 
 
 def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, workdir: Path, progress: Progress = NULL_PROGRESS):
@@ -242,7 +246,7 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
     calibrator = create_calibrator(
         Path(model), op_types, augmented_model_path=str(workdir / "augmented.onnx"),
-        calibrate_method=_ort_enums(QuantizeOptions(), calibration)[3], providers=providers,
+        calibrate_method=_ort_method(calibration), providers=providers,
         extra_options=calibration.resolved(),
     )
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
@@ -278,7 +282,8 @@ def quantize_model(
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     source, output = Path(source), Path(output)
-    quant_format, activation_type, weight_type, method = _ort_enums(options, calibration)
+    quant_format, activation_type, weight_type = _ort_enums(options)
+    method = _ort_method(calibration)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qconsist-quantize-") as tmp:
         workdir = Path(tmp)

@@ -2,7 +2,8 @@
 
 * ``md5`` / ``sha256`` of the file: what users' scripts compare; any byte change shows.
 * ``content``: sha256 of a canonical form of the model that ignores non-semantic metadata (producer
-  name and version, doc strings, the order of metadata entries, how an initializer's bytes are encoded),
+  name and version, doc strings, the graph's name, the order of metadata entries, how an initializer's
+  bytes are encoded),
   so "the bytes changed" can be told from "the model changed".
 * per-initializer sha256 of the tensor's little-endian bytes, with dtype and shape, so two models can be
   compared tensor by tensor.
@@ -109,6 +110,7 @@ def content_hash(model: onnx.ModelProto) -> str:
     canon.producer_name = ""
     canon.producer_version = ""
     canon.doc_string = ""
+    canon.graph.name = ""
     props = sorted((p.key, p.value) for p in canon.metadata_props)
     del canon.metadata_props[:]
     for key, value in props:

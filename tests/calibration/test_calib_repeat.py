@@ -85,3 +85,40 @@ def test_fewer_than_two_runs_is_an_error(small_models):
 def test_foreign_json_is_refused():
     with pytest.raises(InputError, match=r"not a repeated-calibration result \(schema 'x/1', expected qconsist.calib-repeat/1\)"):
         RepeatResult.from_json({"schema": "x/1"})
+
+
+def test_optimize_and_quantize_do_not_depend_on_where_they_write(nsfw_run, tmp_path):
+    """Same input model, different output folders: the same bytes (nothing path-dependent is embedded)."""
+    from qconsist.stages.optimize import optimize_model
+    from qconsist.stages.quantize import quantize_model
+    from qconsist.store.hashing import hash_file
+
+    photos = open_input_set("package:photos", CAFFE, "data_input").subset(0, 2)
+    md5s = {"optimize": set(), "quantize": set()}
+    for folder in ("a", "b/deeper"):
+        out = tmp_path / folder
+        optimize_model(nsfw_run.path / "convert/model.onnx", out / "optimize.onnx")
+        quantize_model(out / "optimize.onnx", out / "quantize.onnx", photos, QuantizeOptions(per_channel=True))
+        md5s["optimize"].add(hash_file(out / "optimize.onnx").md5)
+        md5s["quantize"].add(hash_file(out / "quantize.onnx").md5)
+    assert len(md5s["optimize"]) == 1 and len(md5s["quantize"]) == 1
+
+
+def test_bytes_only_disagreement_is_told_apart(small_models, tmp_path):
+    """Two files of one quantized model that differ only in producer metadata: md5 differs, content does not."""
+    from qconsist.calibration.repeat import RepeatRun
+    from qconsist.stages.quantize import quantize_model
+    from qconsist.store.hashing import hash_artifact
+
+    quantize_model(small_models["classifier"], tmp_path / "a.onnx", open_input_set(small_models["arrays"]))
+    model = onnx.load(str(tmp_path / "a.onnx"))
+    model.producer_version = "another build"
+    onnx.save(model, str(tmp_path / "b.onnx"))
+    runs = []
+    for index, name in enumerate(("a.onnx", "b.onnx"), start=1):
+        hashes = hash_artifact(tmp_path / name)
+        runs.append(RepeatRun(index, hashes.md5, hashes.sha256, hashes.content, "same inputs", 0.0))
+    result = RepeatResult(runs=runs)
+    assert runs[0].md5 != runs[1].md5 and runs[0].content == runs[1].content
+    assert not result.agree
+    assert result.verdict() == "2 calibrations disagree in bytes only: 2 distinct md5s, one model content (metadata or encoding differ)"

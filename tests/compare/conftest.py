@@ -42,3 +42,38 @@ def level_runs(nsfw_run, nsfw_inputs, tmp_path_factory: pytest.TempPathFactory) 
         request = RunRequest(ExecutionOptions(graph_optimization_level=level), dump=True, raw=RawSelection.parse("conv_1,relu_1_QuantizeLinear,relu_1_DequantizeLinear"))
         out[key] = run_inference(source, inputs, request, runs, run_id=key).run_dir
     return out
+
+
+EVALUATION = (12, 3)  # package photos 12..14: pipelines/open_nsfw.toml's evaluation photos, calibrated on by neither run
+OTHER_OFFSET = 9  # run B calibrates on package photos 9..20 instead of 0..11
+
+
+@pytest.fixture(scope="session")
+def calibration_runs(nsfw_run, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two open_nsfw pipeline runs that differ only in their calibration photos (A: the ``nsfw_run``
+    fixture, photos 0..11; B: photos 9..20), and ``--dump`` inference runs of both quantized models on the
+    same evaluation photos (``inference_a``, ``inference_b``; ``evaluation``: their offset and count)."""
+    import dataclasses
+
+    from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
+    from qconsist.inference.model import input_specs
+    from qconsist.inputs import open_input_set
+    from qconsist.pipeline.config import load_pipeline
+    from qconsist.pipeline.runner import run_pipeline
+
+    config = load_pipeline(OPEN_NSFW_PIPELINE)
+    calibration = config.calibration
+    other = dataclasses.replace(
+        config,
+        calibration=dataclasses.replace(
+            calibration, inputs=dataclasses.replace(calibration.inputs, offset=OTHER_OFFSET), repeat=1,
+        ),
+    )
+    runs = tmp_path_factory.mktemp("calibration-runs")
+    out = {"evaluation": EVALUATION, "pipeline_a": nsfw_run.path, "pipeline_b": run_pipeline(other, runs_dir=runs, run_id="pipeline-b").path}
+    for key in ("a", "b"):
+        source = resolve_model(out[f"pipeline_{key}"])
+        photos = open_input_set("package:photos", config.preprocess, input_specs(source.path)[0].name)
+        request = RunRequest(ExecutionOptions(), dump=True)
+        out[f"inference_{key}"] = run_inference(source, photos.subset(*EVALUATION), request, runs, run_id=f"inference-{key}").run_dir
+    return out

@@ -30,13 +30,13 @@ def test_values_and_off():
     assert policy.drift.float.max_abs_diff == 3.0 and policy.drift.float.min_top1_agreement is None
     assert policy.drift.baseline.max_abs_diff == 0.0  # untouched section keeps its default
     assert policy.calibration.waive_nonfinite == ("x_scale",)
-    assert load_policy(POLICIES / "detector.toml").drift.float.max_abs_diff == 40.0
+    assert load_policy(POLICIES / "detector.toml").drift.float.max_abs_diff is None  # recorded, not judged
 
 
 @pytest.mark.parametrize("text, message", [
     ("[artefacts]\n", r"policy: unknown key\(s\) artefacts; known: artifacts, calibration"),
     ("[artifacts]\nhashes = 'md5'\n", r"\[artifacts\]: unknown key\(s\) hashes; known: expect_changed, hash"),
-    ("[artifacts]\nhash = 'crc32'\n", r"'hash' must be one of md5, sha256, content, got 'crc32'"),
+    ("[artifacts]\nhash = 'crc32'\n", r"'hash' must be one of md5, sha256, content, computation, got 'crc32'"),
     ("[artifacts]\nexpect_changed = ['quantise']\n", r"expect_changed names unknown stage\(s\) quantise"),
     ("[drift.float]\nmax_abs_diff = -1\n", r"\[drift.float\]: max_abs_diff must be a finite number >= 0, got -1.0"),
     ("[drift.baseline]\nmin_top1_agreement = 1.5\n", r"min_top1_agreement must lie in \[0, 1\], got 1.5"),

@@ -21,7 +21,7 @@ def test_shipped_nightly_file():
     assert nudenet.pipeline.model.kind is ModelKind.ONNX
     assert nudenet.pipeline.model.onnx == resolve_package_path("package:nudenet/320n.onnx")
     assert nudenet.policy == ROOT / "policies" / "detector.toml"
-    assert config.models[0].policy == ROOT / "policies" / "default.toml"
+    assert config.models[0].policy == ROOT / "policies" / "nightly.toml"
     assert config.runs_dir == ROOT / "runs" and config.history == ROOT / "runs" / "history.sqlite"
 
 
@@ -74,3 +74,25 @@ def test_bad_nightly_files(tmp_path, text, message):
 def test_missing_nightly_file(tmp_path):
     with pytest.raises(InputError, match=r"nightly file .*none.toml does not exist"):
         load_nightly(tmp_path / "none.toml")
+
+
+def test_nightly_cli_refuses_unknown_model_and_bad_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from qconsist.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["nightly", str(ROOT / "pipelines" / "nightly.toml"), "--only", "nope",
+                                 "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {ROOT / 'pipelines' / 'nightly.toml'} lists no model 'nope'; "
+                             "models: open_nsfw-minmax, open_nsfw-percentile, nudenet-320n\n")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[models]]\nname = 'x'\n")
+    result = runner.invoke(app, ["nightly", str(bad)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {bad}: model 'x': needs pipeline = \"<file>\" or a [models.pipeline] table\n"
+    history = runner.invoke(app, ["history", "m", "--db", str(tmp_path / "none.sqlite")])
+    assert history.exit_code == 2
+    assert history.stderr == f"error: history database {tmp_path / 'none.sqlite'} does not exist; run qconsist nightly first (or give --db)\n"

@@ -121,3 +121,39 @@ def test_unknown_config_key(small_models, tmp_path):
 def test_invalid_run_id(small_models, tmp_path, flag):
     pipeline = _pipeline(tmp_path, str(small_models["classifier"]), str(small_models["arrays"]))
     _expect(_run(pipeline, *flag), "invalid run id '../escape': use letters, digits, '.', '_' and '-'")
+
+
+def test_missing_caffemodel(tmp_path, small_models):
+    (tmp_path / "deploy.prototxt").write_text('name: "x"\n')
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        f'[model]\nprototxt = "deploy.prototxt"\ncaffemodel = "weights.caffemodel"\n[calibration]\ndata = "{small_models["arrays"]}"\n'
+    )
+    _expect(_run(path), f"model file {tmp_path / 'weights.caffemodel'} (caffemodel) does not exist")
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="checks the CPU-only refusal")
+def test_cuda_calibration_without_cuda_exits_3(small_models, tmp_path):
+    pipeline = _pipeline(tmp_path, str(small_models["classifier"]), str(small_models["arrays"]), 'provider = "cuda"\n')
+    result = _run(pipeline)
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: CUDAExecutionProvider is not available in this onnxruntime (")
+    assert result.stderr.endswith('); install onnxruntime-gpu on a machine with CUDA, or use provider = "cpu"\n')
+
+
+def test_calibration_count_beyond_the_set(small_models, tmp_path):
+    pipeline = _pipeline(tmp_path, str(small_models["classifier"]), str(small_models["arrays"]), "count = 30\n")
+    _expect(_run(pipeline), f"input set {small_models['arrays']} has 12 samples; asked for 0..29")
+    pipeline = _pipeline(tmp_path, str(small_models["classifier"]), str(small_models["arrays"]), "offset = 12\n")
+    _expect(_run(pipeline), f"calibration set {small_models['arrays']} has 12 samples; offset 12 leaves none")
+
+
+def test_missing_calibration_data(small_models, tmp_path):
+    pipeline = _pipeline(tmp_path, str(small_models["classifier"]), "no-such-photos")
+    _expect(_run(pipeline), f"input set {tmp_path / 'no-such-photos'} does not exist")
+
+
+def test_unknown_bundled_model(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nsource = "nope"\n[calibration]\ndata = "package:photos"\n')
+    _expect(_run(path), "unknown model 'nope'; bundled models: open_nsfw")

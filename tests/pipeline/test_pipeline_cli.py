@@ -79,3 +79,22 @@ def test_calib_repeat_errors(small_models):
     assert result.stderr == "error: options: calibration.method must be one of MinMax, Entropy, Percentile, Distribution, got 'Median'\n"
     result = runner.invoke(app, ["calib", "repeat", str(small_models["classifier"]), "--data", str(small_models["arrays"]), "-n", "1"])
     assert result.exit_code == 2 and "Invalid value for '-n' / '--runs': Input should be greater than or equal to 2" in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_disagreement_is_rendered_tensor_by_tensor(small_models, capsys):
+    """A real disagreement (two calibration sets) as ``calib repeat`` prints it."""
+    from qconsist.calibration.repeat import calibrate_each
+    from qconsist.cli.calib import render_repeat
+    from qconsist.inputs import open_input_set
+    from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
+
+    result = calibrate_each(
+        small_models["classifier"], [open_input_set(small_models["arrays"]), open_input_set(small_models["arrays_b"])],
+        QuantizeOptions(), CalibrationOptions(),
+    )
+    render_repeat(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == f"2 calibrations disagree: 2 distinct md5s, {len({d.tensor for d in result.differences})} quantized tensor(s) differ"
+    x = next(d for d in result.differences if d.tensor == "x")
+    assert f"  {x.line()}" in lines
+    assert x.line().startswith("run 2: activation 'x' (nodes conv): scale differs by up to ")

@@ -119,3 +119,30 @@ def test_interrupted_run_stays_incomplete(small_models, tmp_path):
 
     with pytest.raises(RunStoreError, match=r"run .*cut is incomplete \(started .*, last step quantize\)"):
         open_run(path)
+
+
+def test_killed_cli_run_is_recognised_as_incomplete(small_models, tmp_path):
+    """SIGKILL a real ``qconsist pipeline run`` mid-way: no manifest, RUNNING.json says where it stopped."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pipeline = tmp_path / "long.toml"
+    pipeline.write_text(
+        f'[model]\nonnx = "{small_models["classifier"]}"\n'
+        f'[calibration]\ndata = "{small_models["arrays"]}"\nrepeat = 100\n'
+    )
+    runs = tmp_path / "runs"
+    command = [str(Path(sys.executable).parent / "qconsist"), "pipeline", "run", str(pipeline), "--runs-dir", str(runs), "--run-id", "killed"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = runs / "killed" / RUNNING_NAME
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (marker.exists() and "calib_repeat" in marker.read_text()):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert run_state(runs / "killed") == "incomplete"
+    assert not (runs / "killed" / "manifest.json").exists()
+    assert json.loads(marker.read_text())["stage"] == "calib_repeat"

@@ -177,3 +177,43 @@ def test_report_errors(tmp_path):
     assert missing.stderr == f"error: run directory {tmp_path / 'run'} does not exist\n"
     with pytest.raises(Exception, match="give at least one run directory"):
         render_paths([])
+
+
+def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
+    """The GPU part of a report, from a locate report's JSON shape with D's own decision logic."""
+    from qconsist.gpu.decision import ConfigOutcome, recommend
+    from qconsist.report.html import gpu_section
+
+    measured = {"EXHAUSTIVE/tf32=1": (2.10, False), "EXHAUSTIVE/tf32=0": (2.30, True),
+                "HEURISTIC/tf32=0": (2.31, True), "DEFAULT/tf32=0": (6.60, True)}
+    outcomes = [ConfigOutcome(label, stable, median, label.startswith("EXHAUSTIVE"), False)
+                for label, (median, stable) in measured.items()]
+    recommendation = recommend(outcomes, max_cost=1.15)
+    locate = {
+        "configs": [{"label": label, "stable": stable, "latency": {"median_ms": median, "spread": 0.02}}
+                    for label, (median, stable) in measured.items()],
+        "recommendation": recommendation.to_json(),
+        "nodes": [{"label": "conv_stage0_block0_branch2a", "why": "algorithm"}],
+    }
+    html = gpu_section(locate, None)
+    assert html.count("<tr>") == 5
+    assert f"<code>{recommendation.config}</code> ★ recommended" in html
+    assert recommendation.config == "EXHAUSTIVE/tf32=0"  # fastest bit-stable
+    assert "<td>6.6</td>" in html and "conv_stage0_block0_branch2a</code> (algorithm)" in html
+    assert "Not measured" in gpu_section(None, "no CUDA GPU") and "no CUDA GPU" in gpu_section(None, "no CUDA GPU")
+
+
+def test_gate_cli_on_nightly_entries(two_nights, tmp_path):
+    first, second = two_nights
+    junit = tmp_path / "junit.xml"
+    result = CliRunner().invoke(app, [
+        "gate", second.entries[0].entry_run, "--baseline", first.entries[0].entry_run,
+        "--policy", str(Path(second.config).parent / "policy.toml"), "--junit", str(junit)])
+    assert result.exit_code == 1, result.output
+    verdict = second.entries[0].verdict
+    assert f"first diverging node: {verdict.first_diverging_node}" in result.output
+    assert "FAIL           artifacts: stage 'quantize' changed" in result.output
+    assert 'name="drift.baseline"' in junit.read_text()
+    same = CliRunner().invoke(app, ["gate", first.entries[0].entry_run, "--baseline", first.entries[0].entry_run])
+    assert same.exit_code == 0, same.output
+    assert "PASS           inference.repeat: two dumped inferences are bit-identical" in same.output

@@ -75,3 +75,21 @@ def test_outputs_beyond_tolerance_raise_fidelity_error(nsfw_run, evaluation):
 def test_invalid_options(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         OptimizeOptions(**kwargs)
+
+
+def test_model_onnxruntime_cannot_run_is_refused(tmp_path):
+    from onnx import TensorProto, helper
+
+    from qconsist.errors import UnsupportedModelError
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 3)])
+    model.ir_version = 3
+    (tmp_path / "old.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(UnsupportedModelError, match=r"optimize: onnxruntime cannot optimize .*old.onnx: Could not find an implementation for Relu\(1\) node with name 'relu'$"):
+        optimize_model(tmp_path / "old.onnx", tmp_path / "out.onnx", OptimizeOptions(method=OptimizeMethod.SESSION))
+    assert not (tmp_path / "out.onnx").exists()

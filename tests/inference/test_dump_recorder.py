@@ -1,0 +1,89 @@
+"""Fingerprint rows (statistics reused only for identical columns) and the dump's background recorder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from qconsist.inference import dump as dump_module
+from qconsist.inference.dump import DumpRecorder
+from qconsist.inference.fingerprint import DTYPES, FingerprintTable, read_table
+
+
+def _expected(array: np.ndarray) -> dict:
+    """Fingerprint fields computed directly with numpy and xxhash."""
+    values = array.astype(np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    return {
+        "hash": xxhash.xxh3_64_intdigest(np.ascontiguousarray(array).tobytes()),
+        "min": finite.min(), "max": finite.max(), "mean": finite.mean(),
+        "nan": int(np.isnan(values).sum()), "inf": int(np.isinf(values).sum()), "dtype": array.dtype.name,
+    }
+
+
+def test_rows_reuse_statistics_only_for_identical_columns(tmp_path):
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)  # the same in every row, like a dequantized weight
+    codes = rng.integers(-128, 128, size=(4, 50), dtype=np.int8)
+    rows = []
+    for sample in range(3):
+        activation = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+        activation[0, 0, 0, sample] = np.nan  # NaN and Inf are counted and left out of min / max / mean
+        activation[0, 1, 1, 1] = np.inf
+        # column 2: the same bytes as int8, then as uint8 (another dtype), then in another shape
+        third = codes if sample == 0 else codes.view(np.uint8) if sample == 1 else codes.view(np.uint8).reshape(2, 100)
+        rows.append([weight, activation, third])
+    table = FingerprintTable(tmp_path / "t.npy", 3, 3)
+    for sample, arrays in enumerate(rows):
+        table.write_row(sample, arrays)
+    shapes = table.shapes.shapes
+    table.close()
+    saved = read_table(tmp_path / "t.npy")
+    for sample, arrays in enumerate(rows):
+        for column, array in enumerate(arrays):
+            record, expected = saved[sample, column], _expected(array)
+            assert int(record["hash"]) == expected["hash"]
+            assert DTYPES[int(record["dtype"])] == expected["dtype"]
+            assert shapes[int(record["shape"])] == array.shape
+            assert (int(record["nan"]), int(record["inf"])) == (expected["nan"], expected["inf"])
+            assert record["min"] == expected["min"] and record["max"] == expected["max"]
+            assert record["mean"] == pytest.approx(expected["mean"], rel=1e-6, abs=1e-9)
+    assert saved[1, 2]["hash"] == saved[0, 2]["hash"]  # same bytes, other dtype: statistics recomputed
+    assert saved[1, 2]["min"] >= 0 > saved[0, 2]["min"]
+
+
+def _recorder(tmp_path: Path, raw_dir: Path, columns: int = 2) -> DumpRecorder:
+    table = FingerprintTable(tmp_path / "dump.npy", 2, columns)
+    return DumpRecorder(table, [1], {0}, lambda i: raw_dir / f"{i:06d}.npz")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_recorder_checks_outputs_and_keeps_raw_tensors(tmp_path, monkeypatch, overlap):
+    monkeypatch.setattr(dump_module, "OVERLAP", overlap)
+    (tmp_path / "raw").mkdir()
+    recorder = _recorder(tmp_path, tmp_path / "raw")
+    hidden = np.arange(6, dtype=np.float32).reshape(2, 3)
+    final = np.array([[0.25, 0.75]], dtype=np.float32)
+    off_by_one_ulp = np.nextafter(final, np.float32(1))
+    recorder.submit(0, [final], [hidden, final.copy()])
+    recorder.submit(1, [final], [hidden, off_by_one_ulp])
+    recorder.close()
+    assert recorder.check.samples == 2 and recorder.check.mismatched == [1] and not recorder.check.faithful
+    assert recorder.check.max_abs_diff == float(np.abs(off_by_one_ulp.astype(np.float64) - final).max()) > 0
+    assert recorder.raw_saved == 2
+    with np.load(tmp_path / "raw" / "000001.npz", allow_pickle=False) as raw:
+        assert raw.files == ["t0"] and np.array_equal(raw["t0"], hidden)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_recorder_errors_are_raised_not_lost(tmp_path, monkeypatch, overlap):
+    monkeypatch.setattr(dump_module, "OVERLAP", overlap)
+    recorder = _recorder(tmp_path, tmp_path / "missing-folder")
+    arrays = [np.zeros(3, np.float32), np.ones(2, np.float32)]
+    with pytest.raises(FileNotFoundError, match="missing-folder"):
+        recorder.submit(0, [arrays[1]], arrays)
+        recorder.close()
+    recorder.close()  # closing again after the error is harmless
