@@ -165,12 +165,15 @@ def _render_nodes(report, console) -> None:
     if not report.nodes:
         console.print("origin nodes: none: every observed tensor was bit-identical in every comparison")
         return
-    table = Table(title="Origin nodes: outputs differ while all inputs are bit-identical", title_justify="left")
-    for column in ("node", "op", "why", "differing elements", "greatest abs diff", "int8 changed downstream", "between"):
+    table = Table(title="Origin nodes: outputs differ while all inputs are bit-identical (sizes over those samples)",
+                  title_justify="left")
+    for column in ("node", "op", "why", "origin in", "differing elements", "greatest abs diff",
+                   "int8 changed downstream", "between"):
         table.add_column(column)
+    samples = report.inputs.get("count") or "?"
     for node in report.nodes:
         between = node.between[0] + (f" (+{len(node.between) - 1})" if len(node.between) > 1 else "")
-        table.add_row(node.label, node.op_type, node.why, _pct(node.differing, node.elements),
+        table.add_row(node.label, node.op_type, node.why, f"{node.samples}/{samples}", _pct(node.differing, node.elements),
                       f"{node.greatest_abs:.3g}", f"{node.int8_downstream:,}", between)
     console.print(table)
 

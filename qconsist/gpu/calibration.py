@@ -29,6 +29,7 @@ from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages import quantize as quantize_stage
 from qconsist.stages.quantize import CalibrationOptions, Provider, QuantizeOptions
+from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def gpu_calibration(
         (root / "cpu").mkdir()
         cpu = calibrate_each(model, [inputs], options, cpu_options, workdir=root / "cpu", progress=progress)
         cpu_path = root / "cpu" / "run1.onnx"
-        cpu_table = build_table(onnx.load(str(cpu_path)))
+        cpu_side = (hash_artifact(cpu_path), build_table(onnx.load(str(cpu_path))))
         report = GpuCalibrationReport(runs=runs, cpu_md5=cpu.runs[0].md5, params={
             "quantize": options.to_json(), "calibration": gpu_options.to_json(), "inputs": inputs.describe(),
             "configs": [c.label for c in configs],
@@ -150,7 +151,8 @@ def gpu_calibration(
             matches = repeat.runs[0].md5 == report.cpu_md5
             differences: list[dict] = []
             if not matches:
-                diffs, _ = compare_quantized(1, (cpu_path, cpu_table), (first, build_table(onnx.load(str(first)))))
+                gpu_side = (hash_artifact(first), build_table(onnx.load(str(first))))
+                diffs, _ = compare_quantized(1, cpu_side, gpu_side)
                 diffs.sort(key=lambda d: (d.kind != "activation", -d.scale_max_rel_diff))
                 differences = [d.to_json() for d in diffs]
             report.modes.append(ModeResult(config.label, repeat, matches, tuple(differences)))

@@ -153,13 +153,15 @@ class NodeDifference:
     op_type: str
     origin: bool  # its outputs differed while its inputs were bit-identical (in some sample)
     origin_samples: tuple[int, ...]
-    tensors: tuple[dict, ...]  # TensorStats.to_json of its differing outputs
+    tensors: tuple[dict, ...]  # TensorStats.to_json of its differing outputs, over every sample
     int8_downstream: int = 0  # for origins: int8/uint8 values changed in the nodes that depend on it
+    origin_tensors: tuple[dict, ...] = ()  # for origins: the same statistics over its origin samples only
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["origin_samples"] = list(self.origin_samples)
         data["tensors"] = list(self.tensors)
+        data["origin_tensors"] = list(self.origin_tensors)
         return data
 
     @classmethod
@@ -167,7 +169,7 @@ class NodeDifference:
         return cls(
             node=data["node"], label=data["label"], op_type=data["op_type"], origin=data["origin"],
             origin_samples=tuple(data["origin_samples"]), tensors=tuple(data["tensors"]),
-            int8_downstream=data.get("int8_downstream", 0),
+            int8_downstream=data.get("int8_downstream", 0), origin_tensors=tuple(data.get("origin_tensors", ())),
         )
 
     @property
@@ -181,6 +183,14 @@ class NodeDifference:
     @property
     def elements(self) -> int:
         return sum(t["elements"] for t in self.tensors)
+
+    @property
+    def origin_stats(self) -> tuple[float, int, int]:
+        """(greatest abs difference, differing elements, elements) over the samples where it is an origin:
+        in other samples its inputs may already differ, and that is propagation, not this node."""
+        tensors = self.origin_tensors or self.tensors
+        return (max((_number(t["max_abs"]) for t in tensors), default=0.0),
+                sum(t["differing"] for t in tensors), sum(t["elements"] for t in tensors))
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,7 @@ class PairComparison:
         self.other = other
         self._stats: dict[str, TensorStats] = {}
         self._origin_samples: dict[int, list[int]] = defaultdict(list)
+        self._origin_stats: dict[tuple[int, str], TensorStats] = {}
         self._samples = 0
         self._compared: set[str] = set()
         self._top1_agree = 0
@@ -282,6 +293,12 @@ class PairComparison:
         for index, node in enumerate(self.graph.nodes):
             if any(differs.get(o, False) for o in node.outputs) and not any(differs.get(i, False) for i in node.inputs):
                 self._origin_samples[index].append(sample)
+                for out in node.outputs:
+                    if differs.get(out, False):
+                        key = (index, out)
+                        if key not in self._origin_stats:
+                            self._origin_stats[key] = TensorStats(out, reference[out].dtype.name)
+                        self._origin_stats[key].add(sample, reference[out], other[out])
         self._add_outputs(reference, other, differs)
 
     def _add_outputs(self, reference: Mapping[str, np.ndarray], other: Mapping[str, np.ndarray],
@@ -317,9 +334,11 @@ class PairComparison:
             if origin_samples:
                 for d in self.graph.downstream(index):
                     downstream += sum(int8_by_tensor.get(o, 0) for o in self.graph.nodes[d].outputs)
+            origin_stats = [self._origin_stats[(index, o)] for o in node.outputs if (index, o) in self._origin_stats]
             nodes.append(NodeDifference(
                 node=node.name, label=node.label, op_type=node.op_type, origin=bool(origin_samples),
                 origin_samples=origin_samples, tensors=tuple(s.to_json() for s in stats), int8_downstream=downstream,
+                origin_tensors=tuple(s.to_json() for s in origin_stats),
             ))
         effect = OutputEffect(self._output_abs, self._top1_agree, self._samples, self._outputs_identical)
         return PairResult(

@@ -65,10 +65,11 @@ class SensitiveNode:
     op_type: str
     why: str  # "repeat" | "algorithm" | "tf32"
     between: tuple[str, ...]  # "A vs B" descriptions of the comparisons where it is an origin
-    differing: int  # its differing output elements (the largest comparison)
+    differing: int  # its differing output elements in its origin samples (the largest comparison)
     elements: int
-    greatest_abs: float
+    greatest_abs: float  # in its origin samples
     int8_downstream: int
+    samples: int = 0  # samples in which it is an origin
 
     def to_json(self) -> dict:
         finite = self.greatest_abs == self.greatest_abs and abs(self.greatest_abs) != float("inf")
@@ -93,14 +94,16 @@ def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode
             else:
                 best, seen = merged[key]
                 seen.append(description)
-                if node.differing > best.differing:
+                if node.origin_stats[1] > best.origin_stats[1]:
                     merged[key] = (node, seen)
     found = []
     for key in order:
         node, between = merged[key]
+        greatest, differing, elements = node.origin_stats
         found.append(SensitiveNode(
-            label=node.label, op_type=node.op_type, why=key[0], between=tuple(between), differing=node.differing,
-            elements=node.elements, greatest_abs=node.greatest_abs, int8_downstream=node.int8_downstream,
+            label=node.label, op_type=node.op_type, why=key[0], between=tuple(between), differing=differing,
+            elements=elements, greatest_abs=greatest, int8_downstream=node.int8_downstream,
+            samples=len(node.origin_samples),
         ))
     return found
 

@@ -124,6 +124,9 @@ def test_cli_diff_of_pipeline_runs(calibration_runs, pipeline_diff):
     assert "artifacts: first differing stage: quantize" in out.output
     assert f"calibration: {len(pipeline_diff.calibration['changed'])} tensor(s) changed range or scale" in out.output
     assert out.output.rstrip().endswith("verdict: diverged")
+    for stage in pipeline_diff.artifacts["stages"]:
+        if not stage["same_bytes"] and stage["same_computation"]:
+            assert f"  {stage['name']}: bytes differ, computation identical (" in out.output
     data = json.loads(CliRunner().invoke(app, ["diff", "--json", a, b]).output)
     assert data["artifacts"]["first_differing_stage"] == "quantize" and data["tensors"] is None
     assert DiffResult.from_json(data).to_json() == data

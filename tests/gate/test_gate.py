@@ -34,14 +34,8 @@ def _outputs(model_path):
     return np.stack([session.run(None, {name: pre.apply(p)})[0] for p in package_photos()[12:14]])
 
 
-# The open_nsfw runs are compared on what the models compute ("computation"): the bytes of a rebuilt
-# convert/optimize/quantize artifact also carry its run directory's path in graph.name (caffe2onnx stamps the
-# output path there). md5 gating is tested on ONNX-born models (tests/report, tests/nightly/test_interrupt.py).
-COMPUTATION = parse_policy('[artifacts]\nhash = "computation"\n')
-
-
 def test_identical_rebuild_passes(gate_runs):
-    verdict = evaluate_gate(gate_runs["same"], gate_runs["baseline"], COMPUTATION)
+    verdict = evaluate_gate(gate_runs["same"], gate_runs["baseline"], Policy())
     assert verdict.passed, verdict.reasons
     assert verdict.changed_stages == []
     statuses = {c.name: c.status for c in verdict.checks}
@@ -62,7 +56,7 @@ def test_identical_rebuild_passes(gate_runs):
 
 
 def test_recalibrated_model_fails_naming_the_quantize_stage(gate_runs):
-    verdict = evaluate_gate(gate_runs["other"], gate_runs["baseline"], COMPUTATION)
+    verdict = evaluate_gate(gate_runs["other"], gate_runs["baseline"], Policy())
     assert not verdict.passed
     assert verdict.changed_stages == ["quantize"]  # convert and optimize are unchanged
     reasons = "\n".join(verdict.reasons)
@@ -79,7 +73,7 @@ def test_recalibrated_model_fails_naming_the_quantize_stage(gate_runs):
 
 
 def test_expected_change_and_loose_baseline_tolerance_pass(gate_runs):
-    policy = parse_policy('[artifacts]\nhash = "computation"\nexpect_changed = ["quantize"]\n'
+    policy = parse_policy('[artifacts]\nexpect_changed = ["quantize"]\n'
                           '[drift.baseline]\nmax_abs_diff = 0.5\nmin_top1_agreement = 0.5\n')
     verdict = evaluate_gate(gate_runs["other"], gate_runs["baseline"], policy)
     assert verdict.passed, verdict.reasons
@@ -139,8 +133,8 @@ def test_gate_refuses_other_run_kinds(gate_runs, tmp_path):
 
 def test_cli_pass_fail_and_files(gate_runs, tmp_path):
     runner = CliRunner()
-    policy = tmp_path / "computation.toml"
-    policy.write_text('[artifacts]\nhash = "computation"\n')
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[artifacts]\nhash = "md5"\n')
     ok = runner.invoke(app, ["gate", str(gate_runs["same"]), "--baseline", str(gate_runs["baseline"]), "--policy", str(policy)])
     assert ok.exit_code == 0, ok.output
     assert ok.output.startswith("PASS open_nsfw: ")
@@ -170,13 +164,30 @@ def test_cli_errors(gate_runs, tmp_path):
     assert bad.stderr == f"error: {policy}: [drift.float]: unknown key(s) max_abs; known: max_abs_diff, min_top1_agreement\n"
 
 
-def test_computation_hash_tells_metadata_from_computation(gate_runs):
-    """``hash = "computation"``: a stage counts as changed only when what it computes changed (qconsist diff's
-    artifact comparison), so the recalibrated model changes in quantize alone whatever names the files carry."""
+def test_computation_hash_tells_metadata_from_computation(gate_runs, tmp_path):
+    """A rebuilt convert artifact whose graph carries another name: md5 gating names the stage and says only
+    metadata differs; ``hash = "computation"`` lets it pass, and still catches the recalibrated model."""
+    import onnx
+
+    from qconsist.store.hashing import hash_artifact
+
+    copy = tmp_path / "renamed"
+    shutil.copytree(gate_runs["same"], copy)
+    model = onnx.load(str(copy / "convert/model.onnx"))
+    model.graph.name = "/elsewhere/convert/model.onnx"
+    onnx.save(model, str(copy / "convert/model.onnx"))
+    data = json.loads((copy / "manifest.json").read_text())
+    data["stages"][0]["artifact"] = hash_artifact(copy / "convert/model.onnx", copy, model).to_json()
+    (copy / "manifest.json").write_text(json.dumps(data))
+
+    strict = evaluate_gate(copy, gate_runs["baseline"], Policy())
+    assert strict.changed_stages == ["convert"]
+    assert "the computation is the same, only metadata differs: graph.name: " in strict.check("artifacts").message
+    assert "'/elsewhere/convert/model.onnx'" in strict.check("artifacts").message
     policy = parse_policy('[artifacts]\nhash = "computation"\n')
-    same = evaluate_gate(gate_runs["same"], gate_runs["baseline"], policy)
-    assert same.check("artifacts").status is CheckStatus.PASS and same.changed_stages == []
+    loose = evaluate_gate(copy, gate_runs["baseline"], policy)
+    assert loose.check("artifacts").status is CheckStatus.PASS and loose.changed_stages == []
+    assert loose.check("artifacts").message == "every stage's computation matches the baseline (md5 differs in metadata only: convert)"
     other = evaluate_gate(gate_runs["other"], gate_runs["baseline"], policy)
     assert other.changed_stages == ["quantize"]
-    change = other.check("artifacts").measured["changed"][0]
-    assert change["stage"] == "quantize" and change["metadata_only"] is False
+    assert other.check("artifacts").measured["changed"][0]["metadata_only"] is False

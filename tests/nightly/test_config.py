@@ -21,7 +21,7 @@ def test_shipped_nightly_file():
     assert nudenet.pipeline.model.kind is ModelKind.ONNX
     assert nudenet.pipeline.model.onnx == resolve_package_path("package:nudenet/320n.onnx")
     assert nudenet.policy == ROOT / "policies" / "detector.toml"
-    assert config.models[0].policy == ROOT / "policies" / "nightly.toml"
+    assert config.models[0].policy == ROOT / "policies" / "default.toml"
     assert config.runs_dir == ROOT / "runs" and config.history == ROOT / "runs" / "history.sqlite"
 
 
