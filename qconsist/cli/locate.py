@@ -184,8 +184,8 @@ def _render_tf32(report, console) -> None:
         if pair["identical"]:
             console.print(f"TF32: {pair['tf32_on']} and {pair['tf32_off']} are bit-identical")
         else:
-            console.print(f"TF32 changes {len(pair['origins'])} node(s) ({pair['tf32_on']} vs {pair['tf32_off']}): "
-                          f"{', '.join(pair['origins']) or '-'}; first diverging node {pair['first_node']}")
+            console.print(f"use_tf32 1 -> 0 changes {len(pair['origins'])} origin node(s) ({pair['tf32_on']} vs "
+                          f"{pair['tf32_off']}): {', '.join(pair['origins']) or '-'}; first diverging node {pair['first_node']}")
 
 
 def _render_latency(report, console) -> None:
@@ -255,7 +255,7 @@ def _render_calibration(calibration, console) -> None:
             console.print(f"    {activations} activation scale(s) differ from the CPU calibration; the largest:")
         for diff in mode["cpu_differences"][:3]:
             rel = diff["scale_max_rel_diff"]
-            shown = rel if isinstance(rel, str) else f"{100 * float(rel):.3f}%"
+            shown = rel if isinstance(rel, str) else f"{100 * float(rel):.3g}%"
             console.print(f"    {diff['kind']} {diff['tensor']} (nodes {', '.join(diff['nodes'][:2])}): scale differs by "
                           f"up to {_abs(diff['scale_max_abs_diff'])} ({shown})")
 

@@ -11,12 +11,11 @@ differences); the GPU sets are then compared with the CPU calibration tensor by 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
 import onnx
 
@@ -24,40 +23,15 @@ from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_qu
 from qconsist.calibration.table import build_table
 from qconsist.errors import ConfigError
 from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.device import CUDA_EP, require_cuda
+from qconsist.gpu.device import require_cuda
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.stages import quantize as quantize_stage
 from qconsist.stages.quantize import CalibrationOptions, Provider, QuantizeOptions
 from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "qconsist.gpu-calibration/1"
-
-
-@contextlib.contextmanager
-def cuda_calibration_provider(config: GpuConfig) -> Iterator[None]:
-    """Make the quantize stage's calibrator use the CUDA EP with ``config``'s provider options.
-
-    ``CalibrationOptions`` names the provider (cpu|cuda) but not the CUDA EP's options; until it does, the
-    stage's provider lookup is swapped for the duration of the block for one that returns
-    ``("CUDAExecutionProvider", options)``, which ORT's calibrator passes to its ``InferenceSession``.
-    """
-    original = quantize_stage.provider_name
-    options = config.execution_options().provider_options()
-
-    def provider(name: str) -> Any:
-        if name == Provider.CUDA.value:
-            original(name)  # UnavailableError without the CUDA EP
-            return (CUDA_EP, options)
-        return original(name)
-
-    quantize_stage.provider_name = provider  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        quantize_stage.provider_name = original  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -131,7 +105,6 @@ def gpu_calibration(
         raise ConfigError("GPU calibration needs at least one configuration")
     require_cuda()
     cpu_options = CalibrationOptions(**{**calibration.__dict__, "provider": Provider.CPU})
-    gpu_options = CalibrationOptions(**{**calibration.__dict__, "provider": Provider.CUDA})
     with tempfile.TemporaryDirectory(prefix="qconsist-gpu-calib-") as tmp:
         root = Path(tmp)
         (root / "cpu").mkdir()
@@ -139,14 +112,17 @@ def gpu_calibration(
         cpu_path = root / "cpu" / "run1.onnx"
         cpu_side = (hash_artifact(cpu_path), build_table(onnx.load(str(cpu_path))))
         report = GpuCalibrationReport(runs=runs, cpu_md5=cpu.runs[0].md5, params={
-            "quantize": options.to_json(), "calibration": gpu_options.to_json(), "inputs": inputs.describe(),
+            "quantize": options.to_json(), "calibration": {**cpu_options.to_json(), "provider": "cuda"}, "inputs": inputs.describe(),
             "configs": [c.label for c in configs],
         })
         for index, config in enumerate(configs):
             folder = root / f"gpu{index}"
             folder.mkdir()
-            with cuda_calibration_provider(config):
-                repeat = calibrate_each(model, [inputs] * runs, options, gpu_options, workdir=folder, progress=progress)
+            gpu_options = CalibrationOptions(**{
+                **calibration.__dict__, "provider": Provider.CUDA,
+                "cudnn_conv_algo_search": config.algo_search, "use_tf32": config.use_tf32,
+            })
+            repeat = calibrate_each(model, [inputs] * runs, options, gpu_options, workdir=folder, progress=progress)
             first = folder / "run1.onnx"
             matches = repeat.runs[0].md5 == report.cpu_md5
             differences: list[dict] = []

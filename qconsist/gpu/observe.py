@@ -20,7 +20,7 @@ import onnx
 
 from qconsist.errors import InputError
 from qconsist.gpu.comparison import ObservedGraph, ObservedNode
-from qconsist.inference.dump import DumpPlan, _expose, plan_dump
+from qconsist.inference.dump import DumpPlan, expose_all, plan_dump
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.inference.graphmap import node_names, op_name
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
@@ -96,7 +96,7 @@ class Observer:
         except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
             raise InputError(f"cannot read ORT's optimized graph {self.plan.optimized_path}: {exc}") from None
         self.graph = observed_graph(optimized, self.plan)
-        self._exposed = _expose(optimized)[0].SerializeToString()
+        self._exposed_model = expose_all(optimized)[0].SerializeToString()
         self._first_session_used = False
         self.input_names = [i.name for i in self.plan.session.get_inputs()]  # type: ignore[attr-defined]
 
@@ -109,7 +109,7 @@ class Observer:
         if not self._first_session_used:
             self._first_session_used = True
             return self.plan.session
-        return create_session(self._exposed, self.options, level=OptimizationLevel.DISABLE)
+        return create_session(self._exposed_model, self.options, level=OptimizationLevel.DISABLE)
 
     def production_session(self) -> Any:
         """A session as the application runs it: the original model, the options' optimization level."""

@@ -92,7 +92,7 @@ class DumpPlan:
         return [t.name for t in self.tensors].index(name)
 
 
-def _expose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` with every node output (typed or not) added to the graph outputs."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
@@ -121,7 +121,7 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> Du
         optimized = onnx.load(str(optimized_path))
     except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
         raise InputError(f"cannot read ORT's optimized graph of {model_path}: {exc}") from None
-    exposed, names = _expose(optimized)
+    exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
     runtime = {}
     for out in session.get_outputs():

@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from qconsist.inference.session import ConvAlgoSearch
 from qconsist.errors import ConfigError, InputError
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.stages.convert import ConvertOptions
@@ -226,6 +227,8 @@ def _calibration(table: _Table | None, base: Path, origin: str) -> CalibrationCo
         averaging_constant=table.get("averaging_constant", float), num_bins=table.get("num_bins", int),
         num_quantized_bins=table.get("num_quantized_bins", int), percentile=table.get("percentile", float),
         scenario=scenario,
+        cudnn_conv_algo_search=table.choice("cudnn_conv_algo_search", ConvAlgoSearch),
+        use_tf32=table.get("use_tf32", bool),
     ))
     table.finish()
     return CalibrationConfig(inputs=inputs, options=options, repeat=repeat)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ import onnx
 from qconsist.calibration.table import CalibrationTable, ScaleIssue, build_table
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet
+from qconsist.inference.session import ConvAlgoSearch
 from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, input_specs, open_session, outputs_of, provider_name
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
@@ -97,8 +98,17 @@ class CalibrationOptions:
     num_quantized_bins: int | None = None
     percentile: float | None = None
     scenario: DistributionScenario | None = None
+    # CUDA EP options of the calibration session (provider = cuda only). Restricting the cuDNN algorithm
+    # search (HEURISTIC or DEFAULT) is the fix for autotuner-dependent calibration.
+    cudnn_conv_algo_search: ConvAlgoSearch | None = None
+    use_tf32: bool | None = None
 
     def __post_init__(self) -> None:
+        for name in ("cudnn_conv_algo_search", "use_tf32"):
+            if getattr(self, name) is not None and self.provider is not Provider.CUDA:
+                raise ConfigError(f"calibration.{name} applies to provider = \"cuda\" only")
+        if self.cudnn_conv_algo_search is not None and not isinstance(self.cudnn_conv_algo_search, ConvAlgoSearch):
+            raise ConfigError("calibration.cudnn_conv_algo_search must be one of EXHAUSTIVE, HEURISTIC, DEFAULT")
         allowed = METHOD_PARAMETERS[self.method]
         for name in _ALL_PARAMETERS:
             if getattr(self, name) is not None and name not in allowed:
@@ -124,8 +134,26 @@ class CalibrationOptions:
             values[name] = value.value if isinstance(value, Enum) else value
         return values
 
+    def cuda_provider_options(self) -> dict[str, str]:
+        options: dict[str, str] = {}
+        if self.cudnn_conv_algo_search is not None:
+            options["cudnn_conv_algo_search"] = self.cudnn_conv_algo_search.value
+        if self.use_tf32 is not None:
+            options["use_tf32"] = "1" if self.use_tf32 else "0"
+        return options
+
+    def ort_providers(self) -> list:
+        """The ``providers`` argument of the calibration session (UnavailableError without the CUDA EP)."""
+        name = provider_name(self.provider.value)
+        if self.provider is Provider.CUDA:
+            return [(name, self.cuda_provider_options())]
+        return [name]
+
     def to_json(self) -> dict[str, Any]:
-        return {"method": self.method.value, "provider": self.provider.value, **self.resolved()}
+        data = {"method": self.method.value, "provider": self.provider.value, **self.resolved()}
+        if self.provider is Provider.CUDA:
+            data["cuda_provider_options"] = self.cuda_provider_options()
+        return data
 
 
 @dataclass(frozen=True)
@@ -241,7 +269,7 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
 
     if len(inputs) == 0:
         raise InputError(f"calibration set {inputs.source} is empty")
-    providers = [provider_name(calibration.provider.value)]
+    providers = calibration.ort_providers()
     checked = inputs.checked(input_specs(open_session(model)))
     op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
     calibrator = create_calibrator(
@@ -319,7 +347,7 @@ def quantize_model(
         "tool": "onnxruntime.quantization.quantize_static",
         "ort_arguments": {
             "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
-            "calibrate_method": method.name, "calibration_providers": [provider_name(calibration.provider.value)],
+            "calibrate_method": method.name, "calibration_providers": calibration.ort_providers(),
             "extra_options": extra,
         },
     }

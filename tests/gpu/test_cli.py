@@ -14,7 +14,7 @@ from qconsist.gpu.device import cuda_available
 from qconsist.gpu.run import REPORT_FILE, load_report
 from qconsist.store.rundir import open_run
 
-from tests.gpu.test_fp16 import build_overflow_model
+from .test_fp16 import build_overflow_model
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = str(REPO / "pipelines" / "open_nsfw.toml")

@@ -49,7 +49,7 @@ def test_rendering_reads_like_the_investigation(report):
     first = report.comparisons[0].first_node
     assert "qconsist locate: open_nsfw (quantize/model.onnx), 2 inputs, on CPU" in text
     assert "2/2 identical" in text
-    assert f"threads=1 vs threads=3" in text and first in text
+    assert "threads=1 vs threads=3" in text and first in text
     assert "Origin nodes: outputs differ while all inputs are bit-identical" in text
     assert "recommendation: cudnn_conv_algo_search=" in text
     assert "Latency per config (ms, batch 1)" in text

@@ -89,3 +89,22 @@ def test_file_errors(tmp_path):
     (tmp_path / "bad.toml").write_text("name = \n")
     with pytest.raises(ConfigError, match=r"bad.toml: invalid TOML \(Invalid value"):
         load_pipeline(tmp_path / "bad.toml")
+
+
+
+def test_cuda_calibration_options_are_typed_and_cuda_only(tmp_path):
+    """[calibration] cudnn_conv_algo_search / use_tf32 reach the calibration session; CPU refuses them."""
+    import pytest
+
+    from qconsist.errors import ConfigError
+    from qconsist.inference.session import ConvAlgoSearch
+    from qconsist.pipeline.config import parse_pipeline
+
+    calibration = {"data": "package:photos", "provider": "cuda", "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False}
+    base = {"model": {"onnx": str(tmp_path / "m.onnx")}, "calibration": calibration}
+    options = parse_pipeline(base, tmp_path / "p.toml").calibration.options
+    assert options.cudnn_conv_algo_search is ConvAlgoSearch.HEURISTIC and options.use_tf32 is False
+    assert options.cuda_provider_options() == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    assert options.to_json()["cuda_provider_options"] == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    with pytest.raises(ConfigError, match=r"calibration.cudnn_conv_algo_search applies to provider = \"cuda\" only"):
+        parse_pipeline({**base, "calibration": {**calibration, "provider": "cpu"}}, tmp_path / "p.toml")
