@@ -22,17 +22,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def stdout_console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    # markup off: tensor and node names may contain "[...]", which rich would otherwise eat; style with Text.
+    return Console(highlight=False, soft_wrap=False, markup=False)
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def fail(message: str, code: int) -> None:

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, ConfigError
@@ -33,7 +34,7 @@ def locate_command(
     model: Path = typer.Argument(..., help="An .onnx file, or a run directory (its --stage artifact)."),
     inputs: str = typer.Option(..., "--inputs", help="Folder of images, .npy/.npz file, folder of .npy, or package:photos."),
     stage: Optional[str] = typer.Option(None, "--stage", help="Stage of a run directory (default: quantize)."),
-    pipeline: Optional[Path] = typer.Option(None, "--pipeline", help="Pipeline file: its \\[preprocess] prepares images; its \\[quantize] and \\[calibration] serve --calibration-repeats."),
+    pipeline: Optional[Path] = typer.Option(None, "--pipeline", help="Pipeline file: its [preprocess] prepares images; its [quantize] and [calibration] serve --calibration-repeats."),
     offset: int = typer.Option(0, "--offset", help="First sample of the input set."),
     count: int = typer.Option(8, "--count", help="Samples to run (1-256)."),
     repeats: int = typer.Option(4, "--repeats", "-k", help="Fresh sessions per configuration (>= 2)."),
@@ -134,7 +135,7 @@ def _render_repeats(report, console) -> None:
                 continue
             same = outcome.sessions - len(outcome.differing_sessions)
             cells.append(f"{same}/{outcome.sessions} identical" if outcome.stable else
-                         f"[red]{same}/{outcome.sessions} identical[/red]")
+                         Text(f"{same}/{outcome.sessions} identical", style="red"))
             origins += [o for o in outcome.origins if o not in origins]
         table.add_row(cfg.label, *cells, ", ".join(origins) or "-")
     console.print(table)
@@ -154,7 +155,7 @@ def _render_comparisons(report, console) -> None:
         pair = f"{result.reference} vs {result.other}"
         effect = result.effect
         table.add_row(
-            pair, why, "identical" if result.identical else "[yellow]differ[/yellow]", result.first_node or "-",
+            pair, why, "identical" if result.identical else Text("differ", style="yellow"), result.first_node or "-",
             str(len(result.origins)), f"{result.int8_changed:,}", _abs(effect.greatest_abs),
             f"{effect.top1_agree}/{effect.samples}",
         )
@@ -196,10 +197,10 @@ def _render_latency(report, console) -> None:
     for cfg in report.configs:
         lat = cfg.latency
         ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat and rec else "-"
-        faithful = "faithful" if cfg.faithful.get("faithful") else "[red]NOT faithful[/red]"
+        faithful = "faithful" if cfg.faithful.get("faithful") else Text("NOT faithful", style="red")
         table.add_row(cfg.label, _ms(lat.first_run_ms if lat else None), _ms(lat.median_ms if lat else None),
                       f"{_ms(lat.p25_ms)}-{_ms(lat.p75_ms)}" if lat else "-", f"{lat.spread:.1%}" if lat else "-",
-                      ratio, "yes" if cfg.stable else "[red]no[/red]", faithful)
+                      ratio, "yes" if cfg.stable else Text("no", style="red"), faithful)
     console.print(table)
 
 
@@ -208,10 +209,10 @@ def _render_recommendation(report, console) -> None:
     if rec is None:
         return
     if rec.config is None:
-        console.print("[red]recommendation: none[/red]: no configuration was bit-stable across fresh sessions")
+        console.print(Text("recommendation: none", style="red"), ": no configuration was bit-stable across fresh sessions", sep="")
     else:
         setting = rec.config.replace("/", ", ").replace("tf32=", "use_tf32=")
-        verdict = "accepted" if rec.accepted else "[red]above the accepted cost[/red]"
+        verdict = "accepted" if rec.accepted else "above the accepted cost"
         console.print(
             f"recommendation: cudnn_conv_algo_search={setting}: {rec.median_ms:.2f} ms, {rec.cost:.2f}x the fastest "
             f"({rec.fastest} {rec.fastest_ms:.2f} ms); {verdict} (<= {rec.max_cost:.2f}x)"

@@ -121,6 +121,7 @@ def gpu_calibration(
             gpu_options = CalibrationOptions(**{
                 **calibration.__dict__, "provider": Provider.CUDA,
                 "cudnn_conv_algo_search": config.algo_search, "use_tf32": config.use_tf32,
+                "cudnn_conv_use_max_workspace": config.max_workspace,
             })
             repeat = calibrate_each(model, [inputs] * runs, options, gpu_options, workdir=folder, progress=progress)
             first = folder / "run1.onnx"

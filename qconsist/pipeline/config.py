@@ -229,6 +229,7 @@ def _calibration(table: _Table | None, base: Path, origin: str) -> CalibrationCo
         scenario=scenario,
         cudnn_conv_algo_search=table.choice("cudnn_conv_algo_search", ConvAlgoSearch),
         use_tf32=table.get("use_tf32", bool),
+        cudnn_conv_use_max_workspace=table.get("cudnn_conv_use_max_workspace", bool),
     ))
     table.finish()
     return CalibrationConfig(inputs=inputs, options=options, repeat=repeat)  # type: ignore[arg-type]

@@ -102,9 +102,10 @@ class CalibrationOptions:
     # search (HEURISTIC or DEFAULT) is the fix for autotuner-dependent calibration.
     cudnn_conv_algo_search: ConvAlgoSearch | None = None
     use_tf32: bool | None = None
+    cudnn_conv_use_max_workspace: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("cudnn_conv_algo_search", "use_tf32"):
+        for name in ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace"):
             if getattr(self, name) is not None and self.provider is not Provider.CUDA:
                 raise ConfigError(f"calibration.{name} applies to provider = \"cuda\" only")
         if self.cudnn_conv_algo_search is not None and not isinstance(self.cudnn_conv_algo_search, ConvAlgoSearch):
@@ -140,6 +141,8 @@ class CalibrationOptions:
             options["cudnn_conv_algo_search"] = self.cudnn_conv_algo_search.value
         if self.use_tf32 is not None:
             options["use_tf32"] = "1" if self.use_tf32 else "0"
+        if self.cudnn_conv_use_max_workspace is not None:
+            options["cudnn_conv_use_max_workspace"] = "1" if self.cudnn_conv_use_max_workspace else "0"
         return options
 
     def ort_providers(self) -> list:

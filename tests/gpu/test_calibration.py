@@ -5,24 +5,25 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import ConfigError, UnavailableError
-from qconsist.gpu.calibration import cuda_calibration_provider, gpu_calibration
+from qconsist.gpu.calibration import gpu_calibration
 from qconsist.gpu.config import GpuConfig
 from qconsist.gpu.device import cuda_available
-from qconsist.stages import quantize as quantize_stage
+from qconsist.stages.quantize import CalibrationOptions, Provider
 
 
-def test_provider_hook_is_scoped_and_keeps_the_cpu():
-    original = quantize_stage.provider_name
-    with cuda_calibration_provider(GpuConfig.parse("HEURISTIC/tf32=0")):
-        assert quantize_stage.provider_name is not original
-        assert quantize_stage.provider_name("cpu") == "CPUExecutionProvider"
-        if cuda_available():
-            assert quantize_stage.provider_name("cuda") == ("CUDAExecutionProvider", {
-                "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0", "cudnn_conv_use_max_workspace": "1"})
-        else:
-            with pytest.raises(UnavailableError, match="CUDAExecutionProvider is not available in this onnxruntime"):
-                quantize_stage.provider_name("cuda")
-    assert quantize_stage.provider_name is original
+def test_calibration_session_gets_the_configs_cuda_options():
+    config = GpuConfig.parse("HEURISTIC/tf32=0/workspace=1")
+    options = CalibrationOptions(
+        provider=Provider.CUDA, cudnn_conv_algo_search=config.algo_search, use_tf32=config.use_tf32,
+        cudnn_conv_use_max_workspace=config.max_workspace,
+    )
+    assert CalibrationOptions().ort_providers() == ["CPUExecutionProvider"]
+    if cuda_available():
+        assert options.ort_providers() == [("CUDAExecutionProvider", {
+            "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0", "cudnn_conv_use_max_workspace": "1"})]
+    else:
+        with pytest.raises(UnavailableError, match="CUDAExecutionProvider is not available in this onnxruntime"):
+            options.ort_providers()
 
 
 def test_gpu_calibration_refusals(nsfw_models, photo_samples):
