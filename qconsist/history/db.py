@@ -197,20 +197,23 @@ class History:
         self._execute(statements)
 
     # -- reading -------------------------------------------------------------------------------------------
+    # Nights are ordered by insertion (the table's rowid): start times have a resolution of one second, and
+    # two nights can start within the same second (a killed night and its rerun).
     def last_good(self, model: str, before: str | None = None) -> GoodRun | None:
         """The most recent complete entry of ``model`` whose gate passed (excluding night ``before``)."""
         with self._connect() as conn:
             row = conn.execute(
                 "SELECT e.night_id, e.entry_run FROM entries e JOIN verdicts v USING (night_id, model) "
+                "JOIN nights n USING (night_id) "
                 "WHERE e.model = ? AND e.status = 'done' AND v.passed = 1 AND e.night_id != ? "
-                "ORDER BY e.started DESC, e.night_id DESC LIMIT 1",
+                "ORDER BY n.rowid DESC LIMIT 1",
                 (model, before or ""),
             ).fetchone()
         return GoodRun(row["night_id"], row["entry_run"]) if row else None
 
     def nights(self) -> list[dict[str, Any]]:
         with self._connect() as conn:
-            return [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY started, night_id")]
+            return [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY rowid")]
 
     def models(self) -> list[str]:
         with self._connect() as conn:
@@ -222,7 +225,7 @@ class History:
             entries = conn.execute(
                 "SELECT e.*, n.status AS night_status, n.environment_sha, env.data AS environment "
                 "FROM entries e JOIN nights n USING (night_id) LEFT JOIN environments env ON env.sha = n.environment_sha "
-                "WHERE e.model = ? ORDER BY e.started, e.night_id",
+                "WHERE e.model = ? ORDER BY n.rowid",
                 (model,),
             ).fetchall()
             rows = []

@@ -130,3 +130,17 @@ def test_night_of_a_dead_process_is_marked_incomplete(tmp_path):
     assert status == {"dead": "incomplete", "alive": "running"}
     row = model_timeline(db, "m").nights[0]
     assert (row["status"], row["error"]) == ("error", "night interrupted")
+
+
+def test_nights_started_in_the_same_second_keep_their_order(tmp_path):
+    """Start times have one-second resolution: a killed night and its rerun can share one; names are random."""
+    db = History(tmp_path / "h.sqlite")
+    env = fingerprint()
+    for night in ("z-first", "a-second", "m-third"):  # names sort against insertion order
+        _night(db, night, env, "a" * 32, True)
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:
+        conn.execute("UPDATE nights SET started = '2026-01-01T00:00:00Z'")
+        conn.execute("UPDATE entries SET started = '2026-01-01T00:00:00Z'")
+    assert [n["night_id"] for n in db.nights()] == ["z-first", "a-second", "m-third"]
+    assert [n["night_id"] for n in model_timeline(db, "m").nights] == ["z-first", "a-second", "m-third"]
+    assert db.last_good("m").night_id == "m-third"
