@@ -134,17 +134,25 @@ def _ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
     }[level]
 
 
+def preload_cuda() -> None:
+    """Load the CUDA and cuDNN libraries onnxruntime-gpu needs (``onnxruntime.preload_dlls``) before a CUDA
+    session is created; without it a CUDA session can fall back to the CPU silently."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as exc:  # noqa: BLE001 - a failed preload shows as a missing provider afterwards
+            log.info("onnxruntime.preload_dlls failed: %s", exc)
+
+
 def check_provider(options: ExecutionOptions) -> None:
     """Raise ``UnavailableError`` when the asked execution provider is not in this onnxruntime build."""
     import onnxruntime as ort
 
     if options.ep is Provider.CUDA:
-        preload = getattr(ort, "preload_dlls", None)
-        if preload is not None:
-            try:
-                preload()
-            except Exception as exc:  # noqa: BLE001 - a failed preload shows as a missing provider below
-                log.info("onnxruntime.preload_dlls failed: %s", exc)
+        preload_cuda()
     available = ort.get_available_providers()
     if options.provider_name not in available:
         raise UnavailableError(

@@ -31,6 +31,10 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 def provider_name(provider: str) -> str:
     """The ORT execution provider for ``cpu`` / ``cuda``; ``UnavailableError`` if this onnxruntime lacks it."""
     name = PROVIDERS[provider]
+    if provider == "cuda":
+        from qconsist.inference.session import preload_cuda
+
+        preload_cuda()
     if name not in ort.get_available_providers():
         raise UnavailableError(
             f"{name} is not available in this onnxruntime ({', '.join(ort.get_available_providers())}); "

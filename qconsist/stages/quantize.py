@@ -34,7 +34,7 @@ import onnx
 from qconsist.calibration.table import CalibrationTable, ScaleIssue, build_table
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet
-from qconsist.inference.session import ConvAlgoSearch
+from qconsist.inference.session import ConvAlgoSearch, Provider
 from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, input_specs, open_session, outputs_of, provider_name
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
@@ -63,11 +63,6 @@ class CalibrationMethodChoice(str, Enum):
     ENTROPY = "Entropy"
     PERCENTILE = "Percentile"
     DISTRIBUTION = "Distribution"
-
-
-class Provider(str, Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
 
 
 class DistributionScenario(str, Enum):
