@@ -103,9 +103,22 @@ def _model_stages(manifest: Manifest) -> list[str]:
     return [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
 
 
+def _same_source(a: Manifest, b: Manifest) -> bool:
+    """Two pipelines of one model under different names (e.g. CPU and CUDA calibration of open_nsfw): the
+    model's source files are byte-identical."""
+    files_a, files_b = a.model.get("files"), b.model.get("files")
+    if not isinstance(files_a, dict) or not isinstance(files_b, dict) or not files_a or set(files_a) != set(files_b):
+        return False
+    return all(
+        isinstance(files_a[r], dict) and isinstance(files_b[r], dict) and files_a[r].get("sha256")
+        and files_a[r].get("sha256") == files_b[r].get("sha256")
+        for r in files_a
+    )
+
+
 def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> None:
     name_a, name_b = a.model.get("name"), b.model.get("name")
-    if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline":
+    if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline" and not _same_source(a, b):
         raise RunStoreError(f"runs of different models: {path_a} is {name_a!r}, {path_b} is {name_b!r}")
     if a.kind != b.kind:
         stages_a, stages_b = _model_stages(a), _model_stages(b)

@@ -80,3 +80,26 @@ def test_identical_small_runs_exit_0(setup):
     result = diff_runs(a, b)
     assert result.passed and result.tensors.compared == 2 and result.tensors.origins == []
     assert CliRunner().invoke(app, ["diff", str(a), str(b)]).exit_code == 0
+
+
+def _renamed_copy(source: Path, target: Path, name: str, caffemodel_sha256: str | None = None) -> Path:
+    import json
+    import shutil
+
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["model"]["name"] = name
+    if caffemodel_sha256:
+        manifest["model"]["files"]["caffemodel"]["sha256"] = caffemodel_sha256
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_pipelines_of_one_model_under_two_names_are_compared(nsfw_run, tmp_path):
+    """E.g. open_nsfw.toml and open_nsfw_cuda.toml: different pipeline names, byte-identical model files."""
+    twin = _renamed_copy(nsfw_run.path, tmp_path / "twin", "open_nsfw-cuda")
+    result = diff_runs(nsfw_run.path, twin)
+    assert result.passed
+    other = _renamed_copy(nsfw_run.path, tmp_path / "other", "another-net", caffemodel_sha256="0" * 64)
+    with pytest.raises(RunStoreError, match=r"runs of different models: .* is 'open_nsfw', .*other is 'another-net'"):
+        diff_runs(nsfw_run.path, other)

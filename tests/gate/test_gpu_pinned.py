@@ -1,0 +1,79 @@
+"""gate's gpu.pinned check on a locate report measured on an H100 (tests/data, extract of the real report).
+
+A pinned configuration passes when locate found it bit-stable and within the report's accepted cost of the
+fastest; latency medians of equally fast configs move from run to run (seen on the GPU machine: two nights
+recommended EXHAUSTIVE/tf32=0, then HEURISTIC/tf32=0), so the check must not demand the single fastest one.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qconsist.gate.checks import check_gpu
+from qconsist.gate.evidence import Side
+from qconsist.gate.policy import GpuPolicy, Policy
+from qconsist.gate.verdict import CheckStatus
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import RunDirectory
+
+REPORT = json.loads((Path(__file__).resolve().parents[1] / "data" / "locate_h100_open_nsfw_qdq.json").read_text())
+
+
+@pytest.fixture()
+def locate_run(tmp_path):
+    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
+    run.finish(Manifest(kind="locate", sections={"locate": REPORT}))
+    return run.path
+
+
+def _side(tmp_path, locate_run, pinned):
+    manifest = Manifest(kind="pipeline", run_id="p", status="complete")
+    return Side(path=tmp_path, manifest=manifest, pipeline_path=tmp_path, pipeline=manifest,
+                locate_path=locate_run, pinned_gpu=pinned)
+
+
+def _median(label):
+    return next(c["latency"]["median_ms"] for c in REPORT["configs"] if c["label"] == label)
+
+
+def test_recommended_config_passes(tmp_path, locate_run):
+    result = check_gpu(_side(tmp_path, locate_run, "HEURISTIC/tf32=0"), Policy())
+    assert result.status is CheckStatus.PASS
+    assert result.message == "pins HEURISTIC/tf32=0: bit-stable, 1.00x the fastest (HEURISTIC/tf32=0), accepted up to 1.05x"
+    assert result.measured == {"recommended": "HEURISTIC/tf32=0", "pinned": "HEURISTIC/tf32=0"}
+
+
+def test_stable_but_slower_configs_are_judged_by_their_measured_cost(tmp_path, locate_run):
+    fastest = _median("HEURISTIC/tf32=0")
+    for label in ("EXHAUSTIVE/tf32=0", "DEFAULT/tf32=0"):
+        cost = _median(label) / fastest
+        result = check_gpu(_side(tmp_path, locate_run, label), Policy())
+        assert cost > 1.05 and result.status is CheckStatus.FAIL
+        assert result.message == (f"pinned {label} is bit-stable but {cost:.2f}x the fastest (HEURISTIC/tf32=0), "
+                                  "above the accepted 1.05x; locate recommends HEURISTIC/tf32=0")
+    # a config within the accepted cost passes although it is not the fastest
+    REPORT_CLOSE = dict(REPORT, recommendation=dict(REPORT["recommendation"], max_cost=1.10))
+    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
+    run.finish(Manifest(kind="locate", sections={"locate": REPORT_CLOSE}))
+    result = check_gpu(_side(tmp_path, run.path, "EXHAUSTIVE/tf32=0"), Policy())
+    assert result.status is CheckStatus.PASS and "1.07x the fastest" in result.message
+
+
+def test_missing_or_invalid_pin_and_policy_off(tmp_path, locate_run):
+    missing = check_gpu(_side(tmp_path, locate_run, None), Policy())
+    assert missing.status is CheckStatus.FAIL
+    assert missing.message == 'locate recommends HEURISTIC/tf32=0 but the model pins no GPU config; set gpu_config = "HEURISTIC/tf32=0"'
+    invalid = check_gpu(_side(tmp_path, locate_run, "FASTEST/tf32=2"), Policy())
+    assert invalid.status is CheckStatus.FAIL and invalid.message.startswith("pinned GPU config is invalid: ")
+    off = check_gpu(_side(tmp_path, locate_run, None), Policy(gpu=GpuPolicy(require_pinned=False)))
+    assert off.status is CheckStatus.NOT_APPLICABLE
+
+
+def test_unstable_pin_fails(tmp_path):
+    unstable = dict(REPORT, recommendation=dict(REPORT["recommendation"], stable_configs=["HEURISTIC/tf32=0"]))
+    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
+    run.finish(Manifest(kind="locate", sections={"locate": unstable}))
+    result = check_gpu(_side(tmp_path, run.path, "EXHAUSTIVE/tf32=1"), Policy())
+    assert result.status is CheckStatus.FAIL
+    assert result.message.startswith("pinned EXHAUSTIVE/tf32=1 was not bit-stable across fresh sessions")
