@@ -373,7 +373,9 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
         return CheckResult("gpu.pinned", FAIL, f"locate recommends {recommended} but the model pins no GPU config; set gpu_config = \"{recommended}\"",
                            tolerance, measured)
     try:
-        accepted, why = _acceptable_pin(_locate_report(open_run(candidate.locate_path)), candidate.pinned_gpu)
+        from qconsist.gpu.run import load_report_data
+
+        accepted, why = _acceptable_pin(load_report_data(candidate.locate_path), candidate.pinned_gpu)
     except QconsistError as exc:
         return CheckResult("gpu.pinned", FAIL, f"pinned GPU config is invalid: {exc}", tolerance, measured)
     if not accepted:

@@ -195,8 +195,8 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
     return report, path
 
 
-def load_report(run_dir: Path) -> LocateReport:
-    """The ``LocateReport`` of a complete locate run directory."""
+def load_report_data(run_dir: Path) -> dict:
+    """The JSON of the ``LocateReport`` of a complete locate run directory (``locate.json``)."""
     import json
 
     from qconsist.errors import RunStoreError
@@ -209,4 +209,11 @@ def load_report(run_dir: Path) -> LocateReport:
         data = json.loads((Path(run_dir) / REPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RunStoreError(f"cannot read {Path(run_dir) / REPORT_FILE}: {exc}") from None
-    return LocateReport.from_json(data)
+    if not isinstance(data, dict):
+        raise RunStoreError(f"{Path(run_dir) / REPORT_FILE}: not a locate report")
+    return data
+
+
+def load_report(run_dir: Path) -> LocateReport:
+    """The ``LocateReport`` of a complete locate run directory."""
+    return LocateReport.from_json(load_report_data(run_dir))

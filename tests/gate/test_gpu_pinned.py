@@ -20,11 +20,17 @@ from qconsist.store.rundir import RunDirectory
 REPORT = json.loads((Path(__file__).resolve().parents[1] / "data" / "locate_h100_open_nsfw_qdq.json").read_text())
 
 
+def _locate_run(tmp_path, report: dict) -> Path:
+    """A locate run as ``run_locate`` writes it: the report in locate.json, its summary in the manifest."""
+    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
+    (run.path / "locate.json").write_text(json.dumps(report))
+    run.finish(Manifest(kind="locate", sections={"locate": {"recommendation": report["recommendation"]}}))
+    return run.path
+
+
 @pytest.fixture()
 def locate_run(tmp_path):
-    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
-    run.finish(Manifest(kind="locate", sections={"locate": REPORT}))
-    return run.path
+    return _locate_run(tmp_path, REPORT)
 
 
 def _side(tmp_path, locate_run, pinned):
@@ -54,9 +60,7 @@ def test_stable_but_slower_configs_are_judged_by_their_measured_cost(tmp_path, l
                                   "above the accepted 1.05x; locate recommends HEURISTIC/tf32=0")
     # a config within the accepted cost passes although it is not the fastest
     REPORT_CLOSE = dict(REPORT, recommendation=dict(REPORT["recommendation"], max_cost=1.10))
-    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
-    run.finish(Manifest(kind="locate", sections={"locate": REPORT_CLOSE}))
-    result = check_gpu(_side(tmp_path, run.path, "EXHAUSTIVE/tf32=0"), Policy())
+    result = check_gpu(_side(tmp_path, _locate_run(tmp_path, REPORT_CLOSE), "EXHAUSTIVE/tf32=0"), Policy())
     assert result.status is CheckStatus.PASS and "1.07x the fastest" in result.message
 
 
@@ -72,8 +76,6 @@ def test_missing_or_invalid_pin_and_policy_off(tmp_path, locate_run):
 
 def test_unstable_pin_fails(tmp_path):
     unstable = dict(REPORT, recommendation=dict(REPORT["recommendation"], stable_configs=["HEURISTIC/tf32=0"]))
-    run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
-    run.finish(Manifest(kind="locate", sections={"locate": unstable}))
-    result = check_gpu(_side(tmp_path, run.path, "EXHAUSTIVE/tf32=1"), Policy())
+    result = check_gpu(_side(tmp_path, _locate_run(tmp_path, unstable), "EXHAUSTIVE/tf32=1"), Policy())
     assert result.status is CheckStatus.FAIL
     assert result.message.startswith("pinned EXHAUSTIVE/tf32=1 was not bit-stable across fresh sessions")
