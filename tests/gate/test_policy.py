@@ -45,7 +45,7 @@ def test_values_and_off():
     ("[inference]\nrepeat_must_be_identical = 1\n", r"must be true or false, got 1"),
     ("labels = 3\n", r"'labels' must be a table \(\[labels\]\), got int"),
     ("schema = 'qconsist.policy/9'\n", r"schema 'qconsist.policy/9' is not supported"),
-    ("[artifacts\n", r"policy: not valid TOML"),
+    ("[artifacts\n", r"policy: invalid TOML"),
 ])
 def test_bad_policy_is_one_config_error(text, message):
     with pytest.raises(ConfigError, match=message):
