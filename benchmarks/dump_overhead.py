@@ -2,6 +2,9 @@
 
 Usage: .venv/bin/python benchmarks/dump_overhead.py MODEL INPUTS.npy [SAMPLES] [REPEATS]
 
+Environment: ``BENCH_EP=cuda`` runs the per-sample comparison on the CUDA execution provider (on a GPU
+machine); ``BENCH_SESSIONS_ONLY=1`` skips the whole-run, CLI and memory parts.
+
 MODEL is an .onnx file or a pipeline run directory (its quantize artifact); INPUTS.npy holds preprocessed
 samples stacked on axis 0 (cycled to SAMPLES, default 32). One invocation measures, interleaving the
 variants REPEATS times (default 3) so that machine load hits them alike:
@@ -63,7 +66,7 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference.session import create_session
 
     source = resolve_model(model)
-    options = ExecutionOptions()
+    options = ExecutionOptions(ep=os.environ.get("BENCH_EP", "cpu"))
     production = create_session(source.path, options)
     plan = plan_dump(source.path, options, folder / "plan")
     names = [t.name for t in plan.tensors]
@@ -72,15 +75,22 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     table = FingerprintTable(folder / "table.npy", 1, len(names))
     arrays = plan.session.run(names, feeds[0])
     print(f"model {source.path}: {len(names)} dumped tensors, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB per sample")
-    times: dict[str, list[float]] = {"plain": [], "dump session": [], "dump session + fingerprints": []}
+    from qconsist.inference import fingerprint as fingerprint_module
+
+    times: dict[str, list[float]] = {"plain": [], "dump session": [], "dump session + fingerprints": [],
+                                     "dump session + fingerprints, 1 thread": []}
     for _ in range(repeats):
         times["plain"].append(per_sample(lambda f: production.run(None, f), feeds))
         times["dump session"].append(per_sample(lambda f: plan.session.run(names, f), feeds))
         times["dump session + fingerprints"].append(per_sample(lambda f: table.write_row(0, plan.session.run(names, f)), feeds))
+        fingerprint_module.PARALLEL = False
+        times["dump session + fingerprints, 1 thread"].append(
+            per_sample(lambda f: table.write_row(0, plan.session.run(names, f)), feeds))
+        fingerprint_module.PARALLEL = True
     table.close()
     plain = float(np.median(times["plain"]))
     for label, values in times.items():
-        print(f"  {label:30s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}")
+        print(f"  {label:38s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}")
 
 
 def whole_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
@@ -154,6 +164,8 @@ def main() -> None:
         folder = Path(tmp)
         many = stacked(inputs, count, folder)
         sessions(model, many, folder, repeats)
+        if os.environ.get("BENCH_SESSIONS_ONLY"):
+            return
         whole_runs(model, many, folder, repeats)
         cli_runs(model, many, folder, repeats)
         print("memory of `run --dump` (separate processes):")
