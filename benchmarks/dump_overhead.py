@@ -75,18 +75,11 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     table = FingerprintTable(folder / "table.npy", 1, len(names))
     arrays = plan.session.run(names, feeds[0])
     print(f"model {source.path}: {len(names)} dumped tensors, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB per sample")
-    from qconsist.inference import fingerprint as fingerprint_module
-
-    times: dict[str, list[float]] = {"plain": [], "dump session": [], "dump session + fingerprints": [],
-                                     "dump session + fingerprints, 1 thread": []}
+    times: dict[str, list[float]] = {"plain": [], "dump session": [], "dump session + fingerprints": []}
     for _ in range(repeats):
         times["plain"].append(per_sample(lambda f: production.run(None, f), feeds))
         times["dump session"].append(per_sample(lambda f: plan.session.run(names, f), feeds))
         times["dump session + fingerprints"].append(per_sample(lambda f: table.write_row(0, plan.session.run(names, f)), feeds))
-        fingerprint_module.PARALLEL = False
-        times["dump session + fingerprints, 1 thread"].append(
-            per_sample(lambda f: table.write_row(0, plan.session.run(names, f)), feeds))
-        fingerprint_module.PARALLEL = True
     table.close()
     plain = float(np.median(times["plain"]))
     for label, values in times.items():

@@ -10,9 +10,6 @@ at a time, so memory does not grow with the number of samples.
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -84,24 +81,6 @@ def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> 
     return (digest, float(lo), float(hi), float(mean), nan, inf, shape_id, code, 1)
 
 
-PARALLEL = True  # fingerprint the columns of a row on a thread pool (benchmarks turn it off to compare)
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor | None:
-    """One process-wide pool for fingerprinting, sized to the machine. None below 4 cores, where it was
-    measured slower than one thread (2 cores: 45.7 vs 37.9 ms per open_nsfw sample, 82.7 MB of tensors)."""
-    global _POOL
-    workers = min(8, os.cpu_count() or 1)
-    if workers < 4 or not PARALLEL:
-        return None
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="qconsist-fingerprint")
-    return _POOL
-
-
 class ShapeTable:
     """Shapes seen in a dump, numbered in order of first appearance."""
 
@@ -136,22 +115,16 @@ class FingerprintTable:
         A column whose bytes hash, element type and shape equal the previous row's (a dequantized weight,
         any tensor computed from constants) reuses that row's statistics instead of recomputing them:
         equal hashes are what the comparison takes as equal bytes, so the statistics are the same.
-        Columns are fingerprinted on a thread pool (xxhash and numpy's reductions release the GIL).
         """
-        arrays = [np.asarray(a) for a in arrays]
-        shape_ids = [self.shapes.id(a.shape) for a in arrays]
-        last = self._last
-
-        def record(column: int) -> tuple:
-            array, shape_id = arrays[column], shape_ids[column]
-            digest = tensor_hash(array)
-            previous = last[column] if column < len(last) else None
-            if previous is not None and previous[0] == digest and previous[6] == shape_id and previous[7] == dtype_code(array.dtype):
-                return previous
-            return fingerprint(array, shape_id, digest)
-
-        pool = _pool()
-        records = list(pool.map(record, range(len(arrays)))) if pool else [record(c) for c in range(len(arrays))]
+        records = []
+        for column, array in enumerate(arrays):
+            array = np.asarray(array)
+            digest, shape_id = tensor_hash(array), self.shapes.id(array.shape)
+            last = self._last[column] if column < len(self._last) else None
+            if last is not None and last[0] == digest and last[6] == shape_id and last[7] == dtype_code(array.dtype):
+                records.append(last)
+            else:
+                records.append(fingerprint(array, shape_id, digest))
         self._last = records
         row = np.array(records, dtype=RECORD)
         self._table[sample] = row
