@@ -44,6 +44,7 @@ def locate_command(
     workspace_variants: bool = typer.Option(False, "--workspace-variants", help="Matrix: add each config with cudnn_conv_use_max_workspace=0."),
     deterministic_variants: bool = typer.Option(False, "--deterministic-variants", help="Matrix: add each config with deterministic compute."),
     contention: bool = typer.Option(False, "--contention", help="Repeat again while another process loads the GPU with changing convolutions."),
+    contention_workers: int = typer.Option(1, "--contention-workers", help="With --contention: how many processes load the GPU (1-16)."),
     warmup: int = typer.Option(5, "--warmup", help="Latency: warm-up runs after the first one."),
     runs: int = typer.Option(30, "--runs", help="Latency: timed runs (median and spread)."),
     max_cost: float = typer.Option(1.05, "--max-cost", help="Accepted latency of the recommended config, as a ratio to the fastest."),
@@ -72,7 +73,7 @@ def locate_command(
         fp16_ep=_choice(fp16_ep, ("cuda", "cpu"), "--fp16-ep"),
         locate=LocateOptions(
             configs=tuple(_configs(config, search, tf32, workspace_variants, deterministic_variants)),
-            repeats=repeats, contention=contention, latency=LatencyOptions(warmup, runs), max_cost=max_cost,
+            repeats=repeats, contention=contention, contention_workers=contention_workers, latency=LatencyOptions(warmup, runs), max_cost=max_cost,
         ),
         calibration_repeats=calibration_repeats,
     )
@@ -141,7 +142,9 @@ def _render_repeats(report, console) -> None:
     console.print(table)
     if report.contention:
         load = report.contention
-        console.print(f"contention: a {load['backend']} process ran {load['iterations']} convolution batches of "
+        workers = load.get("workers", 1)
+        who = f"a {load['backend']} process" if workers == 1 else f"{workers} {load['backend']} processes"
+        console.print(f"contention: {who} ran {load['iterations']} convolution batches of "
                       f"changing shapes over {load['seconds']:.1f} s during the repeats")
 
 

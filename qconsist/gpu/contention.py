@@ -32,9 +32,10 @@ SHAPES_SEED = 20261121
 @dataclass(frozen=True)
 class LoadSummary:
     backend: str
-    iterations: int
+    iterations: int  # summed over the workers
     seconds: float
-    pid: int
+    pid: int  # the first worker's
+    workers: int = 1
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -45,60 +46,77 @@ class LoadSummary:
 
 
 class GpuLoad:
-    """Context manager: a worker process loading the GPU for the duration of the block."""
+    """Context manager: ``workers`` processes loading the GPU for the duration of the block, each with its
+    own seed (several models sharing a GPU, as in the real case)."""
 
-    def __init__(self, seed: int = SHAPES_SEED) -> None:
+    def __init__(self, seed: int = SHAPES_SEED, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.seed = seed
+        self.workers = workers
         self.summary: LoadSummary | None = None
-        self._proc: subprocess.Popen | None = None
+        self._procs: list[subprocess.Popen] = []
         self._backend = ""
         self._start = 0.0
 
     def __enter__(self) -> "GpuLoad":
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "qconsist.gpu.contention", "--seed", str(self.seed)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline().strip()  # the worker prints "ready" or exits
-        if not line.startswith("ready "):
-            err = self._finish_error()
-            raise UnavailableError(f"the GPU load worker did not start: {line or err or 'no output'}")
-        self._backend = line.split(" ", 1)[1]
+        for index in range(self.workers):
+            self._procs.append(subprocess.Popen(
+                [sys.executable, "-m", "qconsist.gpu.contention", "--seed", str(self.seed + index)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            ))
+        for proc in self._procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()  # the worker prints "ready" or exits
+            if not line.startswith("ready "):
+                err = self._finish_error(proc)
+                self._stop_all()
+                raise UnavailableError(f"the GPU load worker did not start: {line or err or 'no output'}")
+            self._backend = line.split(" ", 1)[1]
         self._start = time.monotonic()
-        log.info("GPU load worker %d ready (%s)", self._proc.pid, self._backend)
+        log.info("GPU load: %d worker(s) ready (%s)", len(self._procs), self._backend)
         return self
 
-    def _finish_error(self) -> str:
-        assert self._proc is not None
+    @staticmethod
+    def _finish_error(proc: subprocess.Popen) -> str:
         try:
-            _, err = self._proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            _, err = self._proc.communicate()
+            proc.kill()
+            _, err = proc.communicate()
         lines = (err or "").strip().splitlines()
         return lines[-1] if lines else ""
 
+    def _stop_all(self) -> list[tuple[str, str]]:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        outputs = []
+        for proc in self._procs:
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            outputs.append((out or "", err or ""))
+        return outputs
+
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return bool(self._procs) and all(proc.poll() is None for proc in self._procs)
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        assert self._proc is not None
         seconds = time.monotonic() - self._start
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = self._proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            out, err = self._proc.communicate()
-        done = [line for line in (out or "").splitlines() if line.startswith("done ")]
-        iterations = int(done[-1].split()[1]) if done else -1
-        self.summary = LoadSummary(self._backend, iterations, seconds, self._proc.pid)
-        if iterations < 0 and exc is None:
-            tail = (err or "").strip().splitlines()[-1:] or ["no output"]
-            raise UnavailableError(f"the GPU load worker died during the contention phase: {tail[0]}")
+        total, failed = 0, ""
+        for out, err in self._stop_all():
+            done = [line for line in out.splitlines() if line.startswith("done ")]
+            if done:
+                total += int(done[-1].split()[1])
+            elif not failed:
+                failed = (err.strip().splitlines()[-1:] or ["no output"])[0]
+        self.summary = LoadSummary(self._backend, total if not failed else -1, seconds, self._procs[0].pid, len(self._procs))
+        if failed and exc is None:
+            raise UnavailableError(f"the GPU load worker died during the contention phase: {failed}")
 
 
 # ---------------------------------------------------------------------------------------------- worker

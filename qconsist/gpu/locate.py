@@ -68,6 +68,7 @@ class LocateOptions:
     configs: tuple[GpuConfig, ...] = field(default_factory=lambda: tuple(default_matrix()))
     repeats: int = 4  # sessions per config, the reference one included
     contention: bool = False
+    contention_workers: int = 1  # processes loading the GPU during the contention repeats
     latency: LatencyOptions = LatencyOptions()
     max_cost: float = DEFAULT_MAX_COST
 
@@ -76,12 +77,15 @@ class LocateOptions:
             raise ConfigError("locate needs at least one configuration")
         if not isinstance(self.repeats, int) or self.repeats < 2:
             raise ConfigError(f"--repeats must be an integer >= 2 (fresh sessions per config), got {self.repeats!r}")
+        if not isinstance(self.contention_workers, int) or not 1 <= self.contention_workers <= 16:
+            raise ConfigError(f"--contention-workers must be an integer from 1 to 16, got {self.contention_workers!r}")
         if not self.max_cost >= 1.0:
             raise ConfigError(f"--max-cost must be >= 1.0 (a ratio to the fastest config), got {self.max_cost!r}")
 
     def to_json(self) -> dict:
         return {
             "configs": [c.label for c in self.configs], "repeats": self.repeats, "contention": self.contention,
+            "contention_workers": self.contention_workers,
             "latency": {"warmup": self.latency.warmup, "runs": self.latency.runs}, "max_cost": self.max_cost,
         }
 
@@ -216,9 +220,11 @@ def locate(
     variants, comparisons = gpu_variants(options.configs)
     load = None
     if options.contention:
+        from functools import partial
+
         from qconsist.gpu.contention import GpuLoad
 
-        load = GpuLoad
+        load = partial(GpuLoad, workers=options.contention_workers)
     phases: dict[str, float] = {}
     reports, results, tagged, load_summary, decision = explore(
         model_path, samples, variants, comparisons, options.repeats, options.latency, load, options.max_cost, progress,
