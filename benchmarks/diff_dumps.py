@@ -9,7 +9,7 @@ import resource
 import sys
 import time
 
-from qconsist.compare.diff import diff_runs
+from qconsist.diff import diff_runs
 
 start = time.perf_counter()
 result = diff_runs(sys.argv[1], sys.argv[2])

@@ -66,7 +66,7 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference.session import create_session
 
     source = resolve_model(model)
-    options = ExecutionOptions(ep=os.environ.get("BENCH_EP", "cpu"))
+    options = ExecutionOptions(os.environ.get("BENCH_EP", "cpu"))
     production = create_session(source.path, options)
     plan = plan_dump(source.path, options, folder / "plan")
     names = [t.name for t in plan.tensors]
@@ -105,7 +105,7 @@ def whole_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
             walls[label].append(time.perf_counter() - start)
             production[label].append(result.ms_per_sample)
             if result.dump:
-                faithful.append((result.dump["faithful"], result.dump["samples_checked"]))
+                faithful.append((result.dump.faithful, result.dump.samples_checked))
     dump_module.OVERLAP = True
     plain = float(np.median(walls["run"]))
     print(f"whole run_inference, {len(samples)} samples (includes session creation and ORT's graph save):")
@@ -139,10 +139,10 @@ def child_peak(model: str, inputs: str, runs: str) -> None:
     samples = open_input_set(inputs, None, input_specs(source.path)[0].name)
     result = run_inference(source, samples, RunRequest(ExecutionOptions(), dump=True), Path(runs))
     size = (result.run_dir / "dump" / "fingerprints.npy").stat().st_size
-    per = size / (result.samples * result.dump["tensors"])
+    per = size / (result.samples * result.dump.tensors)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  {result.samples:3d} samples: peak RSS {peak:.0f} MB; fingerprints.npy {size} bytes = {per:.1f} bytes per tensor "
-          f"per sample (header included); faithful {result.dump['faithful']} in {result.dump['samples_checked']} samples")
+          f"per sample (header included); faithful {result.dump.faithful} in {result.dump.samples_checked} samples")
 
 
 def main() -> None:

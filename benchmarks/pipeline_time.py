@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qconsist.models import fetch_model
 from qconsist.pipeline.config import load_pipeline
-from qconsist.pipeline.evaluation import input_specs, open_session
+from qconsist.inference.session import create_session as open_session, input_specs
 from qconsist.inputs import open_input_set
 from qconsist.stages.convert import ConvertOptions, convert_caffe
 from qconsist.stages.optimize import optimize_model

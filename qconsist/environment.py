@@ -1,12 +1,23 @@
-"""Environment fingerprint: what a run's numerics may depend on, recorded in every manifest."""
+"""Environment fingerprint: what a run's numerics may depend on, recorded in every manifest.
+
+``fingerprint()`` is what a manifest records; ``compare_environments`` tells two fingerprints apart, the
+changes that are known to change results first (onnxruntime, onnx, numpy, CUDA, cuDNN, driver, GPU, the
+numerics environment variables); ``check_environment`` is ``qconsist env``: the fingerprint with warnings
+where this environment is known to give other results than expected.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import shutil
 import subprocess
+import sys
+from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 PACKAGES = (
     "qconsist", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "caffe2onnx", "protobuf",
@@ -73,8 +84,7 @@ def _cuda_versions() -> dict[str, str | None]:
         info["ort_cudnn"] = getattr(build, "cudnn_version", None)
     except ImportError:
         pass
-    import sys
-
+    info.update(_cuda_runtime_versions())
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -86,12 +96,63 @@ def _cuda_versions() -> dict[str, str | None]:
     return info
 
 
+def _cuda_runtime_versions() -> dict[str, str | None]:
+    """The cuDNN and CUDA runtime this process has loaded (after a CUDA session or ``preload_dlls``), asked
+    of the libraries themselves: the build's versions above are what onnxruntime was compiled against."""
+    found: dict[str, str | None] = {"cudnn_runtime": None, "cudart_runtime": None}
+    if not sys.platform.startswith("linux"):
+        return found
+    loaded = _loaded_libraries()
+    for key, stem, symbol in (("cudnn_runtime", "libcudnn.so", "cudnnGetVersion"),
+                              ("cudart_runtime", "libcudart.so", "cudaRuntimeGetVersion")):
+        path = next((lib for lib in loaded if Path(lib).name.startswith(stem)), None)
+        if path is None:
+            continue
+        try:
+            library = ctypes.CDLL(path)
+            if symbol == "cudnnGetVersion":
+                library.cudnnGetVersion.restype = ctypes.c_size_t
+                version = int(library.cudnnGetVersion())
+                found[key] = f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+            else:
+                value = ctypes.c_int(0)
+                if library.cudaRuntimeGetVersion(ctypes.byref(value)) == 0:
+                    found[key] = f"{value.value // 1000}.{value.value % 1000 // 10}"
+        except (OSError, AttributeError):
+            continue
+    return found
+
+
+def _loaded_libraries() -> list[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as handle:
+            return sorted({line.split()[-1] for line in handle if ".so" in line and "/" in line})
+    except OSError:
+        return []
+
+
+def onnxruntime_build() -> tuple[str | None, str | None]:
+    """Which onnxruntime distribution provides the imported module, and its version."""
+    gpu, cpu = _version("onnxruntime-gpu"), _version("onnxruntime")
+    if gpu and not cpu:
+        return "onnxruntime-gpu", gpu
+    if cpu and not gpu:
+        return "onnxruntime", cpu
+    if not cpu and not gpu:
+        return None, None
+    import onnxruntime
+
+    return ("onnxruntime-gpu" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime",
+            onnxruntime.__version__)
+
+
 def fingerprint() -> dict:
     """The environment of this process, as JSON-ready data."""
     import onnxruntime
 
     return {
         "packages": {name: _version(name) for name in PACKAGES},
+        "onnxruntime_module": onnxruntime.__version__,
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "os": f"{platform.system()} {platform.release()}",
@@ -119,3 +180,171 @@ def describe_changes(old: dict, new: dict) -> list[str]:
 
     walk(old, new, "")
     return changes
+
+
+# What changes results, in the order a user should read it: a change here is "a common, real cause of the
+# same model giving other results". (name used in messages and policies, fingerprint key)
+NUMERICS = (
+    ("onnxruntime", "onnxruntime"), ("onnx", "packages.onnx"), ("numpy", "packages.numpy"),
+    ("cuda", "cuda.ort_cuda"), ("cudnn", "cuda.ort_cudnn"),
+    ("cuda_runtime", "cuda.cudart_runtime"), ("cudnn_runtime", "cuda.cudnn_runtime"),
+    ("driver", "gpus.driver"), ("gpu", "gpus.name"), ("machine", "machine"),
+)
+
+
+def _effective_onnxruntime(fp: dict) -> str | None:
+    packages = fp.get("packages") or {}
+    gpu, cpu = packages.get("onnxruntime-gpu"), packages.get("onnxruntime")
+    module = fp.get("onnxruntime_module")
+    version = module or gpu or cpu
+    if version is None:
+        return None
+    build = "onnxruntime-gpu" if gpu and (gpu == version or not cpu) else "onnxruntime"
+    return f"{version} ({build})"
+
+
+def _lookup(fp: dict, key: str) -> Any:
+    if key == "onnxruntime":
+        return _effective_onnxruntime(fp)
+    if key.startswith("gpus."):
+        field_name = key.split(".", 1)[1]
+        values = sorted({str(g.get(field_name)) for g in fp.get("gpus") or [] if isinstance(g, dict)})
+        return ", ".join(values) or None
+    value: Any = fp
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+@dataclass(frozen=True)
+class EnvironmentChange:
+    """One numerics-relevant difference: ``name`` (``onnxruntime``, ``cudnn``, an environment variable…)."""
+
+    name: str
+    old: str | None
+    new: str | None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.old if self.old is not None else 'absent'} -> {self.new if self.new is not None else 'absent'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "old": self.old, "new": self.new}
+
+
+@dataclass(frozen=True)
+class EnvironmentDiff:
+    """How two runs' environments differ: ``numerics`` (known to change results), then everything else."""
+
+    numerics: tuple[EnvironmentChange, ...] = ()
+    other: tuple[str, ...] = ()
+
+    @property
+    def same_numerics(self) -> bool:
+        return not self.numerics
+
+    def to_json(self) -> dict[str, Any]:
+        return {"numerics": [c.to_json() for c in self.numerics], "other": list(self.other)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "EnvironmentDiff":
+        return cls(tuple(EnvironmentChange(**c) for c in data.get("numerics", [])), tuple(data.get("other", [])))
+
+
+def compare_environments(a: dict, b: dict) -> EnvironmentDiff:
+    """The numerics-relevant differences of two fingerprints (a -> b), then the rest as text lines."""
+    a, b = a or {}, b or {}
+    numerics = []
+    for name, key in NUMERICS:
+        old, new = _lookup(a, key), _lookup(b, key)
+        if old != new:
+            numerics.append(EnvironmentChange(name, old, new))
+    for name in NUMERIC_ENV_VARS:
+        old, new = (a.get("env") or {}).get(name), (b.get("env") or {}).get(name)
+        if old != new:
+            numerics.append(EnvironmentChange(name, old, new))
+    covered = ("packages.onnxruntime", "packages.onnx", "onnxruntime_module", "packages.numpy", "machine", "env.",
+               "cuda.", "gpus")
+    other = [line for line in describe_changes(a, b) if not line.split(":", 1)[0].startswith(covered)]
+    return EnvironmentDiff(tuple(numerics), tuple(other))
+
+
+@dataclass(frozen=True)
+class EnvironmentReport:
+    """``qconsist env``: this process's fingerprint, what onnxruntime can load, and warnings."""
+
+    fingerprint: dict
+    onnxruntime: str | None  # "1.31.1 (onnxruntime-gpu)"
+    newest_opset: int | None
+    newest_ir: int | None
+    locked: dict[str, str] = field(default_factory=dict)  # package -> version in uv.lock, when found
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.warnings
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "qconsist.env/1", "passed": self.passed, "onnxruntime": self.onnxruntime,
+            "newest_opset": self.newest_opset, "newest_ir": self.newest_ir, "locked": self.locked,
+            "warnings": list(self.warnings), "fingerprint": self.fingerprint,
+        }
+
+
+def locked_versions(lock: Path | None = None) -> dict[str, str]:
+    """Versions of the numerics-relevant packages in the project's uv.lock (source checkouts only)."""
+    import tomllib
+
+    lock = lock or Path(__file__).resolve().parent.parent / "uv.lock"
+    try:
+        data = tomllib.loads(lock.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    from packaging.markers import Marker
+
+    wanted = {"onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "protobuf", "caffe2onnx"}
+    found: dict[str, str] = {}
+    for package in data.get("package", []):
+        if package.get("name") not in wanted or "version" not in package:
+            continue
+        markers = package.get("resolution-markers") or []  # a universal lock forks by Python version
+        if markers and not any(Marker(m).evaluate() for m in markers):
+            continue
+        found[package["name"]] = package["version"]
+    return found
+
+
+def check_environment(limits: tuple[int | None, int | None] = (None, None), lock: Path | None = None) -> EnvironmentReport:
+    """This environment, and what in it is known to change results or to differ from the lock. ``limits``:
+    the newest opset and IR version onnxruntime loads (``qconsist.inference.session.onnxruntime_limits``)."""
+    fp = fingerprint()
+    packages = fp["packages"]
+    warnings: list[str] = []
+    cpu, gpu = packages.get("onnxruntime"), packages.get("onnxruntime-gpu")
+    if cpu and gpu:
+        warnings.append(
+            f"onnxruntime {cpu} and onnxruntime-gpu {gpu} are both installed: they share one module, so whichever "
+            f"was installed last is imported ({fp['onnxruntime_module']}); uninstall one (qconsist[cpu] or qconsist[gpu])"
+        )
+    locked = locked_versions(lock)
+    for name in ("onnxruntime", "onnxruntime-gpu", "onnx", "numpy"):
+        if packages.get(name) and locked.get(name) and packages[name] != locked[name]:
+            warnings.append(f"{name} {packages[name]} is installed but uv.lock says {locked[name]}: "
+                            f"this is not the locked environment (make setup installs it)")
+    tf32 = fp["env"].get("NVIDIA_TF32_OVERRIDE")
+    if tf32 is not None:
+        warnings.append(f"NVIDIA_TF32_OVERRIDE={tf32} is set: it overrides use_tf32 for every CUDA session "
+                        f"(0 disables TF32 everywhere), so a run's recorded cuDNN options are not what ran")
+    providers = fp["onnxruntime_providers"]
+    if fp["gpus"] and "CUDAExecutionProvider" not in providers:
+        warnings.append(f"a GPU is present ({fp['gpus'][0]['name']}) but onnxruntime has no CUDA execution "
+                        f"provider: install onnxruntime-gpu (qconsist[gpu]) to run or locate on it")
+    if "CUDAExecutionProvider" in providers and not fp["gpus"]:
+        warnings.append("onnxruntime has the CUDA execution provider but nvidia-smi finds no GPU")
+    for name in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG"):
+        if fp["env"].get(name) is not None:
+            warnings.append(f"{name}={fp['env'][name]} is set: recorded, as it changes how CUDA work runs")
+    return EnvironmentReport(fp, _effective_onnxruntime(fp), limits[0], limits[1], locked, tuple(warnings))

@@ -1,7 +1,12 @@
 """The one root exception and its kinds.
 
 A ``QconsistError`` is a user error: the CLI prints ``error: <message>`` on one line and exits with the
-error's ``exit_code``. Anything else escaping the library is a bug and shows its traceback.
+error's ``exit_code``. Anything else escaping the library is a bug: the CLI prints ``internal error: …`` on
+one line and exits 4 (the traceback with ``-v``).
+
+A message names the parameters it is about in backticks (```count` must be >= 1``): the library's text
+shows the bare name (``count must be >= 1``), and the CLI shows the flag of the command that took it
+(``--count must be >= 1``); parameters are named, never flags.
 
 Exit codes (documented in the README):
 
@@ -9,14 +14,23 @@ Exit codes (documented in the README):
 * 1 a negative verdict (runs diverged, calibrations disagree, gate failed)
 * 2 an error: bad input, unsupported model, unwritable output, incomplete or incompatible run
 * 3 the machine cannot do this (no GPU / no CUDA execution provider)
+* 4 an internal error: a bug in qconsist (never the code of a failed gate)
+* 130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
+
+import re
+from typing import Callable
 
 EXIT_OK = 0
 EXIT_DIVERGED = 1
 EXIT_ERROR = 2
 EXIT_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+
+_PARAMETER = re.compile(r"`([a-z][a-z0-9_]*)`")
 
 
 class QconsistError(Exception):
@@ -26,11 +40,21 @@ class QconsistError(Exception):
     kind = "error"
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+        self.template = message
+        self.message = _PARAMETER.sub(r"\1", message)
+        super().__init__(self.message)
 
     def __str__(self) -> str:
         return self.message
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The parameters the message names."""
+        return tuple(_PARAMETER.findall(self.template))
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """The message with each named parameter spelled as ``name(parameter)`` (a CLI flag, say)."""
+        return _PARAMETER.sub(lambda m: name(m.group(1)), self.template)
 
 
 class InputError(QconsistError):

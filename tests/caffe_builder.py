@@ -168,6 +168,13 @@ class NetBuilder:
         param = {"shape": {"dim": list(dims)}, "axis": axis, "num_axes": num_axes}
         return self.add("Reshape", bottom, None, reshape_param=param)
 
+    def crop(self, bottom: str, like: str, axis: int = 2, offset: int | Sequence[int] = (), top: str | None = None) -> str:
+        """Caffe's Crop: ``bottom`` cut to ``like``'s shape from ``axis`` on, starting at ``offset``."""
+        param: dict[str, Any] = {"axis": axis}
+        if offset != ():
+            param["offset"] = [offset] if isinstance(offset, int) else list(offset)
+        return self.add("Crop", [bottom, like], top, crop_param=param)
+
     # --- files --------------------------------------------------------------------------------------------
 
     def caffemodel(self):
@@ -215,6 +222,13 @@ class Case:
 
 def _conv1(n, x, c=4):
     return n.conv(x, c, kernel_size=1)
+
+
+def _fcn_skip(n, x):
+    """FCN's skip: a score map upsampled without pad (9 → 20), cropped at offset 1 to a finer map (18) and added."""
+    finer = n.conv(x, 4, kernel_size=2, stride=2, deconv=True)
+    upsampled = n.conv(x, 4, kernel_size=4, stride=2, bias=False, deconv=True)
+    return n.eltwise([n.crop(upsampled, finer, offset=1), finer])
 
 
 LAYER_CASES = [
@@ -311,6 +325,22 @@ LAYER_CASES = [
     Case("reshape axis 2 -1", "Reshape", lambda n, x: n.reshape(x, [-1], axis=2), alone="wrong", repair="axis 2"),
     Case("reshape axis -1 (append)", "Reshape", lambda n, x: n.reshape(x, [3, 3], axis=-2, num_axes=1), alone="invalid",
          repair="axis -2"),
+    Case("crop offset 1", "Crop", lambda n, x: n.crop(x, n.conv(x, 4, kernel_size=3), offset=1), alone="wrong",
+         repair="size reference"),
+    Case("crop offset per axis", "Crop", lambda n, x: n.crop(x, n.conv(x, 4, kernel_size=3), offset=[1, 2]), alone="wrong",
+         repair="size reference"),
+    Case("crop no offset", "Crop", lambda n, x: n.crop(x, n.conv(x, 4, kernel_size=3)), alone="wrong", repair="size reference"),
+    Case("crop axis 1", "Crop", lambda n, x: n.crop(x, n.conv(x, 3, kernel_size=3), axis=1, offset=[1, 1, 2]), alone="wrong",
+         repair="size reference"),
+    Case("crop axis 3", "Crop", lambda n, x: n.crop(x, n.conv(x, 4, kernel_size=3), axis=3, offset=2), alone="wrong",
+         repair="axes before it kept"),
+    Case("crop axis -2", "Crop", lambda n, x: n.crop(x, n.conv(x, 4, kernel_size=3), axis=-2, offset=1), alone="crash",
+         repair="negative one"),
+    Case("crop keeps the channels before axis", "Crop",
+         lambda n, x: n.crop(n.conv(x, 6, kernel_size=1), n.conv(x, 3, kernel_size=3), offset=1), alone="wrong",
+         repair="axes before it kept"),
+    Case("crop of equal shapes", "Crop", lambda n, x: n.eltwise([n.crop(_conv1(n, x), x), x])),
+    Case("deconv k4 s2 + crop + eltwise (FCN skip)", "Crop", lambda n, x: _fcn_skip(n, x)),
     Case("resnet block", "(chain)", lambda n, x: n.relu(n.eltwise([
         n.scale(n.batch_norm(n.conv(n.relu(n.scale(n.batch_norm(n.conv(x, 4, kernel_size=3, pad=1)))), 4, kernel_size=3, pad=1))),
         x])), repair="BatchNorm statistics"),

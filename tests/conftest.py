@@ -6,8 +6,29 @@ from pathlib import Path
 
 import pytest
 
+from onnx_builders import build_classifier_model, build_pad_pool_model, save_arrays
+
 REPO = Path(__file__).resolve().parent.parent
 OPEN_NSFW_PIPELINE = REPO / "pipelines" / "open_nsfw.toml"
+
+# fixtures that run the real open_nsfw pipeline (seconds to minutes): their tests are marked ``slow``
+OPEN_NSFW_FIXTURES = {"nsfw_run", "nsfw_models", "gate_runs", "level_runs", "calibration_runs", "nsfw_inputs"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` on every test that needs the real open_nsfw run (``-m "not slow"`` for a quick pass); a ``gpu``
+    test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``)."""
+    cuda = None
+    for item in items:
+        if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("gpu") is not None:
+            if cuda is None:
+                from qconsist.inference.session import provider_available
+
+                cuda = provider_available("cuda")
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs onnxruntime-gpu and a usable CUDA GPU"))
 
 
 @pytest.fixture(autouse=True)
@@ -37,82 +58,7 @@ def nsfw_run(tmp_path_factory: pytest.TempPathFactory):
     return run_pipeline(load_pipeline(OPEN_NSFW_PIPELINE), runs_dir=runs, run_id="open_nsfw-fixture")
 
 
-# --- small ONNX models built in code (pipeline, stage and calibration tests) -----------------------------
-
-
-def build_pad_pool_model(path: Path, pad_value: float = float("-inf")) -> Path:
-    """Conv → Relu → Pad(constant ``pad_value``) → MaxPool on a 1×3×8×8 input: the pattern caffe2onnx
-    emits for Caffe's padded max pooling. With -inf, calibration yields infinite scales."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    initializers = [
-        numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "W"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "B"),
-        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
-        numpy_helper.from_array(np.array(pad_value, np.float32), "pad_value"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
-        helper.make_node("Pad", ["relu", "pads", "pad_value"], ["padded"], name="pad", mode="constant"),
-        helper.make_node("MaxPool", ["padded"], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2]),
-    ]
-    graph = helper.make_graph(
-        nodes, "pad_pool",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
-
-
-def build_classifier_model(path: Path) -> Path:
-    """Conv → Relu → GlobalAveragePool → Flatten → Gemm → Softmax on a 1×3×8×8 input, 5 classes."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(1)
-    initializers = [
-        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "conv_w"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "conv_b"),
-        numpy_helper.from_array(rng.normal(0, 0.5, (5, 8)).astype(np.float32), "fc_w"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (5,)).astype(np.float32), "fc_b"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
-        helper.make_node("GlobalAveragePool", ["relu"], ["gap"], name="gap"),
-        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
-        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1),
-        helper.make_node("Softmax", ["logits"], ["prob"], name="softmax", axis=1),
-    ]
-    graph = helper.make_graph(
-        nodes, "classifier",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 5])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
-
-
-def save_arrays(path: Path, count: int, seed: int, shape: tuple[int, ...] = (3, 8, 8)) -> Path:
-    """``count`` seeded normal samples stacked in a .npy file."""
-    import numpy as np
-
-    np.save(path, np.random.default_rng(seed).normal(0, 1, (count, *shape)).astype(np.float32))
-    return path
+# --- small ONNX models built in code (pipeline, stage and calibration tests): tests/onnx_builders.py -----
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""Calibration tables (``table``) and repeated calibration (``repeat``): do N calibrations agree?
+"""Repeated calibration: do N calibrations of the same model on the same inputs give the same quantized model?
 
-Import from the submodules: ``qconsist.calibration.table.build_table``,
-``qconsist.calibration.repeat.repeat_calibration``.
+``qconsist.calibration.repeat.repeat_calibration``; the calibration table it compares is the quantize stage's
+(``qconsist.stages.calibration_table``).
 """

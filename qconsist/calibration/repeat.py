@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from qconsist.calibration.table import CalibrationTable, TableEntry, json_number
+from qconsist.stages.calibration_table import CalibrationTable, TableEntry
 from qconsist.errors import InputError
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -73,11 +73,11 @@ class TensorDifference:
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.run, "tensor": self.tensor, "kind": self.kind, "nodes": list(self.nodes),
-            "initializers": list(self.initializers), "scale_max_abs_diff": json_number(self.scale_max_abs_diff),
-            "scale_max_rel_diff": json_number(self.scale_max_rel_diff),
+            "initializers": list(self.initializers), "scale_max_abs_diff": float(self.scale_max_abs_diff),
+            "scale_max_rel_diff": float(self.scale_max_rel_diff),
             "zero_point_max_abs_diff": self.zero_point_max_abs_diff, "channels": self.channels,
-            "min": [None if v is None else json_number(v) for v in self.min],
-            "max": [None if v is None else json_number(v) for v in self.max],
+            "min": [None if v is None else float(v) for v in self.min],
+            "max": [None if v is None else float(v) for v in self.max],
         }
 
     @classmethod

@@ -1,23 +1,132 @@
-"""The typer application, the error boundary and the terminal helpers shared by every command."""
+"""The typer application: one error boundary, ``-v``/``-q`` anywhere, old spellings of options as hidden
+aliases, and the terminal helpers every command shares.
+
+The boundary (``QconsistGroup.invoke``) maps what a command raises to one line on stderr and an exit code:
+a ``QconsistError`` to its own code (its message with the command's flags for the parameters it names),
+Ctrl-C to 130, anything else to ``internal error: …`` and 4 — never the code of a failed gate — with the
+traceback under ``-v``.
+"""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import sys
+import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Iterator
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
-from qconsist import __version__
-from qconsist.errors import QconsistError
+from qconsist.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
+
+VERBOSE = ("-v", "--verbose")
+QUIET = ("-q", "--quiet")
+
+# Spellings of earlier versions, still accepted (hidden from --help): command path -> old -> current.
+ALIASES: dict[tuple[str, ...], dict[str, str]] = {
+    ("calib", "repeat"): {"--data": "--inputs", "--provider": "--ep", "--runs": "--repeats", "-n": "--repeats"},
+    ("locate",): {"--fp16-ep": "--ep", "--search": "--cudnn-conv-algo-search", "--runs": "--timed-runs", "-k": "--repeats"},
+    ("history",): {"--db": "--history"},
+}
+
+
+def _command_path(group: Any, args: list[str]) -> tuple[tuple[str, ...], Any]:
+    """The subcommand names at the front of ``args`` (``calib repeat``) and the command they name."""
+    path: list[str] = []
+    command: Any = group
+    for arg in args:
+        commands = getattr(command, "commands", None)
+        if arg.startswith("-") or not isinstance(commands, dict) or arg not in commands:
+            break
+        path.append(arg)
+        command = commands[arg]
+    return tuple(path), command
+
+
+def _is_cli_exception(exc: BaseException) -> bool:
+    """click's and typer's own exceptions (usage errors, --help's exit): theirs to handle."""
+    return type(exc).__module__.split(".")[0] in ("click", "typer")
+
+
+class QconsistGroup(TyperGroup):
+    """The root command group (see the module docstring)."""
+
+    verbosity = 0
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        rest, level = [], 0
+        for index, arg in enumerate(args):
+            if arg == "--":
+                rest += args[index:]
+                break
+            if arg in VERBOSE:
+                level = 1
+            elif arg in QUIET:
+                level = -1
+            else:
+                rest.append(arg)
+        path, command = _command_path(self, rest)
+        aliases = ALIASES.get(path, {})
+        rest = [_alias(arg, aliases) for arg in rest]
+        QconsistGroup.verbosity = level
+        ctx.meta["qconsist.command"] = command
+        logging.basicConfig(
+            level={1: logging.INFO, 0: logging.WARNING, -1: logging.ERROR}[level],
+            format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True,
+        )
+        return super().parse_args(ctx, rest)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except QconsistError as exc:
+            _fail(exc.render(_flag_namer(ctx.meta.get("qconsist.command"))), exc.exit_code)
+        except KeyboardInterrupt:
+            sys.stderr.write("error: interrupted\n")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as exc:  # noqa: BLE001 - the boundary: anything else is a bug, said in one line
+            if _is_cli_exception(exc):
+                if type(exc).__name__ != "NoArgsIsHelpError" and getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):
+                    _fail(exc.format_message(), 2)  # a usage error: one line too, not click's three
+                raise
+            if QconsistGroup.verbosity > 0:
+                traceback.print_exc(file=sys.stderr)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            _fail(f"{detail} (at {os.path.basename(where.filename)}:{where.lineno}) — rerun with -v for the traceback",
+                  EXIT_INTERNAL, prefix="internal error")
+
+
+def _alias(arg: str, aliases: dict[str, str]) -> str:
+    if not arg.startswith("-"):
+        return arg
+    flag, sep, value = arg.partition("=")
+    return aliases.get(flag, flag) + sep + value
+
+
+def _flag_namer(command: Any):
+    """Spell a parameter as the flag of the command that ran (``count`` -> ``--count``)."""
+    flags: dict[str, str] = {}
+    for param in getattr(command, "params", []):
+        long = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if getattr(param, "param_type_name", "") == "option" and long:
+            flags[param.name] = long[0]
+    return lambda name: flags.get(name, name)
+
+
+def _fail(message: str, code: int, prefix: str = "error") -> None:
+    text = " ".join(str(message).split())
+    sys.stderr.write(f"{prefix}: {text}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
 
 app = typer.Typer(
     name="qconsist",
+    cls=QconsistGroup,
     help="Are your quantized ONNX models reproducible? If not, which node is to blame?",
     no_args_is_help=True,
     add_completion=False,
@@ -25,44 +134,22 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def stdout_console() -> Console:
-    # markup off: tensor and node names may contain "[...]", which rich would otherwise eat; style with Text.
-    return Console(highlight=False, soft_wrap=False, markup=False)
+    """The terminal's width on a terminal; piped (CI logs, files), nothing is wrapped or cut. Markup is off:
+    tensor and node names may contain "[...]"."""
+    width = None if sys.stdout.isatty() else 100_000
+    return Console(highlight=False, soft_wrap=True, markup=False, width=width)
 
 
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
-def fail(message: str, code: int) -> None:
-    """Print ``error: message`` on one line to stderr and exit with ``code``."""
-    text = " ".join(str(message).split())
-    sys.stderr.write(f"error: {text}\n")
-    sys.stderr.flush()
-    raise typer.Exit(code)
-
-
-def handles_errors(func: F) -> F:
-    """Decorator for commands: a ``QconsistError`` becomes one line on stderr and its exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except QconsistError as exc:
-            fail(exc.message, exc.exit_code)
-        except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted\n")
-            raise typer.Exit(130)
-
-    return wrapper  # type: ignore[return-value]
-
-
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n")
+    from qconsist.store.serde import dumps
+
+    sys.stdout.write(dumps(data))
 
 
 def show_progress(json_output: bool) -> bool:
@@ -74,11 +161,11 @@ class RichProgress:
     """``qconsist.progress.Progress`` drawn with rich on stderr."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=stderr_console(), transient=True,
+            TimeRemainingColumn(), console=stderr_console(), transient=True,
         )
 
     @contextmanager
@@ -105,18 +192,16 @@ def progress_for(json_output: bool):  # -> Progress
 
 def _version_callback(value: bool) -> None:
     if value:
+        from qconsist import __version__
+
         typer.echo(f"qconsist {__version__}")
         raise typer.Exit(0)
 
 
 @app.callback()
 def root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does (to stderr)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does, and show tracebacks (also after the command)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors on stderr (also after the command)."),
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
 ) -> None:
     """Are your quantized ONNX models reproducible? If not, which node is to blame?"""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )

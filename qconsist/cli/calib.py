@@ -7,16 +7,15 @@ from typing import Optional
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, ConfigError
 
 calib_app = typer.Typer(help="Calibration: repeat it and compare the quantized models.", no_args_is_help=True)
-app.add_typer(calib_app, name="calib")
 
 
 def render_repeat(result) -> None:  # RepeatResult
     console = stdout_console()
-    console.soft_wrap = True
     for run in result.runs:
         console.print(f"  run {run.index}: md5 {run.md5}  ({run.seconds:.2f} s)")
     console.print(result.verdict())
@@ -26,40 +25,45 @@ def render_repeat(result) -> None:  # RepeatResult
         console.print(f"  run {run}: other initializers differ: {', '.join(names)}")
 
 
-@calib_app.command("repeat")
-@handles_errors
 def repeat(
-    source: Path = typer.Argument(..., help="A pipeline file (.toml) or an ONNX model (.onnx, then --data is required)."),
-    n: int = typer.Option(3, "-n", "--runs", min=2, max=100, help="How many calibrations to run and compare."),
-    data: Optional[str] = typer.Option(None, "--data", help="ONNX model only: calibration arrays (.npy/.npz, or a folder of .npy)."),
-    offset: int = typer.Option(0, "--offset", min=0, help="ONNX model only: first sample of --data to use."),
-    count: Optional[int] = typer.Option(None, "--count", min=1, help="ONNX model only: how many samples (default: all)."),
+    source: Path = typer.Argument(..., help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
+    repeats: opt.Repeats = 3,
+    inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
+    offset: opt.Offset = 0,
+    count: opt.Count = None,
     method: str = typer.Option("MinMax", "--method", help="ONNX model only: MinMax, Entropy, Percentile or Distribution."),
     quant_format: str = typer.Option("QDQ", "--format", help="ONNX model only: QDQ or QOperator."),
     per_channel: bool = typer.Option(False, "--per-channel/--per-tensor", help="ONNX model only: per-channel weights."),
-    provider: str = typer.Option("cpu", "--provider", help="ONNX model only: calibration execution provider, cpu or cuda."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ep: opt.Ep = "cpu",
+    batch_size: opt.BatchSize = 1,
+    json_output: opt.Json = False,
 ) -> None:
     """Run calibration + quantization N times on the same inputs and compare the quantized models' md5.
 
     Exit 0: all md5s agree; 1: they disagree (the differing tensors, by how much, and their nodes are listed);
-    2: error; 3: --provider cuda without the CUDA execution provider.
+    2: error; 3: --ep cuda without the CUDA execution provider.
     """
     from qconsist.pipeline.runner import repeat_from_onnx, repeat_from_pipeline
 
+    if not 2 <= repeats <= 100:
+        raise ConfigError(f"`repeats` must be between 2 and 100, got {repeats}")
+    if offset < 0 or (count is not None and count < 1):
+        raise ConfigError(f"`offset` must be >= 0 and `count` >= 1, got {offset} and {count}")
     progress = progress_for(json_output)
     if source.suffix.lower() == ".toml":
         from qconsist.pipeline.config import load_pipeline
 
-        if data is not None:
-            raise ConfigError("--data applies to an ONNX model; a pipeline file declares [calibration] data")
-        result = repeat_from_pipeline(load_pipeline(source), n, progress)
+        if inputs is not None or batch_size != 1:
+            raise ConfigError("`inputs` and `batch_size` apply to an ONNX model; a pipeline file declares "
+                              "[calibration] data and batch_size")
+        result = repeat_from_pipeline(load_pipeline(source), repeats, progress)
     else:
-        if data is None:
-            raise ConfigError(f"{source} is not a pipeline file (.toml): give --data with the calibration arrays")
-        result = repeat_from_onnx(source, _data(data, offset, count), n, *_options(method, quant_format, per_channel, provider), progress=progress)
+        if inputs is None:
+            raise ConfigError(f"{source} is not a pipeline file (.toml): give `inputs` with the calibration arrays")
+        result = repeat_from_onnx(source, _data(inputs, offset, count), repeats,
+                                  *_options(method, quant_format, per_channel, ep, batch_size), progress=progress)
     if json_output:
-        print_json(result.to_json())
+        print_json(result)
     else:
         render_repeat(result)
     if not result.agree:
@@ -72,12 +76,12 @@ def _data(data: str, offset: int, count: int | None):
     return DataConfig(data if data.startswith("package:") else str(Path(data)), offset, count)
 
 
-def _options(method: str, quant_format: str, per_channel: bool, provider: str):
+def _options(method: str, quant_format: str, per_channel: bool, provider: str, batch_size: int = 1):
     from qconsist.pipeline.config import parse_pipeline
 
     config = parse_pipeline({
         "model": {"onnx": "model.onnx"},
-        "calibration": {"data": "unused.npy", "method": method, "provider": provider},
+        "calibration": {"data": "unused.npy", "method": method, "provider": provider, "batch_size": batch_size},
         "quantize": {"format": quant_format, "per_channel": per_channel},
     }, origin="options")
     return config.quantize, config.calibration.options

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.table import Table
 
-from qconsist.cli.app import app, handles_errors, print_json, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 _SHOWN = 12
@@ -18,34 +20,41 @@ def _num(value: float) -> str:
 
 
 def _render(result) -> None:  # result: DiffResult
+    from qconsist.compare.statistics import histogram_items
+
     console = stdout_console()
     console.print(f"A: {result.run_a}\nB: {result.run_b}")
+    if result.versions.numerics:
+        console.print("WARNING: the runs ran with different versions of what decides the numerics "
+                      "(a common cause of other results on the same model):")
+        for change in result.versions.numerics:
+            console.print(f"  {change}")
     for line in result.options:
         console.print(f"options differ: {line}")
     art = result.artifacts
-    first = art["first_differing_stage"]
+    first = art.first_differing_stage
     console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
-    for stage in art["stages"]:
-        if not stage["same_bytes"] and stage["same_computation"]:
-            what = "; ".join(line[:120] for line in stage.get("metadata", [])[:2]) or stage.get("note", "")
-            console.print(f"  {stage['name']}: bytes differ, computation identical ({what})")
-        if stage.get("changes"):
-            ch = stage["changes"]
+    for stage in art.stages:
+        if not stage.same_bytes and stage.same_computation:
+            what = "; ".join(line[:120] for line in stage.metadata[:2]) or stage.note
+            console.print(f"  {stage.name}: bytes differ, computation identical ({what})")
+        if stage.changes:
+            ch = stage.changes
             console.print(
-                f"  {stage['name']}: md5 {stage['md5_a']} -> {stage['md5_b']}; nodes +{len(ch['nodes_added'])} "
-                f"-{len(ch['nodes_removed'])}, attributes changed {len(ch['attributes_changed'])}, "
-                f"initializers changed {len(ch['initializers_changed'])}"
+                f"  {stage.name}: md5 {stage.md5_a} -> {stage.md5_b}; nodes +{len(ch.nodes_added)} "
+                f"-{len(ch.nodes_removed)}, attributes changed {len(ch.attributes_changed)}, "
+                f"initializers changed {len(ch.initializers_changed)}"
             )
-            qparams = [c for c in ch["initializers_changed"] if c["quantization_parameter"]]
+            qparams = ch.quantization_parameters
             for change in qparams[:_SHOWN]:
-                console.print(f"    {change['name']} (used by {', '.join(change['consumers'][:3])})")
+                console.print(f"    {change.name} (used by {', '.join(change.consumers[:3])})")
             if len(qparams) > _SHOWN:
                 console.print(f"    ... {len(qparams) - _SHOWN} more scale / zero-point tensors")
     calib = result.calibration
-    if calib["compared"]:
-        console.print(f"calibration: {len(calib['changed'])} tensor(s) changed range or scale")
-        for entry in calib["changed"][:_SHOWN]:
-            console.print(f"  {entry['tensor']}: {', '.join(entry['fields'])}")
+    if calib.compared:
+        console.print(f"calibration: {len(calib.changed)} tensor(s) changed range or scale")
+        for entry in calib.changed[:_SHOWN]:
+            console.print(f"  {entry.tensor}: {', '.join(entry.fields)}")
     tensors = result.tensors
     if tensors is not None:
         if not tensors.nodes:
@@ -61,12 +70,12 @@ def _render(result) -> None:  # result: DiffResult
                 if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
                     continue
                 e = node.elements
-                mismatch = f"{e.differing} / {e.total} ({e.percent:.2f}%)" if e else "raw not kept"
+                mismatch = f"{e.differing} / {e.elements} ({e.percent:.2f}%)" if e else "raw not kept"
                 extra = "-"
                 if e and e.max_ulp is not None:
                     extra = str(e.max_ulp)
                 elif e and e.histogram:
-                    extra = " ".join(f"{k}:{v}" for k, v in sorted(e.histogram.items(), key=lambda kv: int(kv[0])))
+                    extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
                 table.add_row(
                     node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
                     f"{len(node.samples)}/{tensors.samples}", mismatch,
@@ -80,33 +89,44 @@ def _render(result) -> None:  # result: DiffResult
                 console.print("element statistics need raw tensors; capture them with:")
                 for command in result.capture:
                     console.print(f"  {command}")
+    if result.engines:
+        console.print("cuDNN kernels (each run's engine record, cuDNN's API log):")
+        for change in result.engines:
+            console.print(f"  {change.describe()}")
     if result.outputs is not None:
         o = result.outputs
         console.print(
-            f"final outputs: {len(o['differing_samples'])}/{o['samples']} samples differ, greatest abs difference "
-            f"{_num(o['max_abs'])}, top-1 agreement {100 * o['top1_agreement']:.1f}%"
+            f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
+            f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
         )
     for note in result.notes:
         console.print(f"note: {note}")
     console.print("verdict: identical" if result.passed else "verdict: diverged")
 
 
-@app.command("diff")
-@handles_errors
 def diff(
     run_a: Path = typer.Argument(..., help="First run directory."),
     run_b: Path = typer.Argument(..., help="Second run directory."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    explorer: Optional[Path] = typer.Option(None, "--explorer", help="Also write the per-node divergence as Google Model Explorer node data into this folder (status, mismatched, greatest_difference, origin .json)."),
+    json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
 
     Exit 0 identical, 1 diverged, 2 error (incomplete runs, different models or input sets).
     """
-    from qconsist.compare.diff import diff_runs
+    from qconsist.diff import diff_runs
 
     result = diff_runs(run_a, run_b)
+    if explorer is not None:
+        from qconsist.explain.explorer import explorer_overlay
+
+        overlay = explorer_overlay(result)
+        paths = overlay.write(explorer)
+        if not json_output:
+            stdout_console().print(f"Model Explorer node data: {', '.join(map(str, paths))} (open {overlay.model} "
+                                   "with model-explorer and load them as node data)")
     if json_output:
-        print_json(result.to_json())
+        print_json(result)
     else:
         _render(result)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_DIVERGED)

@@ -7,13 +7,13 @@ from typing import Optional
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 
 def render_verdict(verdict) -> None:  # GateVerdict
     console = stdout_console()
-    console.soft_wrap = True
     console.print(("PASS" if verdict.passed else "FAIL") + f" {verdict.model}: {verdict.candidate}")
     console.print(f"  baseline: {verdict.baseline or 'none'}; policy: {verdict.policy.get('source')}")
     if verdict.changed_stages:
@@ -24,15 +24,13 @@ def render_verdict(verdict) -> None:  # GateVerdict
         console.print(f"  {check.status.value.upper():<14} {check.name}: {check.message}")
 
 
-@app.command("gate")
-@handles_errors
 def gate(
     run: Path = typer.Argument(..., help="Candidate: a pipeline run or a nightly entry run directory."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline run of the same kind (omit: first release, nothing to compare)."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="Policy file (TOML; default: the built-in defaults, see policies/default.toml)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdict as JUnit XML to this file."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write a markdown summary to this file."),
-    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+    json_output: opt.Json = False,
 ) -> None:
     """Judge RUN against --baseline under --policy: artifact hashes, repeated calibration and inference,
     output drift against the float model and the baseline, NaN/Inf, labels, the pinned GPU config.
@@ -48,7 +46,7 @@ def gate(
     if markdown is not None:
         write_report(verdict.to_markdown(), markdown)
     if json_output:
-        print_json(verdict.to_json())
+        print_json(verdict)
     else:
         render_verdict(verdict)
     raise typer.Exit(EXIT_OK if verdict.passed else EXIT_DIVERGED)

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, print_json, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, stdout_console
 
 
-@app.command("history")
-@handles_errors
 def history(
     model: str = typer.Argument(..., help="Model name, as in the nightly file's [[models]] name."),
-    database: Path = typer.Option(Path("runs/history.sqlite"), "--db", help="History database written by qconsist nightly."),
-    json_output: bool = typer.Option(False, "--json", help="Print the timeline as JSON."),
+    history: opt.History = None,
+    json_output: opt.Json = False,
 ) -> None:
     """Show MODEL's nights (hashes, verdicts) and each change: which stage's hash or the verdict changed,
     first on which night, and what changed in the environment with it.
@@ -22,18 +21,17 @@ def history(
     Exit 0; 2: no such database or model.
     """
     from qconsist.errors import InputError
-    from qconsist.history import History, model_timeline
+    from qconsist.history import History as HistoryDB, model_timeline
 
+    database = history or Path("runs/history.sqlite")
     if not database.is_file():
-        raise InputError(f"history database {database} does not exist; run qconsist nightly first (or give --db)")
-    db = History(database)
-    db.mark_abandoned()
+        raise InputError(f"history database {database} does not exist; run qconsist nightly first (or give `history`)")
+    db = HistoryDB(database)
     timeline = model_timeline(db, model)
     if json_output:
-        print_json(timeline.to_json())
+        print_json(timeline)
         return
     console = stdout_console()
-    console.soft_wrap = True
     console.print(f"{model}: {len(timeline.nights)} night(s) in {database}")
     for row in timeline.nights:
         verdict = row["verdict"]

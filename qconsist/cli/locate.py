@@ -3,57 +3,57 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, ConfigError
 
 
-def _configs(specs: list[str], search: str, tf32: str, workspace: bool, deterministic: bool):
+def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace: bool, deterministic: bool):
     from qconsist.gpu.config import default_matrix, parse_matrix, parse_search
 
     if specs:
-        if search != "EXHAUSTIVE,HEURISTIC,DEFAULT" or tf32 != "both" or workspace or deterministic:
-            raise ConfigError("--config lists the configurations itself; drop --search/--tf32/--*-variants")
+        if searches or tf32 is not None or workspace or deterministic:
+            raise ConfigError("`config` lists the configurations itself; drop `algo_search`, `tf32` and the variants")
         return parse_matrix(specs)
-    tf32_values = {"both": (True, False), "on": (True,), "off": (False,)}
-    if tf32 not in tf32_values:
-        raise ConfigError(f"--tf32 must be both, on or off, not {tf32!r}")
-    searches = [parse_search(s) for s in search.split(",") if s.strip()]
-    return default_matrix(searches, tf32_values[tf32], workspace, deterministic)
+    modes = [parse_search(s) for text in searches or ["EXHAUSTIVE,HEURISTIC,DEFAULT"] for s in text.split(",") if s.strip()]
+    return default_matrix(modes, (True, False) if tf32 is None else (tf32,), workspace, deterministic)
 
 
-@app.command("locate")
-@handles_errors
 def locate_command(
-    model: Path = typer.Argument(..., help="An .onnx file, or a run directory (its --stage artifact)."),
-    inputs: str = typer.Option(..., "--inputs", help="Folder of images, .npy/.npz file, folder of .npy, or package:photos."),
-    stage: Optional[str] = typer.Option(None, "--stage", help="Stage of a run directory (default: quantize)."),
-    pipeline: Optional[Path] = typer.Option(None, "--pipeline", help="Pipeline file: its [preprocess] prepares images; its [quantize] and [calibration] serve --calibration-repeats."),
-    offset: int = typer.Option(0, "--offset", help="First sample of the input set."),
-    count: int = typer.Option(8, "--count", help="Samples to run (1-256)."),
-    repeats: int = typer.Option(4, "--repeats", "-k", help="Fresh sessions per configuration (>= 2)."),
-    config: List[str] = typer.Option([], "--config", help="A configuration: SEARCH, then optionally /tf32=0|1, /workspace=0|1, /deterministic=0|1 (e.g. HEURISTIC/tf32=0); repeat or comma-separate; the first is the reference. Default: the matrix of --search x --tf32."),
-    search: str = typer.Option("EXHAUSTIVE,HEURISTIC,DEFAULT", "--search", help="Matrix: cudnn_conv_algo_search modes."),
-    tf32: str = typer.Option("both", "--tf32", help="Matrix: use_tf32 both, on or off."),
+    model: opt.ModelArg,
+    inputs: opt.Inputs,
+    stage: opt.Stage = None,
+    pipeline: opt.PipelineFile = None,
+    offset: opt.Offset = 0,
+    count: opt.Count = 8,
+    repeats: opt.Repeats = 4,
+    batch_size: opt.BatchSize = 1,
+    config: List[str] = typer.Option([], "--config", help="A configuration: SEARCH, then optionally /tf32=0|1, /workspace=0|1, /deterministic=0|1 (e.g. HEURISTIC/tf32=0); repeat or comma-separate; the first is the reference. Default: the matrix of --cudnn-conv-algo-search x --tf32."),
+    algo_search: opt.AlgoSearches = [],  # noqa: B006 - typer's list default
+    tf32: opt.Tf32 = None,
     workspace_variants: bool = typer.Option(False, "--workspace-variants", help="Matrix: add each config with cudnn_conv_use_max_workspace=0."),
     deterministic_variants: bool = typer.Option(False, "--deterministic-variants", help="Matrix: add each config with deterministic compute."),
     contention: bool = typer.Option(False, "--contention", help="Repeat again while another process loads the GPU with changing convolutions."),
     contention_workers: int = typer.Option(1, "--contention-workers", help="With --contention: how many processes load the GPU (1-16)."),
     warmup: int = typer.Option(5, "--warmup", help="Latency: warm-up runs after the first one."),
-    runs: int = typer.Option(30, "--runs", help="Latency: timed runs (median and spread)."),
+    timed_runs: int = typer.Option(30, "--timed-runs", help="Latency: timed runs (median and spread)."),
     max_cost: float = typer.Option(1.05, "--max-cost", help="Accepted latency of the recommended config, as a ratio to the fastest."),
     precision: str = typer.Option("fp32", "--precision", help="fp32: the configuration matrix; fp16: convert to float16 and find the first NaN/Inf/overflow."),
-    fp16_ep: str = typer.Option("cuda", "--fp16-ep", help="Execution provider of --precision fp16: cuda or cpu."),
+    ep: opt.Ep = "cuda",
     calibration_repeats: int = typer.Option(0, "--calibration-repeats", help="Also calibrate N times on the CUDA EP per search mode and compare with the CPU (0: off)."),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories go."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    session_runs: int = typer.Option(3, "--session-runs", help="Runs of each config's reference session compared with its first run (run-to-run variation); 1: off."),
+    engines: opt.Engines = True,
+    engine_runs: opt.EngineRuns = 3,
+    rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite", help="When a ConvTranspose / ScatterElements varies and no fast config is stable: measure the model with those nodes rewritten (determinize)."),
+    runs_dir: opt.RunsDir = None,
+    run_id: opt.RunId = None,
+    json_output: opt.Json = False,
 ) -> None:
     """Find the nodes whose outputs vary between fresh GPU sessions (repeat) or between cuDNN algorithm
     searches and TF32 (algorithm), time every configuration and recommend the fastest bit-stable one.
@@ -62,22 +62,27 @@ def locate_command(
     Exit 1: none, or fp16 found NaN/Inf/overflow, or GPU calibrations disagree.
     Exit 2: error. Exit 3: no usable CUDA GPU.
     """
+    from pathlib import Path as _Path
+
     from qconsist.gpu.latency import LatencyOptions
     from qconsist.gpu.locate import LocateOptions
     from qconsist.gpu.run import LocateRequest, run_locate
 
     _quiet_onnxruntime()
+    if ep != "cuda" and precision != "fp16":
+        raise ConfigError("the configuration matrix runs on the CUDA execution provider: `ep` cuda (or `precision` fp16 on another EP)")
     request = LocateRequest(
         model=model, inputs=inputs, stage=stage, pipeline=pipeline, offset=offset, count=count,
-        precision=_choice(precision, ("fp32", "fp16"), "--precision"),
-        fp16_ep=_choice(fp16_ep, ("cuda", "cpu"), "--fp16-ep"),
+        precision=_choice(precision, ("fp32", "fp16"), "precision"), fp16_ep=ep, batch_size=batch_size,
         locate=LocateOptions(
-            configs=tuple(_configs(config, search, tf32, workspace_variants, deterministic_variants)),
-            repeats=repeats, contention=contention, contention_workers=contention_workers, latency=LatencyOptions(warmup, runs), max_cost=max_cost,
+            configs=tuple(_configs(config, algo_search, tf32, workspace_variants, deterministic_variants)),
+            repeats=repeats, contention=contention, contention_workers=contention_workers,
+            latency=LatencyOptions(warmup, timed_runs), max_cost=max_cost, session_runs=session_runs,
+            engines=engines, engine_runs=engine_runs, rewrite=rewrite,
         ),
         calibration_repeats=calibration_repeats,
     )
-    report, path = run_locate(request, runs_dir, sys.argv, run_id, progress_for(json_output))
+    report, path = run_locate(request, runs_dir or _Path("runs"), sys.argv, run_id, progress_for(json_output))
     if json_output:
         print_json({**report.to_json(), "run_dir": str(path)})
     else:
@@ -98,9 +103,9 @@ def _quiet_onnxruntime() -> None:
         ort.set_default_logger_severity(3)
 
 
-def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+def _choice(value: str, allowed: tuple[str, ...], parameter: str) -> str:
     if value not in allowed:
-        raise ConfigError(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
+        raise ConfigError(f"`{parameter}` must be one of {', '.join(allowed)}, not {value!r}")
     return value
 
 
@@ -120,11 +125,14 @@ def _abs(value) -> str:
 
 
 def _render_repeats(report, console) -> None:
-    phases = ["quiet"] + (["contention"] if report.contention else [])
-    table = Table(title=f"Repeat stability: {report.repeats} fresh sessions per config", title_justify="left")
+    runs = any(cfg.repeat("run-to-run") for cfg in report.configs)
+    phases = (["run-to-run"] if runs else []) + ["quiet"] + (["contention"] if report.contention else [])
+    titles = {"run-to-run": "runs of one session", "quiet": "fresh sessions", "contention": "sessions under contention"}
+    table = Table(title=f"Repeat stability: {report.repeats} fresh sessions per config"
+                  + (" and the runs of its first session" if runs else ""), title_justify="left")
     table.add_column("config")
     for phase in phases:
-        table.add_column(phase)
+        table.add_column(titles[phase])
     table.add_column("repeat origins")
     for cfg in report.configs:
         cells = []
@@ -199,8 +207,14 @@ def _render_latency(report, console) -> None:
         table.add_column(column)
     for cfg in report.configs:
         lat = cfg.latency
-        ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat and rec else "-"
-        faithful = "faithful" if cfg.faithful.get("faithful") else Text("NOT faithful", style="red")
+        ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat is not None and rec is not None else "-"
+        runs = cfg.repeat("run-to-run")
+        if cfg.faithful.get("faithful"):
+            faithful = "faithful"
+        elif runs is not None and not runs.stable:
+            faithful = Text("n/a: varies run to run", style="yellow")  # no observation can match production bit for bit
+        else:
+            faithful = Text("NOT faithful", style="red")
         table.add_row(cfg.label, _ms(lat.first_run_ms if lat else None), _ms(lat.median_ms if lat else None),
                       f"{_ms(lat.p25_ms)}-{_ms(lat.p75_ms)}" if lat else "-", f"{lat.spread:.1%}" if lat else "-",
                       ratio, "yes" if cfg.stable else Text("no", style="red"), faithful)
@@ -224,44 +238,98 @@ def _render_recommendation(report, console) -> None:
         console.print(f"  note: {note}")
 
 
-def _render_fp16(fp16, console) -> None:
-    console.print(f"fp16 ({fp16['execution']['ep']} EP, {fp16['samples']} samples; "
-                  f"{fp16['truncated_constants']} constants clamped by the converter)")
-    console.print(f"  {fp16['note']}")
-    first = fp16["first_nonfinite"]
+def _render_fp16(fp16, console) -> None:  # Fp16Report
+    console.print(f"fp16 ({fp16.execution['provider']} EP, {fp16.samples} samples; "
+                  f"{fp16.truncated_constants} constants clamped by the converter)")
+    console.print(f"  {fp16.note()}")
+    first, over = fp16.first_nonfinite, fp16.first_overflow
     if first:
-        console.print(f"  first NaN/Inf: {first['label']} ({first['op_type']}, tensor {first['tensor']}), sample "
-                      f"{first['sample']}: {first['nan']} NaN, {first['inf']} Inf (float32 max |x| {first['max_abs_fp32']:.6g})")
-    over = fp16["first_overflow"]
+        console.print(f"  first NaN/Inf: {first.label} ({first.op_type}, tensor {first.tensor}), sample "
+                      f"{first.sample}: {first.nan} NaN, {first.inf} Inf (float32 max |x| {first.max_abs_fp32:.6g})")
     if over:
-        console.print(f"  first overflow: {over['label']} ({over['op_type']}): float32 max |x| {over['max_abs_fp32']:.6g} "
-                      f"> 65504, sample {over['sample']}")
+        console.print(f"  first overflow: {over.label} ({over.op_type}): float32 max |x| {over.max_abs_fp32:.6g} "
+                      f"> 65504, sample {over.sample}")
     for finding in (first, over):
-        if finding and len(finding.get("covers", [])) > 1:
-            console.print(f"    ({finding['label']} computes {', '.join(finding['covers'])})")
+        if finding and len(finding.covers) > 1:
+            console.print(f"    ({finding.label} computes {', '.join(finding.covers)})")
     if not first and not over:
         console.print("  no NaN, Inf or overflow")
-    for node in fp16["worst_nodes"][:3]:
-        console.print(f"  {node['label']}: greatest diff {node['max_abs']:.3g} ({node['max_rel']:.2e} of its largest value)")
-    console.print(f"  final outputs: greatest diff {_abs(fp16['output_greatest_abs'])}, top-1 agrees "
-                  f"{fp16['top1_agree']}/{fp16['samples']}")
+    for node in fp16.worst_nodes[:3]:
+        console.print(f"  {node.label}: greatest diff {node.max_abs:.3g} ({node.max_rel:.2e} of its largest value)")
+    console.print(f"  final outputs: greatest diff {_abs(fp16.output_greatest_abs)}, top-1 agrees "
+                  f"{fp16.top1_agree}/{fp16.effect.samples}")
 
 
-def _render_calibration(calibration, console) -> None:
-    console.print(f"GPU calibration: {calibration['verdict']}")
-    console.print(f"  CPU: md5 {calibration['cpu_md5']}")
-    for mode in calibration["modes"]:
-        md5s = ", ".join(sorted(set(mode["md5s"])))
-        cpu = "same as CPU" if mode["matches_cpu"] else f"differs from CPU in {len(mode['cpu_differences'])} tensor(s)"
-        console.print(f"  {mode['config']}: {len(mode['md5s'])} runs, md5 {md5s}; {cpu}")
-        activations = sum(1 for d in mode["cpu_differences"] if d["kind"] == "activation")
-        if mode["cpu_differences"]:
+def _render_calibration(calibration, console) -> None:  # GpuCalibrationReport
+    console.print(f"GPU calibration: {calibration.verdict()}")
+    console.print(f"  CPU: md5 {calibration.cpu_md5}")
+    for mode in calibration.modes:
+        md5s = ", ".join(sorted(set(mode.repeat.md5s)))
+        cpu = "same as CPU" if mode.matches_cpu else f"differs from CPU in {len(mode.cpu_differences)} tensor(s)"
+        console.print(f"  {mode.config}: {len(mode.repeat.md5s)} runs, md5 {md5s}; {cpu}")
+        activations = sum(1 for d in mode.cpu_differences if d["kind"] == "activation")
+        if mode.cpu_differences:
             console.print(f"    {activations} activation scale(s) differ from the CPU calibration; the largest:")
-        for diff in mode["cpu_differences"][:3]:
+        for diff in mode.cpu_differences[:3]:
             rel = diff["scale_max_rel_diff"]
             shown = rel if isinstance(rel, str) else f"{100 * float(rel):.3g}%"
             console.print(f"    {diff['kind']} {diff['tensor']} (nodes {', '.join(diff['nodes'][:2])}): scale differs by "
                           f"up to {_abs(diff['scale_max_abs_diff'])} ({shown})")
+
+
+def _render_engines(report, console) -> None:
+    if not report.engines and not report.engine_errors:
+        return
+    origins = {n.label for n in report.nodes}
+    console.print("cuDNN engines per convolution (cuDNN's API log, a child session of each config):")
+    for record in report.engines:
+        distinct = {e for n in record.nodes for e in n.runs if e != "-"}
+        moving = [n for n in record.nodes if not n.same_engine]
+        flagged = [n for n in record.nodes if n.nondeterministic]
+        tried = sum(len(n.tried) for n in record.nodes)
+        cost = (f", recording {record.seconds:.1f} s vs {record.plain_seconds:.1f} s without the log"
+                if record.plain_seconds else "")
+        console.print(
+            f"  {record.config}: {len(record.nodes)} convolution(s) through cuDNN, {len(distinct)} distinct engine(s), "
+            + (f"{len(flagged)} marked non-deterministic" if flagged else "none marked non-deterministic")
+            + ("; the same engine in every run" if not moving else f"; {len(moving)} changed engine between runs")
+            + (f"; its search executed {tried} candidate(s) first" if tried else "")
+            + ("; final outputs identical in its runs" if record.outputs_stable else
+               "; final outputs DIFFER between its runs")
+            + cost
+        )
+        for node in record.nodes:
+            if node.nondeterministic or not node.same_engine or node.label in origins:
+                console.print(f"    {node.describe(record.config)}", markup=False)
+        for miss in record.unmatched[:3]:
+            console.print(f"    unmatched execution: {miss}")
+    for config, error in report.engine_errors.items():
+        console.print(f"  {config}: no engine record: {error}", markup=False)
+
+
+def _render_alternative(report, console) -> None:
+    alt = report.alternative
+    if alt is None:
+        return
+    if not hasattr(alt, "configs"):
+        console.print(f"rewrite alternative: none: {alt.reason}", markup=False)
+        return
+    console.print(f"rewrite alternative (determinize): {', '.join(alt.rewritten)}; outputs within "
+                  f"{_abs(alt.outputs_max_abs)} of the original on the {alt.samples} inputs (CPU), top-1 agrees "
+                  f"{alt.top1_agree}/{alt.samples}; determinize's own check {alt.check_max_abs:.3g}")
+    rec = report.recommendation
+    fastest = alt.original_fastest_ms
+    for cfg in alt.configs:
+        lat = cfg.latency
+        state = "bit-stable" if cfg.stable else "VARIES"
+        console.print(f"  rewritten, {cfg.label}: {_ms(lat.median_ms if lat else None)} ms "
+                      f"({lat.median_ms / fastest:.2f}x the original's fastest), {state}" if lat else f"  {cfg.label}: -")
+    best = alt.recommendation
+    if best is not None and best.config is not None:
+        original = (f"the original's stable {rec.config} {rec.median_ms:.2f} ms ({rec.cost:.2f}x)"
+                    if rec is not None and rec.config else "no stable configuration of the original")
+        console.print(f"  compare: {original} vs {best.config} + rewritten nodes {best.median_ms:.2f} ms "
+                      f"({alt.cost_vs_original:.2f}x), bit-stable")
 
 
 def render(report, console) -> None:
@@ -275,11 +343,13 @@ def render(report, console) -> None:
         _render_repeats(report, console)
         _render_comparisons(report, console)
         _render_nodes(report, console)
+        _render_engines(report, console)
         _render_latency(report, console)
         _render_recommendation(report, console)
-    if report.calibration:
+        _render_alternative(report, console)
+    if report.calibration is not None:
         _render_calibration(report.calibration, console)
-    if report.fp16:
+    if report.fp16 is not None:
         _render_fp16(report.fp16, console)
     phases = report.device.get("phase_seconds") or {}
     if report.seconds:

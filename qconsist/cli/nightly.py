@@ -7,12 +7,12 @@ from typing import List, Optional
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, print_json, progress_for, stdout_console
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, progress_for, stdout_console
 
 
 def render_night(result) -> None:  # NightlyResult
     console = stdout_console()
-    console.soft_wrap = True
     counts = result.summary()
     console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error")
     for entry in result.entries:
@@ -28,14 +28,12 @@ def render_night(result) -> None:  # NightlyResult
     console.print(f"history: {result.history}")
 
 
-@app.command("nightly")
-@handles_errors
 def nightly(
     file: Path = typer.Argument(..., help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model (repeatable)."),
-    runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Where run directories go (default: the file's runs_dir)."),
-    history: Optional[Path] = typer.Option(None, "--history", help="History database (default: the file's history, else <runs_dir>/history.sqlite)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the night's result as JSON."),
+    runs_dir: opt.RunsDir = None,
+    history: opt.History = None,
+    json_output: opt.Json = False,
 ) -> None:
     """Run every model of FILE: pipeline, inference dumps, locate (where a GPU exists), the diff against the
     last good night and the gate; record everything in the history; write one HTML report.
@@ -53,7 +51,7 @@ def nightly(
         config = replace(config, history=history.resolve())
     result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()))
     if json_output:
-        print_json(result.to_json())
+        print_json(result)
     else:
         render_night(result)
     raise typer.Exit(result.exit_code)

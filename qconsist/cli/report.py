@@ -7,21 +7,23 @@ from typing import List
 
 import typer
 
-from qconsist.cli.app import app, handles_errors, stdout_console
+from qconsist.cli.app import stdout_console
 
 
-@app.command("report")
-@handles_errors
 def report(
     items: List[Path] = typer.Argument(..., help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
 ) -> None:
     """Write one self-contained HTML report: verdict, artifacts table, per-node divergence along the
-    topological order (inline SVG), origin nodes, GPU configuration matrix with latencies.
+    topological order (inline SVG), origin nodes, GPU configuration matrix with latencies; for a diff, its
+    per-node divergence as Google Model Explorer node data beside it (OUTPUT's name + .explorer/), linked.
 
     Exit 0: written; 2: an input is not a complete run or a diff result, or OUTPUT cannot be written.
     """
     from qconsist.report import render_paths, write_report
 
-    write_report(render_paths(items), output)
+    explorer = output.parent / f"{output.stem}.explorer"
+    write_report(render_paths(items, explorer, output.parent), output)
     stdout_console().print(f"report: {output}")
+    if explorer.is_dir():
+        stdout_console().print(f"Model Explorer node data: {explorer}/")

@@ -9,15 +9,21 @@ from typing import Any
 
 import numpy as np
 
+from qconsist.compare import OutputComparison, compare_outputs, top1
 from qconsist.errors import QconsistError
 from qconsist.gate.evidence import Side, evaluation_inputs
 from qconsist.gate.policy import DriftLimits, Policy
 from qconsist.gate.verdict import CheckResult, CheckStatus
+from qconsist.diff.artifacts import compare_artifacts
+from qconsist.inference.session import outputs_of
+from qconsist.gpu.config import GpuConfig
+from qconsist.store.rundir import open_run
+from qconsist.gpu.run import load_report_data
+from qconsist.environment import compare_environments
 
 log = logging.getLogger(__name__)
 
 PASS, FAIL, NA = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.NOT_APPLICABLE
-STAGES = ("convert", "optimize", "quantize")
 
 
 def _short(digest: str | None) -> str:
@@ -28,11 +34,9 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
     """Stages whose artifact hash differs from the baseline's, in pipeline order, with what else changed:
     parameters, and (``qconsist diff``'s artifact comparison) whether only metadata such as the graph name
     changed or the computation itself."""
-    from qconsist.compare.artifacts import compare_artifacts
 
     recorded = "md5" if hash_kind == "computation" else hash_kind
-    compared = {s["name"]: s for s in compare_artifacts(baseline.pipeline_path, baseline.pipeline,
-                                                        candidate.pipeline_path, candidate.pipeline)["stages"]}
+    compared = compare_artifacts(baseline.pipeline_path, baseline.pipeline, candidate.pipeline_path, candidate.pipeline)
     changes = []
     for stage in candidate.pipeline.stages:
         name = stage["name"]
@@ -41,11 +45,11 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
         theirs = _artifact_of(other).get(recorded)
         if (mine is None and theirs is None) or mine == theirs:
             continue
-        detail = compared.get(name, {})
-        metadata_only = detail.get("same_computation") is True
+        detail = compared.stage(name)
+        metadata_only = detail is not None and detail.same_computation
         params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
         changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params,
-                        "metadata_only": metadata_only, "metadata": list(detail.get("metadata") or [])})
+                        "metadata_only": metadata_only, "metadata": list(detail.metadata) if detail else []})
     return changes
 
 
@@ -183,24 +187,19 @@ def check_quantization_params(candidate: Side, policy: Policy) -> CheckResult:
 
 
 def _compare(reference: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], limits: DriftLimits):
-    from qconsist.pipeline.evaluation import compare_outputs
-
     atol = limits.max_abs_diff
     return compare_outputs(reference, got, atol, 0.0 if atol is not None else None)
 
 
-def _drift_result(name: str, against: str, comparison: Any, limits: DriftLimits, extra: str = "") -> CheckResult:
+def _drift_result(name: str, against: str, comparison: OutputComparison, limits: DriftLimits, extra: str = "") -> CheckResult:
     tolerance = {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement, "rtol": 0.0}
     pct = 100.0 * comparison.mismatched / comparison.elements if comparison.elements else 0.0
-    measured = {
-        "samples": comparison.samples, "elements": comparison.elements, "mismatched": comparison.mismatched,
-        "max_abs_diff": comparison.max_abs_diff, "max_rel_diff": comparison.max_rel_diff,
-        "worst_output": comparison.worst_output, "worst_sample": comparison.worst_sample,
-        "worst_index": list(comparison.worst_index), "top1_agreement": comparison.top1_agreement,
-    }
+    record = comparison.to_json()
+    measured = {key: record[key] for key in ("samples", "elements", "mismatched", "max_abs_diff", "max_rel_diff",
+                                             "worst_output", "worst_sample", "worst_index", "top1_agreement")}
     figures = (
-        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {comparison.worst_output}"
-        f"{list(comparison.worst_index)} of sample {comparison.worst_sample}, top-1 agreement "
+        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
+        f"{record['worst_index']} of sample {record['worst_sample']}, top-1 agreement "
         f"{comparison.top1_agreement:.1%} over {comparison.samples} samples"
     )
     failures = []
@@ -264,7 +263,6 @@ def check_inference_repeat(candidate: Side, policy: Policy, repeat_divergence: d
         return CheckResult("inference.repeat", FAIL,
                            f"two inferences of the same model differ; first diverging node {repeat_divergence.get('first_diverging_node')}",
                            tolerance, repeat_divergence)
-    from qconsist.pipeline.evaluation import outputs_of
 
     first = candidate.outputs("quantize")
     second = outputs_of(candidate.artifact("quantize"), evaluation_inputs(candidate))
@@ -308,7 +306,7 @@ def check_labels(candidate: Side, policy: Policy) -> CheckResult:
     scored = [(name, out) for name, out in zip(names, outputs) if name in candidate.labels]
     if not scored:
         return CheckResult("labels.accuracy", FAIL, "no evaluation sample has a label (label names do not match)", tolerance)
-    correct = sum(int(np.argmax(next(iter(out.values()))) == int(candidate.labels[name])) for name, out in scored)
+    correct = sum(int(top1(next(iter(out.values())))[0] == int(candidate.labels[name])) for name, out in scored)
     accuracy = correct / len(scored)
     measured = {"accuracy": accuracy, "labelled": len(scored), "correct": correct}
     status = PASS if accuracy >= policy.labels.min_accuracy else FAIL
@@ -331,16 +329,38 @@ def recommended_gpu_config(locate: Any) -> str | None:
     return None
 
 
+_PHASES = {"run-to-run": "between runs of one session", "quiet": "between fresh sessions",
+           "contention": "between sessions under GPU contention"}
+
+
+def _varying_nodes(report: dict, want: Any) -> str:
+    """The nodes that varied under a config in a locate report, and how: "node upscore (ConvTranspose) vary
+    between runs of one session; ..."."""
+    ops = {n.get("label"): n.get("op_type") for n in report.get("nodes", []) if isinstance(n, dict)}
+    found = []
+    for config in report.get("configs", []):
+        if GpuConfig.parse(config.get("label", "")).resolved() != want:
+            continue
+        for outcome in config.get("repeats", []):
+            origins = outcome.get("origins") or []
+            if not outcome.get("stable", True) and origins:
+                named = ", ".join(f"{o} ({ops[o]})" if ops.get(o) else o for o in origins)
+                found.append(f"node(s) {named} vary {_PHASES.get(outcome.get('phase'), outcome.get('phase'))}")
+    return "; ".join(found)
+
+
 def _acceptable_pin(report: dict, pinned: str) -> tuple[bool, str]:
     """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of
     the fastest configuration: latency medians of configs that are equally fast move from run to run, so
     demanding the one fastest config would make the verdict flip with timing noise."""
-    from qconsist.gpu.config import GpuConfig
 
     rec = report.get("recommendation") or {}
     want = GpuConfig.parse(pinned).resolved()
     stable = [c for c in rec.get("stable_configs", []) if GpuConfig.parse(c).resolved() == want]
     if not stable:
+        varied = _varying_nodes(report, want)
+        if varied:
+            return False, f"under the pinned {pinned} the locate report saw {varied}"
         return False, f"pinned {pinned} was not bit-stable across fresh sessions (or not measured) in the locate report"
     fastest, max_cost = rec.get("fastest_ms"), rec.get("max_cost")
     for config in report.get("configs", []):
@@ -361,7 +381,6 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
     if candidate.locate_path is None:
         reason = candidate.locate_skipped or "no locate report for this run"
         return CheckResult("gpu.pinned", NA, f"no GPU recommendation to enforce: {reason}", tolerance)
-    from qconsist.store.rundir import open_run
 
     recommended = recommended_gpu_config(open_run(candidate.locate_path))
     measured = {"recommended": recommended, "pinned": candidate.pinned_gpu}
@@ -373,11 +392,45 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
         return CheckResult("gpu.pinned", FAIL, f"locate recommends {recommended} but the model pins no GPU config; set gpu_config = \"{recommended}\"",
                            tolerance, measured)
     try:
-        from qconsist.gpu.run import load_report_data
 
         accepted, why = _acceptable_pin(load_report_data(candidate.locate_path), candidate.pinned_gpu)
     except QconsistError as exc:
         return CheckResult("gpu.pinned", FAIL, f"pinned GPU config is invalid: {exc}", tolerance, measured)
     if not accepted:
         return CheckResult("gpu.pinned", FAIL, f"{why}; locate recommends {recommended}", tolerance, measured)
-    return CheckResult("gpu.pinned", PASS, f"pins {candidate.pinned_gpu}: bit-stable, {why}", tolerance, measured)
+    rewritten = _rewritten_nodes(candidate)
+    if rewritten:
+        measured["rewritten"] = rewritten
+    fixed = f"; the determinize stage rewrote {', '.join(rewritten)}" if rewritten else ""
+    return CheckResult("gpu.pinned", PASS, f"pins {candidate.pinned_gpu}: bit-stable, {why}{fixed}", tolerance, measured)
+
+
+def _rewritten_nodes(side: Side) -> list[str]:
+    """The nodes the candidate's pipeline rewrote into deterministic forms (its determinize stage)."""
+    record = side.stage("determinize") or {}
+    params = record.get("params") if isinstance(record, dict) else None
+    names = params.get("rewritten") if isinstance(params, dict) else None
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def check_environment(candidate: Side, baseline: Side | None, policy: Policy) -> CheckResult:
+    """The candidate ran with the same onnxruntime, onnx, numpy, CUDA, cuDNN, driver, GPU and numerics
+    variables as its baseline: a difference there is a common, real cause of other results, so it fails the
+    gate unless the policy accepts it (``[environment] allow_changed``)."""
+
+    tolerance = {"allow_changed": list(policy.environment.allow_changed)}
+    if baseline is None:
+        return CheckResult("environment", NA, "no baseline: no environment to compare with", tolerance)
+    diff = compare_environments(baseline.pipeline.environment, candidate.pipeline.environment)
+    measured = {"changed": [c.to_json() for c in diff.numerics]}
+    if not diff.numerics:
+        return CheckResult("environment", PASS, "same onnxruntime, onnx, numpy, CUDA/cuDNN, driver, GPU and numerics "
+                           "variables as the baseline", tolerance, measured)
+    refused = [c for c in diff.numerics if c.name not in policy.environment.allow_changed]
+    listed = "; ".join(str(c) for c in diff.numerics)
+    if refused:
+        return CheckResult("environment", FAIL, f"the baseline ran in another environment ({listed}): results may "
+                           f"differ for that reason alone; compare like with like, or accept it with [environment] "
+                           f"allow_changed = [{', '.join(repr(c.name) for c in refused)}]", tolerance, measured)
+    return CheckResult("environment", PASS, f"environment differs from the baseline as the policy accepts ({listed})",
+                       tolerance, measured)

@@ -19,14 +19,17 @@ from typing import Any
 import numpy as np
 
 from qconsist.errors import RunStoreError
+from qconsist.stages.base import float_stage_names
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
+from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inference.session import input_specs
+from qconsist.inference.session import outputs_of
 
 log = logging.getLogger(__name__)
 
 ENTRY_KIND = "nightly-entry"
 ENTRY_SECTION = "nightly_entry"
-FLOAT_STAGES = ("optimize", "convert", "source")
 
 
 @dataclass
@@ -66,7 +69,8 @@ class Side:
         return path
 
     def float_stage(self) -> str | None:
-        for name in FLOAT_STAGES:
+        """The last stage whose artifact is a float model (``source``: a run recorded before stages had names)."""
+        for name in (*reversed(float_stage_names()), "source"):
             if self.stage(name) and self.stage(name).get("artifact"):
                 return name
         return None
@@ -82,21 +86,18 @@ class Side:
     def outputs(self, stage: str) -> list[dict[str, np.ndarray]]:
         """Final outputs of a stage's artifact on the evaluation inputs (computed once, on the CPU)."""
         if stage not in self._outputs:
-            from qconsist.pipeline.evaluation import outputs_of
 
             self._outputs[stage] = outputs_of(self.artifact(stage), evaluation_inputs(self))
         return self._outputs[stage]
 
 
 def evaluation_inputs(side: Side):  # -> InputSet
-    from qconsist.inputs import Preprocess, open_input_set
-    from qconsist.pipeline.evaluation import input_specs, open_session
 
     config = side.config()
     data = config.get("evaluation") or config["calibration"]
     preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
     quantized = side.artifact("quantize")
-    name = input_specs(open_session(quantized))[0].name if quantized else "input"
+    name = input_specs(quantized)[0].name if quantized else "input"
     inputs = open_input_set(data["data"], preprocess, input_name=name)
     return inputs.subset(int(data.get("offset") or 0), data.get("count"))
 

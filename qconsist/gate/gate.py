@@ -12,13 +12,13 @@ from qconsist.gate.policy import Policy
 from qconsist.gate.verdict import GateVerdict
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.rundir import utc_now
+from qconsist.diff import diff_runs
 
 log = logging.getLogger(__name__)
 
 
 def run_divergence(reference: Path, candidate: Path) -> dict[str, Any]:
     """Tensor-level comparison of two inference runs with dumps (``qconsist diff``), summarised for the gate."""
-    from qconsist.compare.diff import diff_runs
 
     result = diff_runs(reference, candidate)
     tensors = result.tensors
@@ -46,7 +46,7 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
     """Every check of the policy on ``candidate`` against ``baseline`` (None: first run, nothing to compare)."""
     cand = candidate if isinstance(candidate, Side) else load_side(candidate)
     base = baseline if isinstance(baseline, Side) or baseline is None else load_side(baseline)
-    with progress.task(f"gate {cand.model}", 11) as task:
+    with progress.task(f"gate {cand.model}", 12) as task:
         baseline_divergence = _divergence(base, cand, "quantized")
         task.advance()
         repeat_divergence = _divergence(cand, cand, "quantized", "repeat") if "repeat" in cand.inference else None
@@ -63,6 +63,7 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
             lambda: checks.check_drift_baseline(cand, base, policy, baseline_divergence),
             lambda: checks.check_labels(cand, policy),
             lambda: checks.check_gpu(cand, policy),
+            lambda: checks.check_environment(cand, base, policy),
         ):
             results.append(check())
             task.advance()

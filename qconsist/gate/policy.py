@@ -33,6 +33,12 @@ Format (schema ``qconsist.policy/1``) with the defaults::
 
     [gpu]
     require_pinned = true        # where a locate report recommends a GPU config, the candidate must pin it
+
+    [environment]
+    allow_changed = []           # numerics-relevant differences from the baseline's environment that are
+                                 # accepted, e.g. ["onnxruntime"] while judging an upgrade (names: onnxruntime,
+                                 # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine
+                                 # and the numerics environment variables such as NVIDIA_TF32_OVERRIDE)
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from qconsist.errors import ConfigError
+from qconsist.stages.base import stage_names
 from qconsist.tomlfile import loads, read_text
+from qconsist.environment import NUMERIC_ENV_VARS, NUMERICS
 
 POLICY_SCHEMA = "qconsist.policy/1"
 
@@ -109,6 +117,11 @@ class GpuPolicy:
 
 
 @dataclass(frozen=True)
+class EnvironmentPolicy:
+    allow_changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Policy:
     artifacts: ArtifactPolicy = field(default_factory=ArtifactPolicy)
     calibration: CalibrationPolicy = field(default_factory=CalibrationPolicy)
@@ -116,6 +129,7 @@ class Policy:
     drift: DriftPolicy = field(default_factory=DriftPolicy)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
     gpu: GpuPolicy = field(default_factory=GpuPolicy)
+    environment: EnvironmentPolicy = field(default_factory=EnvironmentPolicy)
     source: str = "built-in defaults"
 
     def to_json(self) -> dict[str, Any]:
@@ -137,6 +151,7 @@ class Policy:
             },
             "labels": {"min_accuracy": self.labels.min_accuracy},
             "gpu": {"require_pinned": self.gpu.require_pinned},
+            "environment": {"allow_changed": list(self.environment.allow_changed)},
         }
 
     @classmethod
@@ -149,7 +164,7 @@ class Policy:
         if schema != POLICY_SCHEMA:
             raise ConfigError(f"{source}: schema {schema!r} is not supported (this qconsist reads {POLICY_SCHEMA!r})")
         data.pop("source", None)
-        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu"}, source)
+        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu", "environment"}, source)
         drift = _table(data, "drift", source)
         _no_unknown(drift, {"float", "baseline"}, f"{source}: [drift]")
         return cls(
@@ -162,6 +177,7 @@ class Policy:
             ),
             labels=_build(LabelPolicy, _typed(_table(data, "labels", source), LabelPolicy, f"{source}: [labels]"), f"{source}: [labels]"),
             gpu=GpuPolicy(**_typed(_table(data, "gpu", source), GpuPolicy, f"{source}: [gpu]")),
+            environment=_environment(_table(data, "environment", source), source),
             source=source,
         )
 
@@ -231,11 +247,22 @@ def _artifacts(data: dict, source: str) -> ArtifactPolicy:
     where = f"{source}: [artifacts]"
     kwargs = _typed(data, ArtifactPolicy, where)
     stages = kwargs.get("expect_changed", ())
-    known_stages = {"convert", "optimize", "quantize"}
-    bad = sorted(set(stages) - known_stages)
+    known = stage_names()
+    bad = sorted(set(stages) - set(known))
     if bad:
-        raise ConfigError(f"{where}: expect_changed names unknown stage(s) {', '.join(bad)}; stages: convert, optimize, quantize")
+        raise ConfigError(f"{where}: expect_changed names unknown stage(s) {', '.join(bad)}; stages: {', '.join(known)}")
     return ArtifactPolicy(**kwargs)
+
+
+def _environment(data: dict, source: str) -> EnvironmentPolicy:
+
+    where = f"{source}: [environment]"
+    kwargs = _typed(data, EnvironmentPolicy, where)
+    known = [name for name, _ in NUMERICS] + list(NUMERIC_ENV_VARS)
+    bad = sorted(set(kwargs.get("allow_changed", ())) - set(known))
+    if bad:
+        raise ConfigError(f"{where}: allow_changed names unknown item(s) {', '.join(bad)}; known: {', '.join(known)}")
+    return EnvironmentPolicy(**kwargs)
 
 
 def _limits(data: dict, default: DriftLimits, where: str) -> DriftLimits:

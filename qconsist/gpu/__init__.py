@@ -9,5 +9,7 @@
 * ``contention``: a second process loading the GPU;
 * ``calibration``: repeated calibration on the CUDA EP vs the CPU;
 * ``fp16``: float16 conversion and the first NaN/Inf/overflow node;
+* ``nondeterminism``: the operators known to vary on the CUDA EP (condition, mechanism, fix, source) and
+  the nodes of a model that match;
 * ``locate`` / ``report`` / ``run``: the engine, the ``LocateReport`` and the ``qconsist locate`` run.
 """

@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import onnx
 
 from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_quantized
-from qconsist.calibration.table import build_table
+from qconsist.stages.calibration_table import build_table
 from qconsist.errors import ConfigError
 from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.device import require_cuda
+from qconsist.inference.session import ExecutionOptions, require_provider
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.stages.quantize import CalibrationOptions, Provider, QuantizeOptions
+from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ class ModeResult:
             "verdict": self.repeat.verdict(), "repeat": self.repeat.to_json(), "matches_cpu": self.matches_cpu,
             "cpu_differences": list(self.cpu_differences),
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModeResult":
+        return cls(data["config"], RepeatResult.from_json(data["repeat"]), bool(data["matches_cpu"]),
+                   tuple(data.get("cpu_differences", ())))
 
 
 @dataclass
@@ -88,6 +93,11 @@ class GpuCalibrationReport:
             "cpu_md5": self.cpu_md5, "modes": [m.to_json() for m in self.modes], "params": self.params,
         }
 
+    @classmethod
+    def from_json(cls, data: dict) -> "GpuCalibrationReport":
+        return cls(runs=data["runs"], cpu_md5=data["cpu_md5"], modes=[ModeResult.from_json(m) for m in data["modes"]],
+                   params=dict(data.get("params", {})))
+
 
 def gpu_calibration(
     model: Path,
@@ -100,11 +110,11 @@ def gpu_calibration(
 ) -> GpuCalibrationReport:
     """Calibrate ``model`` ``runs`` times on the CUDA EP in each config, once on the CPU, and compare."""
     if runs < 2:
-        raise ConfigError(f"--calibration-repeats must be >= 2 to compare repeats, got {runs}")
+        raise ConfigError(f"`calibration_repeats` must be >= 2 to compare repeats, got {runs}")
     if not configs:
         raise ConfigError("GPU calibration needs at least one configuration")
-    require_cuda()
-    cpu_options = CalibrationOptions(**{**calibration.__dict__, "provider": Provider.CPU})
+    require_provider("cuda")
+    cpu_options = replace(calibration, execution=ExecutionOptions())
     with tempfile.TemporaryDirectory(prefix="qconsist-gpu-calib-") as tmp:
         root = Path(tmp)
         (root / "cpu").mkdir()
@@ -118,11 +128,10 @@ def gpu_calibration(
         for index, config in enumerate(configs):
             folder = root / f"gpu{index}"
             folder.mkdir()
-            gpu_options = CalibrationOptions(**{
-                **calibration.__dict__, "provider": Provider.CUDA,
+            gpu_options = replace(calibration, execution=ExecutionOptions("cuda", {
                 "cudnn_conv_algo_search": config.algo_search, "use_tf32": config.use_tf32,
                 "cudnn_conv_use_max_workspace": config.max_workspace,
-            })
+            }))
             repeat = calibrate_each(model, [inputs] * runs, options, gpu_options, workdir=folder, progress=progress)
             first = folder / "run1.onnx"
             matches = repeat.runs[0].md5 == report.cpu_md5

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from qconsist.errors import ConfigError
-from qconsist.inference.session import ConvAlgoSearch, ExecutionOptions, Provider
+from qconsist.inference.session import ConvAlgoSearch, ExecutionOptions
 
 TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
 
@@ -128,8 +128,9 @@ class GpuConfig:
         """The run options of this config on the CUDA EP, every setting explicit."""
         cfg = self.resolved()
         return ExecutionOptions(
-            ep=Provider.CUDA, cudnn_conv_algo_search=cfg.algo_search, use_tf32=cfg.tf32,
-            cudnn_conv_use_max_workspace=cfg.workspace, deterministic_compute=cfg.deterministic_compute,
+            "cuda", {"cudnn_conv_algo_search": cfg.algo_search, "use_tf32": cfg.tf32,
+                     "cudnn_conv_use_max_workspace": cfg.workspace},
+            deterministic_compute=cfg.deterministic_compute,
         )
 
     def to_json(self) -> dict:

@@ -23,6 +23,7 @@ from types import TracebackType
 import numpy as np
 
 from qconsist.errors import UnavailableError
+from qconsist.inference.session import ExecutionOptions, create_session
 
 log = logging.getLogger(__name__)
 
@@ -171,20 +172,12 @@ def _conv_model(channels: int, out: int, kernel: int, rng: np.random.Generator) 
 
 
 def _ort_worker(rng: np.random.Generator) -> int:
-    import onnxruntime as ort
 
-    from qconsist.gpu.device import require_cuda
-
-    require_cuda()
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "EXHAUSTIVE"})
     iterations = 0
     while not _Stop.flag:
         batch, channels, size, out, kernel = _shapes(rng)
-        session = ort.InferenceSession(
-            _conv_model(channels, out, kernel, rng), so,
-            providers=[("CUDAExecutionProvider", {"cudnn_conv_algo_search": "EXHAUSTIVE"})],
-        )
+        session = create_session(_conv_model(channels, out, kernel, rng), options)
         x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
         for _ in range(4):
             session.run(None, {"x": x})

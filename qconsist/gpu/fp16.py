@@ -37,7 +37,9 @@ import onnx
 from qconsist.errors import ConfigError, InputError, UnsupportedModelError
 from qconsist.gpu.observe import Observer
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel
+from qconsist.compare import OutputEffect
 from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.store.serde import to_number
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +101,17 @@ class Fp16Report:
     nonfinite_tensors: int
     overflow_tensors: int
     worst_nodes: list[NodeError] = field(default_factory=list)
-    output_greatest_abs: float = 0.0
-    top1_agree: int = 0
+    effect: OutputEffect = field(default_factory=OutputEffect)  # float16 vs float32 final outputs
     float16_tensors: int = 0  # observed intermediate tensors of the float16 model stored as float16
     float_tensors: int = 0  # all its observed floating-point intermediate tensors
+
+    @property
+    def output_greatest_abs(self) -> float:
+        return self.effect.greatest_abs
+
+    @property
+    def top1_agree(self) -> int:
+        return self.effect.top1_agree
 
     @property
     def stored_as_float16(self) -> bool:
@@ -129,11 +138,11 @@ class Fp16Report:
         return {
             "schema": SCHEMA, "passed": self.passed, "model": self.model, "execution": self.execution,
             "samples": self.samples, "truncated_constants": self.truncated_constants,
-            "first_nonfinite": self.first_nonfinite.to_json() if self.first_nonfinite else None,
-            "first_overflow": self.first_overflow.to_json() if self.first_overflow else None,
+            "first_nonfinite": self.first_nonfinite.to_json() if self.first_nonfinite is not None else None,
+            "first_overflow": self.first_overflow.to_json() if self.first_overflow is not None else None,
             "nonfinite_tensors": self.nonfinite_tensors, "overflow_tensors": self.overflow_tensors,
             "worst_nodes": [n.to_json() for n in self.worst_nodes],
-            "output_greatest_abs": _finite_or_text(self.output_greatest_abs), "top1_agree": self.top1_agree,
+            "effect": self.effect.to_json(), "output_greatest_abs": self.output_greatest_abs, "top1_agree": self.top1_agree,
             "float16_tensors": self.float16_tensors, "float_tensors": self.float_tensors,
             "stored_as_float16": self.stored_as_float16, "note": self.note(),
         }
@@ -149,13 +158,11 @@ class Fp16Report:
             first_overflow=Finding.from_json(data["first_overflow"]) if data["first_overflow"] else None,
             nonfinite_tensors=data["nonfinite_tensors"], overflow_tensors=data["overflow_tensors"],
             worst_nodes=[NodeError(**n) for n in data["worst_nodes"]],
-            output_greatest_abs=float(data["output_greatest_abs"]), top1_agree=data["top1_agree"],
+            effect=OutputEffect.from_json(data["effect"]) if "effect" in data else OutputEffect(
+                samples=data["samples"], greatest_abs=to_number(data["output_greatest_abs"]), top1_agree=data["top1_agree"]),
             float16_tensors=data["float16_tensors"], float_tensors=data["float_tensors"],
         )
 
-
-def _finite_or_text(value: float) -> float | str:
-    return value if np.isfinite(value) else ("inf" if value > 0 else "nan")
 
 
 def convert_to_fp16(source: Path, target: Path, options: Fp16Options = Fp16Options()) -> int:
@@ -169,7 +176,7 @@ def convert_to_fp16(source: Path, target: Path, options: Fp16Options = Fp16Optio
     if not any(init.data_type == onnx.TensorProto.FLOAT for init in model.graph.initializer) and not any(
         v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in model.graph.input
     ):
-        raise UnsupportedModelError(f"{source} has no float32 tensors to convert; --precision fp16 needs the float model")
+        raise UnsupportedModelError(f"{source} has no float32 tensors to convert; `precision` fp16 needs the float model")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -236,7 +243,7 @@ def _compare(model: str, execution: ExecutionOptions, samples: Sequence[dict[str
     nonfinite, overflow = _Tracker(), _Tracker()
     errors: dict[str, NodeError] = {}
     ref_session, half_session = ref.fresh_session(), half.fresh_session()
-    output_abs, agree = 0.0, 0
+    effect = OutputEffect()
     outputs = list(ref.graph.outputs)
     with progress.task("fp16 vs fp32", len(samples)) as handle:
         for s, sample in enumerate(samples):
@@ -264,21 +271,18 @@ def _compare(model: str, execution: ExecutionOptions, samples: Sequence[dict[str
             out_a = [a[o] for o in outputs]
             out_b = [b[o] for o in outputs if o in b]
             if len(out_b) == len(out_a):
-                for x, y in zip(out_a, out_b):
-                    delta = np.abs(x.astype(np.float64) - y.astype(np.float64))
-                    output_abs = max(output_abs, float(np.nan_to_num(delta, nan=np.inf).max()) if delta.size else 0.0)
-                agree += int(np.argmax(out_a[0]) == np.argmax(out_b[0]))
+                effect.add(effect.samples, out_a, out_b)
             handle.advance()
     worst = sorted(errors.values(), key=lambda e: e.max_rel, reverse=True)[:5]
     final = set(outputs)
     kinds = [dtype for dtype, t in zip(half.plan.dtypes, half.plan.tensors) if t.name not in final
              and dtype in ("float16", "float32", "float64", "bfloat16")]
     return Fp16Report(
-        model=model, execution=execution.to_json(), samples=len(samples), truncated_constants=truncated,
+        model=model, execution=execution.to_json(), samples=effect.samples or len(samples), truncated_constants=truncated,
         first_nonfinite=nonfinite.best[1] if nonfinite.best else None,
         first_overflow=overflow.best[1] if overflow.best else None,
         nonfinite_tensors=len(nonfinite.tensors), overflow_tensors=len(overflow.tensors),
-        worst_nodes=worst, output_greatest_abs=output_abs, top1_agree=agree,
+        worst_nodes=worst, effect=effect,
         float16_tensors=sum(1 for k in kinds if k == "float16"), float_tensors=len(kinds),
     )
 

@@ -21,24 +21,27 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from qconsist.errors import ConfigError
+from qconsist.errors import ConfigError, QconsistError
 from qconsist.gpu.comparison import PairResult
 from qconsist.gpu.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
 from qconsist.gpu.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
-from qconsist.gpu.device import require_cuda
 from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency
 from qconsist.gpu.observe import Observer
 from qconsist.gpu.report import ConfigReport, LocateReport, sensitive_nodes
-from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase
+from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
 from qconsist.inference.dump import FaithfulCheck
-from qconsist.inference.session import ExecutionOptions
+from qconsist.inference.session import ExecutionOptions, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.gpu.contention import GpuLoad
+from qconsist.gpu.alternative import measure_alternative, recommend_reports, wanted
+from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +74,30 @@ class LocateOptions:
     contention_workers: int = 1  # processes loading the GPU during the contention repeats
     latency: LatencyOptions = LatencyOptions()
     max_cost: float = DEFAULT_MAX_COST
+    session_runs: int = 3  # runs of each reference session compared with its first (run-to-run); 1: off
+    engines: bool = True  # record the cuDNN engine of every convolution per config and run (cuDNN's API log)
+    engine_runs: int = 3
+    rewrite: bool = True  # measure the determinize rewrite when a rewritable node varies and no fast config is stable
 
     def __post_init__(self) -> None:
+        if isinstance(self.session_runs, bool) or not isinstance(self.session_runs, int) or self.session_runs < 1:
+            raise ConfigError(f"`session_runs` must be a whole number >= 1 (1: no run-to-run phase), got {self.session_runs!r}")
         if not self.configs:
             raise ConfigError("locate needs at least one configuration")
         if not isinstance(self.repeats, int) or self.repeats < 2:
-            raise ConfigError(f"--repeats must be an integer >= 2 (fresh sessions per config), got {self.repeats!r}")
+            raise ConfigError(f"`repeats` must be an integer >= 2 (fresh sessions per config), got {self.repeats!r}")
         if not isinstance(self.contention_workers, int) or not 1 <= self.contention_workers <= 16:
-            raise ConfigError(f"--contention-workers must be an integer from 1 to 16, got {self.contention_workers!r}")
+            raise ConfigError(f"`contention_workers` must be an integer from 1 to 16, got {self.contention_workers!r}")
         if not self.max_cost >= 1.0:
-            raise ConfigError(f"--max-cost must be >= 1.0 (a ratio to the fastest config), got {self.max_cost!r}")
+            raise ConfigError(f"`max_cost` must be >= 1.0 (a ratio to the fastest config), got {self.max_cost!r}")
 
     def to_json(self) -> dict:
         return {
             "configs": [c.label for c in self.configs], "repeats": self.repeats, "contention": self.contention,
             "contention_workers": self.contention_workers,
             "latency": {"warmup": self.latency.warmup, "runs": self.latency.runs}, "max_cost": self.max_cost,
+            "session_runs": self.session_runs, "engines": self.engines, "engine_runs": self.engine_runs,
+            "rewrite": self.rewrite,
         }
 
 
@@ -127,10 +138,14 @@ def explore(
     max_cost: float = DEFAULT_MAX_COST,
     progress: Progress = NULL_PROGRESS,
     phases: dict[str, float] | None = None,
+    session_runs: int = 1,
+    on_variant: Callable[[Variant, Observer], None] | None = None,
 ) -> tuple[list[ConfigReport], list[PairResult], list[tuple[str, PairResult]], dict | None, Any]:
     """The engine: observe, repeat, compare, time and recommend. Returns the config reports, the comparison
     results, the tagged results for ``sensitive_nodes``, the load summary and the recommendation; ``phases``
-    (when given) receives the seconds each step took."""
+    (when given) receives the seconds each step took. ``session_runs`` >= 2 also runs each reference session
+    that many times (phase ``run-to-run``); ``on_variant`` is called with each variant and its observer
+    before the observers close (the engine recording reads the optimized graph there)."""
     phases = {} if phases is None else phases
     clock = time.perf_counter()
 
@@ -155,6 +170,10 @@ def explore(
         references = ReferenceRuns.collect(observers, samples, progress)
         lap("reference")
         outcomes: dict[str, list[RepeatOutcome]] = {label: [] for label in labels}
+        if session_runs >= 2:
+            for outcome in run_to_run(references, samples, session_runs, progress):
+                outcomes[outcome.config].append(outcome)
+            lap("run-to-run")
         for outcome in repeat_phase(references, samples, repeats, "quiet", progress):
             outcomes[outcome.config].append(outcome)
         lap("repeats")
@@ -171,8 +190,12 @@ def explore(
             with load() as worker:
                 for outcome in repeat_phase(references, samples, repeats, "contention", progress):
                     outcomes[outcome.config].append(outcome)
-            load_summary = worker.summary.to_json() if worker.summary else None
+            load_summary = worker.summary.to_json() if worker.summary is not None else None
             lap("contention")
+        if on_variant is not None:
+            for v in variants:
+                on_variant(v, observers[v.label])
+            lap("engines")
     finally:
         for observer in observers.values():
             observer.close()
@@ -185,7 +208,8 @@ def explore(
                       load is not None)
         for r, v in zip(reports, variants)
     ], max_cost)
-    tagged = [("repeat", c) for r in reports for o in r.repeats for c in o.comparisons]
+    tagged = [("run-to-run" if o.phase == "run-to-run" else "repeat", c)
+              for r in reports for o in r.repeats for c in o.comparisons]
     tagged += [(c.why, result) for c, result in zip(comparisons, results)]
     return reports, results, tagged, load_summary, decision
 
@@ -205,6 +229,20 @@ def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], resu
     return {"override": override.to_json(), "pairs": pairs}
 
 
+def _engine_recorder(samples: Sequence[Sample], runs: int, records: dict[str, EngineRecord], errors: dict[str, str],
+                     progress: Progress) -> Callable[[Variant, Observer], None]:
+    def record(variant: Variant, observer: Observer) -> None:
+        request = EngineRequest(observer.model_path, variant.options, samples[0], runs)
+        order = [n.name for n in observer.graph.nodes]
+        labels = {n.name: n.label for n in observer.graph.nodes}
+        try:
+            records[variant.label] = record_engines(request, observer.plan.optimized_path, variant.label, order, labels)
+        except QconsistError as exc:
+            errors[variant.label] = str(exc)
+            log.warning("%s: no engine record: %s", variant.label, exc)
+    return record
+
+
 def locate(
     model_path: Path,
     samples: Sequence[Sample],
@@ -214,26 +252,40 @@ def locate(
     progress: Progress = NULL_PROGRESS,
 ) -> LocateReport:
     """Run the configuration matrix on the CUDA EP. ``UnavailableError`` without a usable CUDA GPU."""
-    device = require_cuda()
+    device = require_provider("cuda")
     start = time.perf_counter()
     override = Tf32Override.from_environment()
     variants, comparisons = gpu_variants(options.configs)
     load = None
     if options.contention:
-        from functools import partial
-
-        from qconsist.gpu.contention import GpuLoad
-
         load = partial(GpuLoad, workers=options.contention_workers)
     phases: dict[str, float] = {}
+    engines: dict[str, EngineRecord] = {}
+    engine_errors: dict[str, str] = {}
+    recorder = _engine_recorder(samples, options.engine_runs, engines, engine_errors, progress) if options.engines else None
     reports, results, tagged, load_summary, decision = explore(
         model_path, samples, variants, comparisons, options.repeats, options.latency, load, options.max_cost, progress,
-        phases,
+        phases, session_runs=options.session_runs, on_variant=recorder,
     )
+    nodes = sensitive_nodes(tagged)
+    alternative = None
+    if options.rewrite and wanted(nodes, decision):
+        timing = {v.label: v.timing_based for v in variants}
+
+        def explore_rewritten(path: Path):
+            rewritten, _, _, _, _ = explore(path, samples, variants, [], options.repeats, options.latency, None,
+                                            options.max_cost, progress, session_runs=options.session_runs)
+            return rewritten, recommend_reports(rewritten, timing, options.max_cost)
+
+        clock = time.perf_counter()
+        alternative = measure_alternative(model_path, samples, decision, explore_rewritten)
+        phases["rewrite"] = round(time.perf_counter() - clock, 3)
     return LocateReport(
         model=model_info or {"path": str(model_path)}, inputs=inputs_info or {"count": len(samples)},
         device={**device.to_json(), "options": options.to_json(), "phase_seconds": phases}, reference=variants[0].label,
         repeats=options.repeats, contention=load_summary, configs=reports, comparisons=results,
-        tf32=tf32_section(override, comparisons, results), recommendation=decision, nodes=sensitive_nodes(tagged),
+        tf32=tf32_section(override, comparisons, results), recommendation=decision, nodes=nodes,
         seconds=time.perf_counter() - start, kinds=[c.why for c in comparisons],
+        engines=[engines[v.label] for v in variants if v.label in engines], engine_errors=engine_errors,
+        alternative=alternative,
     )

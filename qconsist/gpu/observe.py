@@ -19,56 +19,11 @@ import numpy as np
 import onnx
 
 from qconsist.errors import InputError
-from qconsist.gpu.comparison import ObservedGraph, ObservedNode
-from qconsist.inference.dump import DumpPlan, expose_all, plan_dump
+from qconsist.inference.dump import expose_all, observed_graph, plan_dump
 from qconsist.inference.fingerprint import tensor_hash
-from qconsist.inference.graphmap import node_names, op_name
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
 
 log = logging.getLogger(__name__)
-
-
-def _topological(graph: onnx.GraphProto) -> list[int]:
-    """Node indices in an order where every node comes after the producers of its inputs."""
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
-    order: list[int] = []
-    state: dict[int, int] = {}
-    for root in range(len(graph.node)):
-        stack = [(root, False)]
-        while stack:
-            index, done = stack.pop()
-            if done:
-                if state.get(index) != 2:
-                    state[index] = 2
-                    order.append(index)
-                continue
-            if state.get(index):
-                continue
-            state[index] = 1
-            stack.append((index, True))
-            for inp in graph.node[index].input:
-                dep = producer.get(inp)
-                if dep is not None and not state.get(dep):
-                    stack.append((dep, False))
-    return order
-
-
-def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
-    """The graph that ran, in topological order, each node labelled with the original node users know."""
-    graph = optimized.graph
-    initializers = {init.name for init in graph.initializer}
-    labels = {t.name: t.label for t in plan.tensors}
-    names = node_names(graph)
-    nodes = []
-    for index in _topological(graph):
-        node = graph.node[index]
-        outputs = tuple(o for o in node.output if o)
-        label = next((labels[o] for o in outputs if o in labels), names[index])
-        nodes.append(ObservedNode(
-            name=names[index], label=label, op_type=op_name(node),
-            inputs=tuple(i for i in node.input if i and i not in initializers), outputs=outputs,
-        ))
-    return ObservedGraph(tuple(nodes), tuple(plan.outputs))
 
 
 @dataclass

@@ -5,6 +5,10 @@
 * ``repeat_phase``: for each configuration, K-1 more fresh sessions; each sample's tensors are hashed and
   compared with the reference session's hashes; when something differs, the reference session is run
   again on that sample so the difference can be measured (``PairComparison``) — then both are dropped.
+* ``run_to_run``: the reference session of each configuration runs every sample again, ``runs - 1`` more
+  times: a tensor that changes between two runs of *one* session comes from a kernel that is not
+  deterministic at all (atomics), a stronger finding than a difference between fresh sessions (which a
+  per-session algorithm pick also explains).
 * ``compare_configs``: the reference sessions of all configurations run on each sample in turn and the
   pairs asked for are compared on the fly (reference config vs each other, TF32 on vs off).
 """
@@ -53,12 +57,13 @@ class ReferenceRuns:
 
 @dataclass(frozen=True)
 class RepeatOutcome:
-    """K fresh sessions of one config in one phase (``quiet`` or ``contention``)."""
+    """K fresh sessions of one config in one phase (``quiet`` or ``contention``), or K runs of its reference
+    session (``run-to-run``)."""
 
     config: str
     phase: str
-    sessions: int  # the reference session included
-    differing_sessions: tuple[int, ...]  # 1-based indices of the sessions that differed from session 0
+    sessions: int  # the reference session included (run-to-run: the runs of the one session, the first included)
+    differing_sessions: tuple[int, ...]  # indices (0 = the reference) of the sessions / runs that differed from it
     comparisons: tuple[PairResult, ...]  # one per differing session
 
     @property
@@ -133,6 +138,45 @@ def repeat_phase(references: ReferenceRuns, samples: Sequence[Sample], repeats: 
     labels = list(references.observers)
     with progress.task(f"repeats ({phase})", len(labels) * (repeats - 1) * len(samples)) as handle:
         return [repeat_config(label, references, samples, repeats, phase, handle) for label in labels]
+
+
+def run_to_run(references: ReferenceRuns, samples: Sequence[Sample], runs: int,
+               progress: Progress = NULL_PROGRESS) -> list[RepeatOutcome]:
+    """Per config: its reference session run ``runs`` times in all on every sample (phase ``run-to-run``;
+    ``sessions`` counts the runs, ``differing_sessions`` the 1-based runs that differed from the first)."""
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise ConfigError(f"`session_runs` must be a whole number >= 2 (runs of one session compared), got {runs!r}")
+    outcomes = []
+    labels = list(references.observers)
+    with progress.task("runs within one session", len(labels) * (runs - 1) * len(samples)) as handle:
+        for label in labels:
+            session = references.sessions[label]
+            graph = references.observers[label].graph
+            differing: list[int] = []
+            results: list[PairResult] = []
+            for index in range(1, runs):
+                comparison: PairComparison | None = None
+                for s, sample in enumerate(samples):
+                    observation = Observer.observe(session, sample)
+                    handle.advance()
+                    if _same(references.hashes[label][s], observation):
+                        if comparison is not None:
+                            comparison.add_identical(s)
+                        continue
+                    if comparison is None:
+                        comparison = PairComparison(graph, f"{label} run {index + 1}", f"{label} the run after it")
+                        for earlier in range(s):
+                            comparison.add_identical(earlier)
+                    # the first run's tensors are not kept: the difference is measured between this run and
+                    # the next one of the same session, which differs again when the kernel is not deterministic
+                    again = Observer.observe(session, sample)
+                    comparison.add(s, observation.arrays, again.arrays, (observation.hashes, again.hashes))
+                if comparison is not None:
+                    differing.append(index)
+                    results.append(comparison.finish())
+                    log.info("%s: run %d of one session differs from its first run", label, index + 1)
+            outcomes.append(RepeatOutcome(label, "run-to-run", runs, tuple(differing), tuple(results)))
+    return outcomes
 
 
 def compare_configs(references: ReferenceRuns, samples: Sequence[Sample], pairs: Sequence[tuple[str, str]],

@@ -18,10 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qconsist.errors import RunStoreError
+from qconsist.gpu.calibration import GpuCalibrationReport
 from qconsist.gpu.comparison import NodeDifference, PairResult
+from qconsist.gpu.fp16 import Fp16Report
 from qconsist.gpu.decision import Recommendation
+from qconsist.inference.engines import EngineRecord
 from qconsist.gpu.latency import LatencyStats
 from qconsist.gpu.repeats import RepeatOutcome
+from qconsist.store.serde import to_number
 
 SCHEMA = "qconsist.locate/1"
 
@@ -44,7 +48,7 @@ class ConfigReport:
     def to_json(self) -> dict:
         return {
             "label": self.label, "settings": self.settings, "stable": self.stable,
-            "latency": self.latency.to_json() if self.latency else None, "faithful": self.faithful,
+            "latency": self.latency.to_json() if self.latency is not None else None, "faithful": self.faithful,
             "repeats": [r.to_json() for r in self.repeats],
         }
 
@@ -72,12 +76,11 @@ class SensitiveNode:
     samples: int = 0  # samples in which it is an origin
 
     def to_json(self) -> dict:
-        finite = self.greatest_abs == self.greatest_abs and abs(self.greatest_abs) != float("inf")
-        return {**self.__dict__, "between": list(self.between), "greatest_abs": self.greatest_abs if finite else "inf"}
+        return {**self.__dict__, "between": list(self.between)}
 
     @classmethod
     def from_json(cls, data: dict) -> "SensitiveNode":
-        return cls(**{**data, "between": tuple(data["between"]), "greatest_abs": float(data["greatest_abs"])})
+        return cls(**{**data, "between": tuple(data["between"]), "greatest_abs": to_number(data["greatest_abs"])})
 
 
 def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode]:
@@ -108,6 +111,70 @@ def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode
     return found
 
 
+@dataclass(frozen=True)
+class RewriteAlternative:
+    """The model with its unstable nodes rewritten, measured under the same configurations."""
+
+    rewritten: tuple[str, ...]  # "node (form)"
+    refused: tuple[str, ...]  # "node: reason"
+    check_max_abs: float  # determinize's check on seeded inputs
+    outputs_max_abs: float  # final outputs on locate's inputs, original vs rewritten (CPU)
+    top1_agree: int
+    samples: int
+    configs: tuple[ConfigReport, ...]
+    recommendation: Recommendation | None
+    original_fastest: str
+    original_fastest_ms: float
+
+    @property
+    def cost_vs_original(self) -> float | None:
+        """The recommended rewritten config's median over the original model's fastest configuration."""
+        rec = self.recommendation
+        if rec is None or rec.median_ms is None or not self.original_fastest_ms:
+            return None
+        return rec.median_ms / self.original_fastest_ms
+
+    @property
+    def stable_configs(self) -> tuple[str, ...]:
+        return tuple(c.label for c in self.configs if c.stable)
+
+    def to_json(self) -> dict:
+        return {
+            "rewritten": list(self.rewritten), "refused": list(self.refused), "check_max_abs": self.check_max_abs,
+            "outputs_max_abs": self.outputs_max_abs, "top1_agree": self.top1_agree, "samples": self.samples,
+            "configs": [c.to_json() for c in self.configs],
+            "recommendation": self.recommendation.to_json() if self.recommendation else None,
+            "original_fastest": self.original_fastest, "original_fastest_ms": self.original_fastest_ms,
+            "cost_vs_original": self.cost_vs_original, "stable_configs": list(self.stable_configs),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RewriteAlternative":
+        return cls(
+            rewritten=tuple(data["rewritten"]), refused=tuple(data["refused"]), check_max_abs=data["check_max_abs"],
+            outputs_max_abs=to_number(data["outputs_max_abs"]), top1_agree=data["top1_agree"], samples=data["samples"],
+            configs=tuple(ConfigReport.from_json(c) for c in data["configs"]),
+            recommendation=Recommendation.from_json(data["recommendation"]) if data.get("recommendation") else None,
+            original_fastest=data["original_fastest"], original_fastest_ms=data["original_fastest_ms"],
+        )
+
+
+@dataclass(frozen=True)
+class NoAlternative:
+    """Why no rewrite was measured although a rewritable-looking node varied."""
+
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason}
+
+
+def _alternative(data: dict | None) -> "RewriteAlternative | NoAlternative | None":
+    if not data:
+        return None
+    return NoAlternative(data["reason"]) if "reason" in data else RewriteAlternative.from_json(data)
+
+
 @dataclass
 class LocateReport:
     model: dict[str, Any]
@@ -121,10 +188,13 @@ class LocateReport:
     tf32: dict[str, Any]
     recommendation: Recommendation | None  # None when the configuration matrix did not run (fp16 only)
     nodes: list[SensitiveNode] = field(default_factory=list)
-    calibration: dict[str, Any] | None = None
-    fp16: dict[str, Any] | None = None
+    calibration: GpuCalibrationReport | None = None
+    fp16: Fp16Report | None = None
     seconds: float = 0.0
     kinds: list[str] = field(default_factory=list)  # why each comparison was made: "algorithm" | "tf32"
+    engines: list[EngineRecord] = field(default_factory=list)  # per config: the cuDNN engine of each conv per run
+    engine_errors: dict[str, str] = field(default_factory=dict)  # per config: why no engine record
+    alternative: RewriteAlternative | NoAlternative | None = None  # the rewrite of the unstable nodes, measured
 
     @property
     def passed(self) -> bool:
@@ -132,8 +202,8 @@ class LocateReport:
         (when asked), every GPU calibration the same model (when asked)."""
         return (
             (self.recommendation is None or self.recommendation.passed)
-            and (self.fp16 is None or bool(self.fp16.get("passed")))
-            and (self.calibration is None or bool(self.calibration.get("passed")))
+            and (self.fp16 is None or self.fp16.passed)
+            and (self.calibration is None or self.calibration.passed)
         )
 
     def __bool__(self) -> bool:
@@ -151,8 +221,11 @@ class LocateReport:
             "device": self.device, "reference": self.reference, "repeats": self.repeats,
             "contention": self.contention, "configs": [c.to_json() for c in self.configs],
             "comparisons": [c.to_json() for c in self.comparisons], "tf32": self.tf32,
-            "recommendation": self.recommendation.to_json() if self.recommendation else None, "nodes": [n.to_json() for n in self.nodes],
-            "calibration": self.calibration, "fp16": self.fp16, "seconds": self.seconds, "kinds": list(self.kinds),
+            "recommendation": self.recommendation.to_json() if self.recommendation is not None else None, "nodes": [n.to_json() for n in self.nodes],
+            "calibration": self.calibration.to_json() if self.calibration is not None else None,
+            "fp16": self.fp16.to_json() if self.fp16 is not None else None, "seconds": self.seconds, "kinds": list(self.kinds),
+            "engines": [e.to_json() for e in self.engines], "engine_errors": dict(self.engine_errors),
+            "alternative": self.alternative.to_json() if self.alternative is not None else None,
         }
 
     @classmethod
@@ -167,8 +240,11 @@ class LocateReport:
                 configs=[ConfigReport.from_json(c) for c in data["configs"]],
                 comparisons=[PairResult.from_json(c) for c in data["comparisons"]], tf32=data["tf32"],
                 recommendation=Recommendation.from_json(data["recommendation"]) if data["recommendation"] else None,
-                nodes=[SensitiveNode.from_json(n) for n in data["nodes"]], calibration=data.get("calibration"),
-                fp16=data.get("fp16"), seconds=data.get("seconds", 0.0), kinds=list(data.get("kinds", [])),
+                nodes=[SensitiveNode.from_json(n) for n in data["nodes"]],
+                calibration=GpuCalibrationReport.from_json(data["calibration"]) if data.get("calibration") else None,
+                fp16=Fp16Report.from_json(data["fp16"]) if data.get("fp16") else None, seconds=data.get("seconds", 0.0), kinds=list(data.get("kinds", [])),
+                engines=[EngineRecord.from_json(e) for e in data.get("engines") or []],
+                engine_errors=dict(data.get("engine_errors") or {}), alternative=_alternative(data.get("alternative")),
             )
         except (KeyError, TypeError) as exc:
             raise RunStoreError(f"locate report is missing or has an invalid field: {exc}") from None

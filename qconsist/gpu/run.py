@@ -20,22 +20,27 @@ from typing import Sequence
 import numpy as np
 import onnx
 
+from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, InputError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
-from qconsist.gpu.device import require_cuda
-from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, analyse_fp16
+from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
 from qconsist.gpu.report import SCHEMA, LocateReport
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
-from qconsist.inference.session import ExecutionOptions, Provider
+from qconsist.inference.session import ExecutionOptions, require_provider
 from qconsist.inputs import open_input_set
-from qconsist.inputs.inputset import InputSet
+from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
+from qconsist.pipeline.config import load_pipeline
+from qconsist.gpu.calibration import gpu_calibration
+from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
+from qconsist.errors import RunStoreError
+from qconsist.store.rundir import open_run
 
 log = logging.getLogger(__name__)
 
@@ -57,27 +62,28 @@ class LocateRequest:
     offset: int = 0
     count: int = 8
     precision: Precision = Precision.FP32
-    fp16_ep: Provider = Provider.CUDA
+    fp16_ep: str = "cuda"  # the execution provider of the fp16 analysis
     locate: LocateOptions = field(default_factory=LocateOptions)
     calibration_repeats: int = 0
+    batch_size: int = 1  # samples per step: cuDNN picks its algorithms per shape
     calibration_searches: tuple[AlgoSearch, ...] = tuple(AlgoSearch)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
-        object.__setattr__(self, "fp16_ep", Provider(self.fp16_ep))
+        object.__setattr__(self, "fp16_ep", ExecutionOptions(self.fp16_ep).provider)
+        check_batch_size(self.batch_size)
         if not 1 <= self.count <= MAX_SAMPLES:
-            raise ConfigError(f"--count must be between 1 and {MAX_SAMPLES}, got {self.count}")
+            raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {self.count}")
         if self.offset < 0:
-            raise ConfigError(f"--offset must be >= 0, got {self.offset}")
+            raise ConfigError(f"`offset` must be >= 0, got {self.offset}")
         if self.calibration_repeats and self.calibration_repeats < 2:
-            raise ConfigError(f"--calibration-repeats must be 0 (off) or >= 2, got {self.calibration_repeats}")
+            raise ConfigError(f"`calibration_repeats` must be 0 (off) or >= 2, got {self.calibration_repeats}")
         if self.calibration_repeats and self.precision is Precision.FP16:
-            raise ConfigError("--calibration-repeats applies to --precision fp32")
+            raise ConfigError("`calibration_repeats` applies to `precision` fp32")
 
 
 def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | None:
     if request.pipeline is not None:
-        from qconsist.pipeline.config import load_pipeline
 
         return load_pipeline(request.pipeline).preprocess
     found = source.preprocess_json()
@@ -87,15 +93,16 @@ def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | Non
 
 
 def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet, list[dict[str, np.ndarray]]]:
-    """The input set (checked against the model's inputs) and its ``count`` samples, loaded."""
+    """The input set (checked against the model's inputs) and its ``count`` samples, loaded, in steps of
+    ``batch_size`` samples (one step a sample by default)."""
     specs = input_specs(source.path)
     if not specs:
         raise InputError(f"model {source.path} has no inputs")
     input_set = open_input_set(request.inputs, _preprocess(request, source), specs[0].name)
     available = len(input_set) - request.offset
     input_set = input_set.subset(request.offset, min(request.count, max(available, 1)))
-    input_set = input_set.checked(specs)
-    return input_set, [input_set.sample(i) for i in range(len(input_set))]
+    input_set = input_set.checked(specs, request.batch_size)
+    return input_set, [step for _, step in input_set.batches(request.batch_size)]
 
 
 def _is_quantized(path: Path) -> bool:
@@ -109,19 +116,16 @@ def _float_source(request: LocateRequest, source: ModelSource) -> Path:
         return resolve_model(source.run_dir, "optimize").path
     if _is_quantized(source.path):
         raise ConfigError(
-            f"--calibration-repeats calibrates a float model; {source.path} is already quantized "
+            f"`calibration_repeats` calibrates a float model; {source.path} is already quantized "
             "(give the float model, or a run directory whose optimize stage holds it)"
         )
     return source.path
 
 
-def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSet, progress: Progress) -> dict:
-    from qconsist.gpu.calibration import gpu_calibration
-    from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
+def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSet, progress: Progress):  # -> GpuCalibrationReport
 
     options, calibration, inputs = QuantizeOptions(), CalibrationOptions(), input_set
     if request.pipeline is not None:
-        from qconsist.pipeline.config import load_pipeline
 
         config = load_pipeline(request.pipeline)
         options, calibration = config.quantize, config.calibration.options
@@ -132,16 +136,16 @@ def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSe
     configs = [GpuConfig(search).resolved() for search in request.calibration_searches]
     report = gpu_calibration(_float_source(request, source), inputs, request.calibration_repeats, configs,
                              options, calibration, progress)
-    return report.to_json()
+    return report
 
 
-def _fp16_report(request: LocateRequest, source: ModelSource, samples: list, progress: Progress) -> dict:
-    if request.fp16_ep is Provider.CUDA:
-        require_cuda()
+def _fp16_report(request: LocateRequest, source: ModelSource, samples: list, progress: Progress) -> Fp16Report:
+    if request.fp16_ep == "cuda":
+        require_provider("cuda")
         execution = replace(GpuConfig().execution_options(), graph_optimization_level=FP16_LEVEL)
     else:
-        execution = ExecutionOptions(graph_optimization_level=FP16_LEVEL)
-    return analyse_fp16(source.path, samples, execution, Fp16Options(), progress).to_json()
+        execution = ExecutionOptions(request.fp16_ep, graph_optimization_level=FP16_LEVEL)
+    return analyse_fp16(source.path, samples, execution, Fp16Options(), progress)
 
 
 def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
@@ -171,11 +175,11 @@ def summary(report: LocateReport) -> dict:
     rec = report.recommendation
     return {
         "schema": SCHEMA, "passed": report.passed, "report": REPORT_FILE,
-        "recommendation": rec.to_json() if rec else None,
+        "recommendation": rec.to_json() if rec is not None else None,
         "nodes": [{"label": n.label, "why": n.why} for n in report.nodes],
         "unstable_configs": [c.label for c in report.configs if not c.stable],
-        "fp16_passed": report.fp16.get("passed") if report.fp16 else None,
-        "calibration_passed": report.calibration.get("passed") if report.calibration else None,
+        "fp16_passed": report.fp16.passed if report.fp16 is not None else None,
+        "calibration_passed": report.calibration.passed if report.calibration is not None else None,
     }
 
 
@@ -197,16 +201,13 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
 
 def load_report_data(run_dir: Path) -> dict:
     """The JSON of the ``LocateReport`` of a complete locate run directory (``locate.json``)."""
-    import json
 
-    from qconsist.errors import RunStoreError
-    from qconsist.store.rundir import open_run
 
     manifest = open_run(run_dir)
     if manifest.kind != "locate":
         raise RunStoreError(f"run {run_dir} is a {manifest.kind} run, not a locate run")
     try:
-        data = json.loads((Path(run_dir) / REPORT_FILE).read_text(encoding="utf-8"))
+        data = loads((Path(run_dir) / REPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RunStoreError(f"cannot read {Path(run_dir) / REPORT_FILE}: {exc}") from None
     if not isinstance(data, dict):

@@ -141,12 +141,16 @@ class History:
             (utc_now(), json.dumps(summary, default=str), night_id),
         )])
 
-    def mark_abandoned(self, config: str | None = None) -> list[str]:
-        """Mark nights still ``running`` whose process is gone as ``incomplete``; return their ids."""
+    def abandoned(self) -> list[str]:
+        """Nights still ``running`` whose process is gone (read only)."""
         with self._connect() as conn:
             rows = conn.execute("SELECT night_id, pid, host FROM nights WHERE status = 'running'").fetchall()
         host = socket.gethostname()
-        dead = [r["night_id"] for r in rows if r["host"] == host and not _alive(r["pid"])]
+        return [r["night_id"] for r in rows if r["host"] == host and not _alive(r["pid"])]
+
+    def mark_abandoned(self, config: str | None = None) -> list[str]:
+        """Mark nights still ``running`` whose process is gone as ``incomplete``; return their ids."""
+        dead = self.abandoned()
         statements = []
         for night in dead:
             statements.append(("UPDATE nights SET status = 'incomplete', finished = ? WHERE night_id = ?", (utc_now(), night)))

@@ -9,6 +9,7 @@ from typing import Any
 from qconsist.environment import describe_changes
 from qconsist.errors import InputError
 from qconsist.history.db import History
+from qconsist.stages.base import stage_names
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,15 @@ def _verdict_word(row: dict[str, Any]) -> str:
 
 
 def model_timeline(history: History, model: str) -> Timeline:
-    """Every night of ``model`` and each change against the night before it."""
+    """Every night of ``model`` and each change against the night before it. A night whose process died
+    reads as ``incomplete`` (the next nightly records it so; reading changes nothing)."""
     rows = history.model_rows(model)
+    dead = set(history.abandoned())
+    for row in rows:
+        if row["night_id"] in dead:
+            row["night_status"] = "incomplete"
+            if row["status"] == "running":
+                row["status"], row["error"] = "error", row["error"] or "night interrupted"
     if not rows:
         known = ", ".join(history.models()) or "none yet"
         raise InputError(f"no nightly history for model '{model}' in {history.path}; models: {known}")
@@ -87,5 +95,6 @@ def model_timeline(history: History, model: str) -> Timeline:
 
 
 def _stage_order(stage: str) -> tuple[int, str]:
-    order = {"source": 0, "convert": 1, "optimize": 2, "quantize": 3}
-    return order.get(stage, 9), stage
+
+    order = {"source": 0, **{name: i + 1 for i, name in enumerate(stage_names())}}
+    return order.get(stage, len(order) + 1), stage

@@ -2,12 +2,12 @@
 
 from qconsist.inference.dump import RawMode, RawSelection
 from qconsist.inference.model import ModelSource, resolve_model
+from qconsist.inference.provider import PROVIDERS, ConvAlgoSearch, ProviderSpec, register_provider
 from qconsist.inference.runner import InferenceResult, RunRequest, run_inference
-from qconsist.inference.session import (
-    ConvAlgoSearch, ExecutionOptions, OptimizationLevel, Provider, create_session,
-)
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, require_provider
 
 __all__ = [
-    "ConvAlgoSearch", "ExecutionOptions", "InferenceResult", "ModelSource", "OptimizationLevel", "Provider",
-    "RawMode", "RawSelection", "RunRequest", "create_session", "resolve_model", "run_inference",
+    "PROVIDERS", "ConvAlgoSearch", "ExecutionOptions", "InferenceResult", "ModelSource", "OptimizationLevel",
+    "ProviderSpec", "RawMode", "RawSelection", "RunRequest", "create_session", "register_provider",
+    "require_provider", "resolve_model", "run_inference",
 ]

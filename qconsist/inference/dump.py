@@ -27,14 +27,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnx
 
+from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, InputError
 from qconsist.inference.fingerprint import FingerprintTable
-from qconsist.inference.graphmap import TensorOrigin, map_tensors, structure_hash
+from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class RawSelection:
             return cls(RawMode(value.lower()))
         names = tuple(n.strip() for n in value.split(",") if n.strip())
         if not names:
-            raise ConfigError(f"--raw {text!r}: give all, none, auto or a comma-separated list of node names")
+            raise ConfigError(f"`raw` {text!r}: give all, none, auto or a comma-separated list of node names")
         return cls(RawMode.NODES, names)
 
     def to_json(self) -> dict:
@@ -87,9 +88,17 @@ class DumpPlan:
     tensors: list[TensorOrigin]  # dumped tensors, column order
     dtypes: list[str]
     session: object  # ort.InferenceSession of the exposed graph, optimizations off
+    batched: list[bool] = field(default_factory=list)  # per column: its first axis is the batch (split per sample)
 
     def column(self, name: str) -> int:
         return [t.name for t in self.tensors].index(name)
+
+    def rows(self, arrays: list[np.ndarray], count: int) -> list[list[np.ndarray]]:
+        """One step's tensors as ``count`` samples: batched tensors split along their first axis (each row
+        keeps a batch axis of 1, as a step of one sample computes it), the others shared by every row."""
+        if count == 1:
+            return [arrays]
+        return [[a[r:r + 1] if batched else a for a, batched in zip(arrays, self.batched)] for r in range(count)]
 
 
 def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -111,8 +120,18 @@ def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return exposed, names
 
 
-def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan:
-    """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session."""
+def batched_columns(session: Any, names: list[str], probe: dict[str, np.ndarray]) -> list[bool]:
+    """Which tensors carry the batch: their first axis doubles when one sample becomes two (asked of the
+    session itself; a tensor computed from constants keeps its shape)."""
+    one = session.run(names, probe)
+    two = session.run(names, {k: np.concatenate([v, v]) for k, v in probe.items()})
+    return [a.ndim > 0 and b.ndim == a.ndim and b.shape[0] == 2 * a.shape[0] for a, b in zip(one, two)]
+
+
+def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
+              probe: dict[str, np.ndarray] | None = None) -> DumpPlan:
+    """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session.
+    ``probe`` (one sample): for steps of several samples, find which tensors carry the batch."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     create_session(model_path, options, optimized_model_filepath=optimized_path)
@@ -139,6 +158,7 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> Du
         tensors=tensors,
         dtypes=[runtime[n][0] for n in names],
         session=session,
+        batched=batched_columns(session, names, probe) if probe is not None else [True] * len(names),
     )
 
 
@@ -156,46 +176,40 @@ def select_raw(plan: DumpPlan, raw: RawSelection) -> set[int]:
         }
         if not hits:
             known = ", ".join(sorted({t.label for t in plan.tensors})[:8])
-            raise ConfigError(f"--raw: no dumped tensor belongs to a node named {wanted!r} (some known: {known}, ...)")
+            raise ConfigError(f"`raw`: no dumped tensor belongs to a node named {wanted!r} (some known: {known}, ...)")
         chosen |= hits
     return chosen
 
 
 @dataclass
 class FaithfulCheck:
-    """Dumped final outputs vs a production session without dumps, bit for bit, sample by sample."""
+    """Dumped final outputs vs a production session without dumps, bit for bit, sample by sample: the
+    comparison kernel's output effect between the two."""
 
-    samples: int = 0
-    mismatched: list[int] = field(default_factory=list)
-    max_abs_diff: float = 0.0
+    effect: OutputEffect = field(default_factory=OutputEffect)
 
     @property
     def faithful(self) -> bool:
-        return not self.mismatched
+        return self.effect.identical
+
+    @property
+    def samples(self) -> int:
+        return self.effect.samples
+
+    @property
+    def mismatched(self) -> list[int]:
+        return self.effect.differing_samples
+
+    @property
+    def max_abs_diff(self) -> float:
+        return self.effect.greatest_abs
 
     def add(self, sample: int, production: list[np.ndarray], dumped: list[np.ndarray]) -> None:
-        self.samples += 1
-        same = all(
-            p.dtype == d.dtype and p.shape == d.shape and np.ascontiguousarray(p).tobytes() == np.ascontiguousarray(d).tobytes()
-            for p, d in zip(production, dumped)
-        )
-        if same:
-            return
-        self.mismatched.append(sample)
-        for p, d in zip(production, dumped):
-            if p.shape == d.shape and p.size:
-                diff = np.abs(p.astype(np.float64) - d.astype(np.float64))
-                self.max_abs_diff = max(self.max_abs_diff, float(np.nanmax(diff)) if not np.isnan(diff).all() else float("inf"))
-            else:
-                self.max_abs_diff = float("inf")
+        self.effect.add(sample, production, dumped)
 
     def to_json(self) -> dict:
-        return {
-            "faithful": self.faithful,
-            "samples_checked": self.samples,
-            "mismatched_samples": list(self.mismatched),
-            "max_abs_diff": self.max_abs_diff if np.isfinite(self.max_abs_diff) else "inf",
-        }
+        return {"faithful": self.faithful, "samples_checked": self.samples,
+                "mismatched_samples": list(self.mismatched), "max_abs_diff": self.max_abs_diff}
 
 
 OVERLAP = True  # fingerprint sample i in a worker thread while ORT runs sample i + 1 (benchmarks turn it off)
@@ -234,13 +248,15 @@ class DumpRecorder:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="qconsist-dump") if OVERLAP else None
         self._pending: Future | None = None
 
-    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray]) -> None:
-        """Record sample ``index`` (production outputs and dumped tensors); raises what an earlier one raised."""
+    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None) -> None:
+        """Record the step starting at sample ``index`` (production outputs, dumped tensors, and the tensors
+        split per sample: ``rows``, one sample by default); raises what an earlier one raised."""
         self.wait()
+        rows = rows if rows is not None else [arrays]
         if self._pool is None:
-            self._record(index, produced, arrays)
+            self._record(index, produced, arrays, rows)
         else:
-            self._pending = self._pool.submit(self._record, index, produced, arrays)
+            self._pending = self._pool.submit(self._record, index, produced, arrays, rows)
 
     def wait(self) -> None:
         pending, self._pending = self._pending, None
@@ -255,12 +271,56 @@ class DumpRecorder:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
 
-    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray]) -> None:
-        row = self.table.write_row(index, arrays)
+    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
         self.check.add(index, produced, [arrays[c] for c in self._final])
-        keep = set(self._raw)
-        if self._differing is not None:
-            keep |= self._differing(index, row)
-        if keep:
-            self.raw_saved += len(keep)
-            save_npz(self._raw_path(index), {f"t{c}": arrays[c] for c in sorted(keep)})
+        for offset, sample in enumerate(rows):
+            row = self.table.write_row(index + offset, sample)
+            keep = set(self._raw)
+            if self._differing is not None:
+                keep |= self._differing(index + offset, row)
+            if keep:
+                self.raw_saved += len(keep)
+                save_npz(self._raw_path(index + offset), {f"t{c}": sample[c] for c in sorted(keep)})
+
+
+def _topological(graph: onnx.GraphProto) -> list[int]:
+    """Node indices in an order where every node comes after the producers of its inputs."""
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for root in range(len(graph.node)):
+        stack = [(root, False)]
+        while stack:
+            index, done = stack.pop()
+            if done:
+                if state.get(index) != 2:
+                    state[index] = 2
+                    order.append(index)
+                continue
+            if state.get(index):
+                continue
+            state[index] = 1
+            stack.append((index, True))
+            for inp in graph.node[index].input:
+                dep = producer.get(inp)
+                if dep is not None and not state.get(dep):
+                    stack.append((dep, False))
+    return order
+
+
+def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
+    """The graph that ran, in topological order, each node labelled with the original node users know."""
+    graph = optimized.graph
+    initializers = {init.name for init in graph.initializer}
+    labels = {t.name: t.label for t in plan.tensors}
+    names = node_names(graph)
+    nodes = []
+    for index in _topological(graph):
+        node = graph.node[index]
+        outputs = tuple(o for o in node.output if o)
+        label = next((labels[o] for o in outputs if o in labels), names[index])
+        nodes.append(ObservedNode(
+            name=names[index], label=label, op_type=op_name(node),
+            inputs=tuple(i for i in node.input if i and i not in initializers), outputs=outputs,
+        ))
+    return ObservedGraph(tuple(nodes), tuple(plan.outputs))

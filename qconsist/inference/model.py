@@ -70,7 +70,7 @@ def resolve_model(model: Path | str, stage: str | None = None) -> ModelSource:
         kept = [s for s in manifest.stages if s.get("name") in names[: position + 1]]
         return ModelSource(artifact, wanted, path, manifest, kept)
     if stage is not None:
-        raise ConfigError("--stage applies to a run directory, not to a model file")
+        raise ConfigError("`stage` applies to a run directory, not to a model file")
     if not path.exists():
         raise InputError(f"model {path} does not exist")
     if path.suffix.lower() != ".onnx":
@@ -95,3 +95,19 @@ def input_specs(path: Path) -> list[InputSpec]:
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
     return specs
+
+
+def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs and outputs take any batch size (their first dimension becomes the
+    symbol ``batch``; intermediate shape annotations are dropped for onnxruntime to infer again). Whether
+    the model really allows it is the caller's check: a graph that bakes its batch into a constant (a
+    Reshape to [1, -1], say) fails or computes something else at another batch size."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for value in (*copy.graph.input, *copy.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].Clear()
+            dims[0].dim_param = "batch"
+    del copy.graph.value_info[:]
+    return copy

@@ -10,7 +10,6 @@ Files written (besides ``manifest.json``)::
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,19 +19,26 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
+from qconsist.compare import compare_outputs
 from qconsist.environment import fingerprint as environment_fingerprint
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference import dump as dump_module
-from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode, RawSelection, plan_dump, save_npz, select_raw
+from qconsist.inference.dump import (
+    DumpPlan, DumpRecorder, RawMode, RawSelection, observed_graph, plan_dump, save_npz, select_raw,
+)
+from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import RECORD, FingerprintTable
 from qconsist.inference.graphmap import structure_hash
-from qconsist.inference.model import ModelSource
-from qconsist.inference.session import ExecutionOptions, create_session
-from qconsist.inputs.inputset import InputSet
+from qconsist.inference.model import ModelSource, with_dynamic_batch
+from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
+from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
 from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.store.atomic import write_bytes_atomic, write_json_atomic
 from qconsist.store.hashing import hash_artifact
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
+from qconsist.store.serde import structure, to_jsonable
+from qconsist.inference.reader import load_dump
 
 log = logging.getLogger(__name__)
 KIND = "inference"
@@ -44,14 +50,55 @@ class RunRequest:
     dump: bool = False
     raw: RawSelection = field(default_factory=RawSelection)
     reference: Path | None = None  # a dump run whose differing tensors --raw auto keeps
+    batch_size: int = 1  # samples per step (cuDNN picks algorithms per shape: run as the evaluation runs)
+    dynamic_batch: bool = False  # re-stamp a model with a fixed batch of 1 to take any batch (checked)
+    engines: bool = False  # record the cuDNN engine of every convolution per run (CUDA EP; a child session)
+    engine_runs: int = 3
 
     def __post_init__(self) -> None:
+        check_batch_size(self.batch_size)
+        if self.engines and self.options.provider != "cuda":
+            raise ConfigError("`engines` records the kernels cuDNN runs: it needs `ep` cuda")
+        if isinstance(self.engine_runs, bool) or not isinstance(self.engine_runs, int) or not 1 <= self.engine_runs <= 100:
+            raise ConfigError(f"`engine_runs` must be a whole number from 1 to 100, got {self.engine_runs!r}")
         if self.raw.mode is not RawMode.NONE and not self.dump:
-            raise ConfigError("--raw needs --dump")
+            raise ConfigError("`raw` needs `dump`")
         if self.raw.mode is RawMode.AUTO and self.reference is None:
-            raise ConfigError("--raw auto keeps the tensors that differ from a reference dump: give --reference RUN")
+            raise ConfigError("`raw` auto keeps the tensors that differ from a reference dump: give `reference` RUN")
         if self.reference is not None and self.raw.mode is not RawMode.AUTO:
-            raise ConfigError("--reference is only used with --raw auto")
+            raise ConfigError("`reference` is only used with `raw` auto")
+
+
+@dataclass
+class DumpSummary:
+    """What a ``--dump`` recorded (the manifest's ``sections.dump``): the faithfulness verdict against
+    production, the tensors dumped and where the files are."""
+
+    faithful: bool
+    samples_checked: int
+    mismatched_samples: list[int]
+    max_abs_diff: float
+    tensors: int
+    ms_per_sample: float
+    structure: str
+    original_structure: str
+    level: str
+    raw: dict[str, Any]
+    optimized: str = "dump/optimized.onnx"
+    index: str = "dump/index.json"
+    fingerprints: str = "dump/fingerprints.npy"
+    bytes_per_tensor_per_sample: int = RECORD.itemsize
+    fingerprints_in_worker_thread: bool = True
+    # when not faithful: does production itself give other outputs from run to run on the first mismatched
+    # sample (distinct outputs in PRODUCTION_REPEATS runs)? Then no dump can match it bit for bit.
+    production_distinct: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DumpSummary":
+        return structure(cls, data)
 
 
 @dataclass
@@ -61,12 +108,12 @@ class InferenceResult:
     samples: int
     ms_per_sample: float  # production session
     outputs: list[str]
-    dump: dict[str, Any] | None = None
+    dump: DumpSummary | None = None
 
     @property
     def passed(self) -> bool:
         """False when a dump did not reproduce the production outputs bit for bit."""
-        return self.dump is None or bool(self.dump["faithful"])
+        return self.dump is None or self.dump.faithful
 
     def __bool__(self) -> bool:
         return self.passed
@@ -74,7 +121,8 @@ class InferenceResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "samples": self.samples,
-            "ms_per_sample": self.ms_per_sample, "outputs": self.outputs, "dump": self.dump, "passed": self.passed,
+            "ms_per_sample": self.ms_per_sample, "outputs": self.outputs,
+            "dump": self.dump.to_json() if self.dump is not None else None, "passed": self.passed,
         }
 
 
@@ -82,11 +130,10 @@ class _Reference:
     """The fingerprints of a reference dump, looked up by the key two dumps share."""
 
     def __init__(self, run_dir: Path, plan: DumpPlan, samples: int) -> None:
-        from qconsist.compare.loader import load_dump
 
         ref = load_dump(run_dir)
         if ref.table.shape[0] != samples:
-            raise ConfigError(f"--reference {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
+            raise ConfigError(f"`reference` {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
         same_graph = ref.structure == plan.structure
         keys = [t.name if same_graph else t.original for t in plan.tensors]
         ref_keys = {(t.name if same_graph else t.original): i for i, t in enumerate(ref.tensors)}
@@ -129,6 +176,59 @@ def _model_record(source: ModelSource) -> tuple[dict[str, Any], list[dict[str, A
     return record, stages, structure
 
 
+def _rows(step: dict[str, np.ndarray]) -> int:
+    first = next(iter(step.values()))
+    return int(first.shape[0]) if first.ndim else 1
+
+
+def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
+    """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
+    sample gives, per row, what the original gives for the sample (within float rounding)."""
+    original = onnx.load(str(source))
+    write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
+    try:
+        restamped = create_session(target, options)
+        pair = restamped.run(None, {k: np.concatenate([v, v]) for k, v in sample.items()})
+    except QconsistError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
+        raise UnsupportedModelError(f"{source} cannot take another batch size (`dynamic_batch`): {ort_message(exc)}") from None
+    single = create_session(source, options).run(None, sample)
+    names = [o.name for o in restamped.get_outputs()]
+    comparison = compare_outputs([dict(zip(names, single))] * 2,
+                                 [{n: p[r:r + 1] for n, p in zip(names, pair)} for r in range(2)], 1e-5, 1e-4)
+    if not comparison.passed:
+        raise UnsupportedModelError(f"{source} does not compute per sample once re-stamped for another batch size "
+                                    f"(`dynamic_batch`): {comparison.summary()}")
+    return target
+
+
+PRODUCTION_REPEATS = 5
+
+
+def _production_distinct(production: Any, inputs: InputSet, batch: int, sample: int) -> int:
+    """How many distinct final outputs production gives in ``PRODUCTION_REPEATS`` runs of the step holding
+    ``sample``: more than one means a non-deterministic kernel, not an unfaithful dump."""
+    step = next(s for i, s in inputs.batches(batch) if i <= sample < i + batch)
+    seen = {hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in production.run(None, step))).digest()
+            for _ in range(PRODUCTION_REPEATS)}
+    return len(seen)
+
+
+def _engines(model_path: Path, options: ExecutionOptions, step: dict[str, np.ndarray], request: RunRequest,
+             plan: DumpPlan | None, optimized: Path) -> EngineRecord:
+    """The cuDNN engine of every convolution, per run of a child session of the same model, options and first
+    step; nodes named as the dump names them."""
+    if plan is not None:
+        graph_path, observed = plan.optimized_path, observed_graph(onnx.load(str(plan.optimized_path)), plan)
+        order, labels = [n.name for n in observed.nodes], {n.name: n.label for n in observed.nodes}
+    else:
+        create_session(model_path, options, optimized_model_filepath=optimized)
+        graph_path, order, labels = optimized, None, None
+    label = options.provider + "/" + "/".join(f"{k}={v}" for k, v in sorted(options.provider_options.items()))
+    return record_engines(EngineRequest(model_path, options, step, request.engine_runs), graph_path, label, order, labels)
+
+
 def run_inference(
     source: ModelSource,
     inputs: InputSet,
@@ -142,13 +242,20 @@ def run_inference(
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
-    options = request.options
+    options, batch = request.options, request.batch_size
     label = f"run-{source.describe().get('name') or source.path.stem}"
     with RunDirectory.create(runs_root, label, KIND, run_id) as run:
         model_record, stages, structure = _model_record(source)
-        production = create_session(source.path, options)
+        model_path = source.path
+        if request.dynamic_batch:
+            model_path = _restamp(source.path, run.file("model/model.onnx"), inputs.sample(0), options)
+            model_record["dynamic_batch"] = {"path": "model/model.onnx", **hash_artifact(model_path, run.path).to_json()}
+        production = create_session(model_path, options)
+        if batch != 1:
+            check_batching(input_specs(production), batch, len(inputs))
         output_names = [o.name for o in production.get_outputs()]
-        plan = plan_dump(source.path, options, run.file("dump")) if request.dump else None
+        probe = inputs.sample(0) if batch != 1 else None
+        plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
         reference = _Reference(request.reference, plan, len(inputs)) if plan and request.reference else None
         raw_columns = select_raw(plan, request.raw) if plan else set()
         if plan is not None and request.raw.mode is RawMode.AUTO:
@@ -165,25 +272,29 @@ def run_inference(
         seconds = {"production": 0.0, "dump": 0.0}
         try:
             with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
-                for index, sample in enumerate(inputs):
-                    # The dump session runs while the recorder fingerprints the previous sample; the
+                for index, step in inputs.batches(batch):
+                    # The dump session runs while the recorder fingerprints the previous step; the
                     # production session runs alone, so its time per sample is not disturbed by the dump.
-                    _digest_update(digest, sample)
+                    count = _rows(step)
+                    for row in range(count):
+                        _digest_update(digest, {k: v[row:row + 1] for k, v in step.items()} if count > 1 else step)
                     if recorder is not None:
                         start = time.perf_counter()
-                        arrays = plan.session.run(names, sample)  # type: ignore[union-attr]
+                        arrays = plan.session.run(names, step)  # type: ignore[union-attr]
                         recorder.wait()
                         seconds["dump"] += time.perf_counter() - start
                     start = time.perf_counter()
-                    produced = production.run(None, sample)
+                    produced = production.run(None, step)
                     seconds["production"] += time.perf_counter() - start
-                    outputs_table.write_row(index, produced)
-                    save_npz(run.file(f"outputs/{index:06d}.npz"), {f"o{i}": a for i, a in enumerate(produced)})
+                    for row in range(count):
+                        outputs = [o[row:row + 1] if count > 1 and o.ndim and o.shape[0] == count else o for o in produced]
+                        outputs_table.write_row(index + row, outputs)
+                        save_npz(run.file(f"outputs/{index + row:06d}.npz"), {f"o{i}": a for i, a in enumerate(outputs)})
                     if recorder is not None:
                         start = time.perf_counter()
-                        recorder.submit(index, produced, arrays)
+                        recorder.submit(index, produced, arrays, plan.rows(arrays, count))  # type: ignore[union-attr]
                         seconds["dump"] += time.perf_counter() - start
-                    task.advance()
+                    task.advance(count)
                 if recorder is not None:
                     start = time.perf_counter()
                     recorder.wait()
@@ -194,38 +305,33 @@ def run_inference(
         outputs_table.close()
         inputs_digest = digest.hexdigest()
         if reference is not None and reference.digest != inputs_digest:
-            raise InputError(f"--reference {reference.run_dir} ran on other inputs (digest differs); --raw auto needs the same input set")
+            raise InputError(f"`reference` {reference.run_dir} ran on other inputs (digest differs); `raw` auto needs the same input set")
         samples = len(inputs)
         sections: dict[str, Any] = {
             "inference": {
                 "options": options.to_json(),
                 "providers": production.get_providers(),
                 "samples": samples,
+                "batch_size": batch,
                 "ms_per_sample": 1000 * seconds["production"] / samples,
                 "outputs": output_names,
                 "fingerprints": "outputs/fingerprints.npy",
                 "arrays": "outputs/<sample>.npz",
             }
         }
-        dump_json = None
+        dump = None
         if plan is not None:
             check, dump_table = recorder.check, recorder.table  # type: ignore[union-attr]
             dump_table.close()
-            dump_json = {
-                **check.to_json(),
-                "tensors": len(plan.tensors),
-                "ms_per_sample": 1000 * seconds["dump"] / samples,
-                "optimized": "dump/optimized.onnx",
-                "structure": plan.structure,
-                "original_structure": plan.original_structure,
-                "level": options.graph_optimization_level.value,
-                "index": "dump/index.json",
-                "fingerprints": "dump/fingerprints.npy",
-                "bytes_per_tensor_per_sample": RECORD.itemsize,
-                "raw": {**request.raw.to_json(), "reference": str(request.reference) if request.reference else None,
-                        "tensors_saved": recorder.raw_saved, "dir": "dump/raw"},  # type: ignore[union-attr]
-                "fingerprints_in_worker_thread": dump_module.OVERLAP,
-            }
+            dump = DumpSummary(
+                faithful=check.faithful, samples_checked=check.samples, mismatched_samples=list(check.mismatched),
+                max_abs_diff=check.max_abs_diff, tensors=len(plan.tensors), ms_per_sample=1000 * seconds["dump"] / samples,
+                structure=plan.structure, original_structure=plan.original_structure,
+                level=options.graph_optimization_level.value,
+                raw={**request.raw.to_json(), "reference": str(request.reference) if request.reference else None,
+                     "tensors_saved": recorder.raw_saved, "dir": "dump/raw"},  # type: ignore[union-attr]
+                fingerprints_in_worker_thread=dump_module.OVERLAP,
+            )
             index = {
                 "schema": "qconsist.dump/1",
                 "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
@@ -233,14 +339,20 @@ def run_inference(
                 "outputs": plan.outputs,
                 "mismatched_samples": check.mismatched,
             }
-            run.file("dump/index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
-            sections["dump"] = dump_json
+            if not check.faithful:
+                dump.production_distinct = _production_distinct(production, inputs, batch, check.mismatched[0])
+            write_json_atomic(run.file("dump/index.json"), index)
+            sections["dump"] = dump.to_json()
             if not check.faithful:
                 log.warning(
                     "dump is NOT faithful: final outputs of %d/%d samples differ from production (max %.3g)",
                     len(check.mismatched), samples, check.max_abs_diff,
                 )
         sections["inference"]["output_shapes"] = outputs_table.shapes.to_json()
+        if request.engines:
+            run.mark_progress("engines")
+            sections["engines"] = _engines(model_path, options, next(inputs.batches(batch))[1], request, plan,
+                                           run.file("engines/optimized.onnx")).to_json()
         manifest = Manifest(
             kind=KIND,
             command=list(command),
@@ -252,4 +364,4 @@ def run_inference(
             sections=sections,
         )
         path = run.finish(manifest)
-    return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump_json)
+    return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump)

@@ -1,26 +1,45 @@
-"""ONNX Runtime sessions built from typed execution options, recorded as they were given.
+"""The one way qconsist makes an ONNX Runtime session, from typed execution options recorded as given.
 
-``ExecutionOptions`` names everything that decides which kernels run: the execution provider, the graph
-optimization level, intra-op threads and, on CUDA, the cuDNN algorithm search, TF32, the cuDNN workspace
-and deterministic compute. ``None`` means "onnxruntime's default" and is recorded as such.
+``ExecutionOptions`` names everything that decides which kernels run: the execution provider and its options
+(validated by the provider registry, ``qconsist.inference.provider``), the graph optimization level, the graph
+transformers switched off (``disabled_optimizers``), intra-op threads and deterministic compute. ``None`` means
+"onnxruntime's default" and is recorded as such.
+
+``create_session`` is the only place that constructs ``onnxruntime.InferenceSession`` (through
+``open_ort_session``): it checks the provider really runs on this machine, builds the session options, and
+turns onnxruntime's errors into one line (``UnsupportedModelError``). ``optimizer_log`` opens a session with
+onnxruntime's verbose log captured, to read which graph transformers ran and which changed the graph. ``input_specs`` and ``run_outputs``
+run a model over an input set for the stages' checks.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass, fields
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping, Sequence
 
-from qconsist.errors import ConfigError, InputError, UnavailableError
+import numpy as np
+
+from qconsist.errors import ConfigError, UnavailableError, UnsupportedModelError
+from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, ProviderSpec, provider_spec
+from qconsist.inputs.inputset import InputSet, InputSpec
+from qconsist.environment import fingerprint
 
 log = logging.getLogger(__name__)
 
-
-class Provider(str, Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
+__all__ = [
+    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "OptimizationLevel", "create_session", "input_specs",
+    "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_message", "outputs_of", "provider_available",
+    "require_provider", "run_outputs",
+]
 
 
 class OptimizationLevel(str, Enum):
@@ -30,66 +49,94 @@ class OptimizationLevel(str, Enum):
     ALL = "all"
 
 
-class ConvAlgoSearch(str, Enum):
-    EXHAUSTIVE = "EXHAUSTIVE"
-    HEURISTIC = "HEURISTIC"
-    DEFAULT = "DEFAULT"
-
-
-_CUDA_ONLY = ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace", "device_id")
-_PROVIDER_NAMES = {Provider.CPU: "CPUExecutionProvider", Provider.CUDA: "CUDAExecutionProvider"}
-
-
-def _enum(kind: type[Enum], value: Any, name: str) -> Any:
-    if isinstance(value, kind):
+def _level(value: Any) -> OptimizationLevel:
+    if isinstance(value, OptimizationLevel):
         return value
     if isinstance(value, str):
-        text = value.upper() if kind is ConvAlgoSearch else value.lower()
         try:
-            return kind(text)
+            return OptimizationLevel(value.lower())
         except ValueError:
             pass
-    known = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
-    raise ConfigError(f"{name} {value!r} is not one of {known}")
+    raise ConfigError(f"graph_optimization_level {value!r} is not one of {', '.join(m.value for m in OptimizationLevel)}")
+
+
+# The CUDA options as flat keyword arguments and JSON keys, as runs recorded them before providers became a
+# registry; accepted by ``ExecutionOptions.from_json`` so older manifests still read.
+_FLAT_CUDA = ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace", "device_id")
+_OPTIMIZER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class ExecutionOptions:
-    """How a model is executed. Validated on creation; CUDA-only options are refused on the CPU."""
+    """How a model is executed. Validated on creation: the provider must be known and its options must be
+    ones it takes, of the right type."""
 
-    ep: Provider = Provider.CPU
+    provider: str = "cpu"
+    provider_options: Mapping[str, Any] = field(default_factory=dict)
     graph_optimization_level: OptimizationLevel = OptimizationLevel.ALL
     intra_op_threads: int | None = None  # None: onnxruntime's default (one per physical core)
     deterministic_compute: bool | None = None  # SessionOptions.use_deterministic_compute
-    cudnn_conv_algo_search: ConvAlgoSearch | None = None
-    use_tf32: bool | None = None
-    cudnn_conv_use_max_workspace: bool | None = None
-    device_id: int | None = None
+    # graph transformers (or rewrite rules) switched off by name, sorted; onnxruntime ignores a name it does not have
+    disabled_optimizers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ep", _enum(Provider, self.ep, "ep"))
-        object.__setattr__(
-            self, "graph_optimization_level",
-            _enum(OptimizationLevel, self.graph_optimization_level, "graph_optimization_level"),
-        )
-        if self.cudnn_conv_algo_search is not None:
-            object.__setattr__(self, "cudnn_conv_algo_search", _enum(
-                ConvAlgoSearch, self.cudnn_conv_algo_search, "cudnn_conv_algo_search"))
-        for name in ("intra_op_threads", "device_id"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        for name in ("deterministic_compute", "use_tf32", "cudnn_conv_use_max_workspace"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ConfigError(f"{name} must be true or false, got {value!r}")
-        if self.ep is Provider.CPU:
-            given = [name for name in _CUDA_ONLY if getattr(self, name) is not None]
-            if given:
-                raise ConfigError(f"{', '.join(given)} only apply to --ep cuda")
+        spec = provider_spec(self.provider)
+        object.__setattr__(self, "provider", spec.name)
+        object.__setattr__(self, "graph_optimization_level", _level(self.graph_optimization_level))
+        given = {name: value for name, value in dict(self.provider_options or {}).items() if value is not None}
+        unknown = sorted(set(given) - set(spec.options))
+        if unknown:
+            known = ", ".join(spec.options) or "none"
+            raise ConfigError(f"execution provider {spec.name} takes no option {', '.join(unknown)} (its options: {known})")
+        parsed = {name: spec.options[name].parse(spec.name, name, value) for name, value in given.items()}
+        object.__setattr__(self, "provider_options", MappingProxyType(dict(sorted(parsed.items()))))
+        value = self.intra_op_threads
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"intra_op_threads must be a non-negative integer, got {value!r}")
+        if self.deterministic_compute is not None and not isinstance(self.deterministic_compute, bool):
+            raise ConfigError(f"deterministic_compute must be true or false, got {self.deterministic_compute!r}")
+        names = self.disabled_optimizers
+        if isinstance(names, str) or not all(isinstance(n, str) and _OPTIMIZER_NAME.fullmatch(n) for n in names or ()):
+            raise ConfigError(f"`disabled_optimizers` must be graph transformer names such as ConstantFolding, got {names!r}")
+        object.__setattr__(self, "disabled_optimizers", tuple(sorted(set(names or ()))))
+
+    def _key(self) -> tuple:
+        return (self.provider, tuple(self.provider_options.items()), self.graph_optimization_level,
+                self.intra_op_threads, self.deterministic_compute, self.disabled_optimizers)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExecutionOptions):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def option(self, name: str) -> Any:
+        """A provider option's value, ``None`` when not given (onnxruntime's default applies)."""
+        return self.provider_options.get(name)
+
+    def with_options(self, **changes: Any) -> "ExecutionOptions":
+        """A copy with provider options set (``None`` removes one) or session fields changed."""
+        session_fields = {f.name for f in fields(self)} - {"provider", "provider_options"}
+        options = dict(self.provider_options)
+        session: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key in session_fields:
+                session[key] = value
+            elif value is None:
+                options.pop(key, None)
+            else:
+                options[key] = value
+        return replace(self, provider_options=options, **session)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ExecutionOptions":
+    def from_json(cls, data: Mapping[str, Any]) -> "ExecutionOptions":
+        data = dict(data)
+        if "ep" in data:  # the flat form of runs recorded before the provider registry
+            provider = data.pop("ep")
+            options = {k: data.pop(k) for k in _FLAT_CUDA if k in data}
+            data = {**data, "provider": provider, "provider_options": {k: v for k, v in options.items() if v is not None}}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -97,33 +144,24 @@ class ExecutionOptions:
         return cls(**data)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            data[f.name] = value.value if isinstance(value, Enum) else value
+        data = {
+            "provider": self.provider,
+            "provider_options": {k: v.value if isinstance(v, Enum) else v for k, v in self.provider_options.items()},
+            "graph_optimization_level": self.graph_optimization_level.value,
+            "intra_op_threads": self.intra_op_threads, "deterministic_compute": self.deterministic_compute,
+        }
+        if self.disabled_optimizers:  # written only when set, so runs recorded before the field read the same
+            data["disabled_optimizers"] = list(self.disabled_optimizers)
         return data
 
-    @property
-    def provider_name(self) -> str:
-        return _PROVIDER_NAMES[self.ep]
-
-    def provider_options(self) -> dict[str, str]:
-        """The options passed to the execution provider, only those given explicitly."""
-        if self.ep is not Provider.CUDA:
-            return {}
-        options: dict[str, str] = {}
-        if self.device_id is not None:
-            options["device_id"] = str(self.device_id)
-        if self.cudnn_conv_algo_search is not None:
-            options["cudnn_conv_algo_search"] = self.cudnn_conv_algo_search.value
-        if self.use_tf32 is not None:
-            options["use_tf32"] = "1" if self.use_tf32 else "0"
-        if self.cudnn_conv_use_max_workspace is not None:
-            options["cudnn_conv_use_max_workspace"] = "1" if self.cudnn_conv_use_max_workspace else "0"
-        return options
+    def ort_providers(self) -> list[Any]:
+        """onnxruntime's ``providers`` argument: this provider with its options as strings, then its fallback."""
+        spec = provider_spec(self.provider)
+        options = {k: ProviderOption.to_ort(v) for k, v in self.provider_options.items()}
+        return [(spec.ort_name, options) if options else spec.ort_name, *spec.fallback]
 
 
-def _ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
+def ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
     import onnxruntime as ort
 
     return {
@@ -134,66 +172,251 @@ def _ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
     }[level]
 
 
-def preload_cuda() -> None:
-    """Load the CUDA and cuDNN libraries onnxruntime-gpu needs (``onnxruntime.preload_dlls``) before a CUDA
-    session is created; without it a CUDA session can fall back to the CPU silently."""
-    import onnxruntime as ort
-
-    preload = getattr(ort, "preload_dlls", None)
-    if preload is not None:
-        try:
-            preload()
-        except Exception as exc:  # noqa: BLE001 - a failed preload shows as a missing provider afterwards
-            log.info("onnxruntime.preload_dlls failed: %s", exc)
+def ort_message(exc: BaseException) -> str:
+    """onnxruntime's error text without its error-code prefix and C++ source location."""
+    text = " ".join(str(exc).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"^Load model from .*? failed:\s*", "", text)
+    text = re.sub(r"^/\S+:\d+ .*?\) (?=[A-Z])", "", text)
+    return text or type(exc).__name__
 
 
-def check_provider(options: ExecutionOptions) -> None:
-    """Raise ``UnavailableError`` when the asked execution provider is not in this onnxruntime build."""
-    import onnxruntime as ort
+@functools.lru_cache(maxsize=1)
+def probe_model() -> bytes:
+    """A one-node model (Relu on 4 floats), to ask onnxruntime what it can run."""
+    from onnx import TensorProto, helper
 
-    if options.ep is Provider.CUDA:
-        preload_cuda()
-    available = ort.get_available_providers()
-    if options.provider_name not in available:
-        raise UnavailableError(
-            f"--ep {options.ep.value} needs {options.provider_name}, which this onnxruntime does not provide "
-            f"(available: {', '.join(available)}); install onnxruntime-gpu on a machine with CUDA"
-        )
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
-def create_session(
+def open_ort_session(
     model: str | Path | bytes,
     options: ExecutionOptions,
     *,
     level: OptimizationLevel | None = None,
     optimized_model_filepath: Path | None = None,
+    disabled_optimizers: Sequence[str] = (),
+    fallback: bool = True,
+    log_verbose: bool = False,
 ):  # -> ort.InferenceSession
-    """An onnxruntime session of ``model`` (a path or serialized bytes) run as ``options`` say.
-
-    ``level`` overrides the options' optimization level (the dump reloads ORT's optimized graph with
-    optimizations off); ``optimized_model_filepath`` makes ORT save the graph it optimized.
-    """
+    """The one ``onnxruntime.InferenceSession`` construction (no availability check, no error translation)."""
     import onnxruntime as ort
 
-    check_provider(options)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    so.graph_optimization_level = _ort_level(level or options.graph_optimization_level)
+    so.graph_optimization_level = ort_level(level or options.graph_optimization_level)
     if options.intra_op_threads is not None:
         so.intra_op_num_threads = options.intra_op_threads
     if options.deterministic_compute is not None:
         so.use_deterministic_compute = options.deterministic_compute
     if optimized_model_filepath is not None:
         so.optimized_model_filepath = str(optimized_model_filepath)
-    providers: list[Any] = [(options.provider_name, options.provider_options())]
-    if options.ep is Provider.CUDA:
-        providers.append("CPUExecutionProvider")
+    if log_verbose:
+        so.log_severity_level = 0
+    providers = options.ort_providers() if fallback else options.ort_providers()[:1]
     source = model if isinstance(model, bytes) else str(model)
+    disabled = sorted({*options.disabled_optimizers, *disabled_optimizers})
+    kwargs = {"disabled_optimizers": disabled} if disabled else {}
+    return ort.InferenceSession(source, so, providers=providers, **kwargs)
+
+
+def create_session(
+    model: str | Path | bytes,
+    options: ExecutionOptions = ExecutionOptions(),
+    *,
+    level: OptimizationLevel | None = None,
+    optimized_model_filepath: Path | None = None,
+    disabled_optimizers: Sequence[str] = (),
+):  # -> ort.InferenceSession
+    """An onnxruntime session of ``model`` (a path or serialized bytes) run as ``options`` say.
+
+    ``level`` overrides the options' optimization level (the dump reloads ORT's optimized graph with
+    optimizations off); ``optimized_model_filepath`` makes ORT save the graph it optimized;
+    ``disabled_optimizers`` names graph transformers to switch off besides the options' own. Raises
+    ``UnavailableError`` when the provider cannot run here, ``UnsupportedModelError`` (one line) when onnxruntime cannot load the model.
+    """
+    import onnxruntime as ort
+
+    require_provider(options.provider)
     try:
-        session = ort.InferenceSession(source, so, providers=providers)
-    except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph / RuntimeException types
+        session = open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
+                                   disabled_optimizers=disabled_optimizers)
+    except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph / InvalidArgument / … types
         where = "the model" if isinstance(model, bytes) else str(model)
-        raise InputError(f"onnxruntime cannot load {where}: {' '.join(str(exc).split())[:400]}") from None
-    if options.ep is Provider.CUDA and options.provider_name not in session.get_providers():
-        raise UnavailableError(f"onnxruntime fell back from {options.provider_name} to {session.get_providers()}")
+        raise UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}") from None
+    ort_name = provider_spec(options.provider).ort_name
+    if ort_name not in session.get_providers():
+        raise UnavailableError(f"onnxruntime fell back from {ort_name} to {', '.join(session.get_providers())}")
     return session
+
+
+@contextmanager
+def _stderr_into(path: Path) -> Iterator[None]:
+    """File descriptor 2 (where onnxruntime's C++ logger writes) redirected into ``path`` for a while."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def optimizer_log(
+    model: str | Path | bytes,
+    options: ExecutionOptions = ExecutionOptions(),
+    *,
+    level: OptimizationLevel | None = None,
+    optimized_model_filepath: Path | None = None,
+    disabled_optimizers: Sequence[str] = (),
+) -> str:
+    """onnxruntime's verbose log of creating a session of ``model`` as ``options`` say: the graph transformers
+    it applies, level by level, and whether each changed the graph ("GraphTransformer X modified: 1").
+
+    The log is onnxruntime's own, read from its C++ logger (file descriptor 2, redirected while the session is
+    made). Errors as ``create_session``'s."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    require_provider(options.provider)
+    with tempfile.TemporaryDirectory(prefix="qconsist-ortlog-") as folder:
+        path = Path(folder) / "ort.log"
+        try:
+            with _stderr_into(path):
+                open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
+                                 disabled_optimizers=disabled_optimizers, log_verbose=True)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+            where = "the model" if isinstance(model, bytes) else str(model)
+            raise UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}") from None
+        return path.read_text(encoding="utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What ``require_provider`` found: the provider, onnxruntime's providers, the device's name."""
+
+    provider: str
+    providers: tuple[str, ...]
+    name: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"provider": self.provider, "providers": list(self.providers), "name": self.name}
+
+
+def _device_name(spec: ProviderSpec) -> str:
+
+    if spec.name == "cpu":
+        return str(fingerprint().get("cpu") or "CPU")
+    gpus = fingerprint().get("gpus") or []
+    return gpus[0]["name"] if gpus else "unknown GPU"
+
+
+@functools.lru_cache(maxsize=None)
+def require_provider(name: str) -> DeviceInfo:
+    """The provider is in this onnxruntime and really runs a one-node model; else ``UnavailableError``.
+
+    Answered once per process, by running: onnxruntime-gpu lists the CUDA provider whenever it is installed,
+    even where no GPU or no CUDA library is present, and then quietly falls back to the CPU."""
+    import onnxruntime as ort
+
+    spec = provider_spec(name)
+    available = tuple(ort.get_available_providers())
+    if spec.preload is not None:
+        spec.preload()
+    if spec.ort_name not in available:
+        raise UnavailableError(
+            f"execution provider {spec.name} ({spec.ort_name}) is not in this onnxruntime "
+            f"(available: {', '.join(available)}); for cuda install onnxruntime-gpu (qconsist[gpu]) on a machine with an NVIDIA GPU"
+        )
+    if spec.name != "cpu":
+        try:
+            session = open_ort_session(probe_model(), ExecutionOptions(spec.name), fallback=False)
+            session.run(None, {"x": np.arange(4, dtype=np.float32)})
+        except UnavailableError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure here means the device cannot be used
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UnavailableError(f"execution provider {spec.name} failed to start ({first})") from None
+        if session.get_providers()[0] != spec.ort_name:
+            raise UnavailableError(
+                f"execution provider {spec.name} is not usable: onnxruntime fell back to the CPU "
+                "(CUDA or cuDNN libraries not found, or no GPU)"
+            )
+    return DeviceInfo(spec.name, available, _device_name(spec))
+
+
+def provider_available(name: str) -> bool:
+    try:
+        require_provider(name)
+    except UnavailableError:
+        return False
+    return True
+
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+def input_specs(session: Any) -> list[InputSpec]:
+    """The inputs of a session (or of a model file, opened on the CPU) as qconsist feeds them."""
+    if isinstance(session, (str, Path, bytes)):
+        session = create_session(session)
+    specs = []
+    for item in session.get_inputs():
+        if item.type not in _ORT_TYPES:
+            raise UnsupportedModelError(f"model input '{item.name}' has type {item.type}, which qconsist cannot feed")
+        specs.append(InputSpec(name=item.name, dtype=np.dtype(_ORT_TYPES[item.type]), shape=tuple(item.shape)))
+    return specs
+
+
+def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    """Every step's outputs (``batch_size`` samples stacked), by output name, in input order."""
+    checked = inputs.checked(input_specs(session), batch_size)
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(names, step))) for _, step in checked.batches(batch_size)]
+
+
+def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = ExecutionOptions(),
+               batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    return run_outputs(create_session(path, options), inputs, batch_size)
+
+
+def onnxruntime_limits() -> tuple[int | None, int | None]:
+    """The newest ai.onnx opset and IR version the installed onnxruntime loads, found by asking it."""
+    import onnx
+
+    def loads(opset: int, ir_version: int) -> bool:
+        model = onnx.load_from_string(probe_model())
+        del model.opset_import[:]
+        model.opset_import.add(domain="", version=opset)
+        model.ir_version = ir_version
+        try:
+            open_ort_session(model.SerializeToString(), ExecutionOptions())
+        except Exception:  # noqa: BLE001 - onnxruntime raises its own Fail / InvalidGraph types
+            return False
+        return True
+
+    if not loads(13, 7):
+        return None, None
+    opset = 13
+    while opset < 64 and loads(opset + 1, 7):
+        opset += 1
+    ir = 7
+    while ir < 64 and loads(13, ir + 1):
+        ir += 1
+    return opset, ir

@@ -9,7 +9,8 @@ Sources:
 * a folder of ``.npy`` files, one sample each, sorted by file name
 
 Samples are produced one at a time, so memory does not grow with the number of samples. The ``digest``
-(sha256 over every sample's exact bytes, in order) identifies the input set across runs.
+(sha256 over every sample's exact bytes, in order) identifies the input set across runs, whatever the batch
+size it is later run with. ``batches(n)`` stacks ``n`` samples on axis 0 (the last step may hold fewer).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from qconsist.errors import InputError, ShapeMismatchError
+from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.preprocess import Preprocess
 
@@ -85,7 +86,18 @@ class InputSet:
             data["preprocess"] = self.preprocess.to_json()
         return data
 
-    def checked(self, specs: Sequence[InputSpec]) -> "InputSet":
+    def batches(self, size: int = 1) -> Iterator[tuple[int, Sample]]:
+        """Steps of ``size`` samples stacked on axis 0, as ``(index of the first sample, stacked sample)``;
+        the last step holds what is left."""
+        check_batch_size(size)
+        for start in range(0, len(self.names), size):
+            samples = [self._load(i) for i in range(start, min(start + size, len(self.names)))]
+            if len(samples) == 1:
+                yield start, samples[0]
+            else:
+                yield start, {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+
+    def checked(self, specs: Sequence[InputSpec], batch_size: int = 1) -> "InputSet":
         """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
         base = self._load
 
@@ -94,7 +106,28 @@ class InputSet:
 
         if len(self.names):
             load(0)  # fail early with a clear message
+        if batch_size != 1:
+            check_batching(specs, batch_size, len(self.names))
         return InputSet(self.source, self.kind, self.names, load, self.preprocess)
+
+
+def check_batch_size(size: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"`batch_size` must be an integer >= 1, got {size!r}")
+    return size
+
+
+def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
+    """The model takes steps of ``size`` samples (and the last, smaller step): its batch dimension is free."""
+    check_batch_size(size)
+    for spec in specs:
+        first = spec.shape[0] if spec.shape else None
+        sizes = {size} | ({count % size} if count % size else set())
+        if isinstance(first, int) and first > 0 and sizes != {first}:
+            raise ShapeMismatchError(
+                f"model input '{spec.name}' has a fixed batch dimension of {first}; `batch_size` {size} needs a "
+                "dynamic one: convert with [convert] dynamic_batch = true, or re-stamp the model with `dynamic_batch`"
+            )
 
 
 def check_sample(sample: Sample, specs: Sequence[InputSpec], label: str) -> Sample:

@@ -20,7 +20,7 @@ Relative paths start at the nightly file's folder. Format::
     locate = true                              # run qconsist locate where a GPU exists (default true)
     [models.pipeline]                          # … or a pipeline written inline
     [models.pipeline.model]
-    onnx = "package:nudenet/320n.onnx"         # a file shipped inside an installed package
+    source = "nudenet_320n"                    # a bundled model (models/*.toml), or onnx = "<file>"
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from qconsist.errors import ConfigError, InputError
 from qconsist.nightly.package import is_package_path, resolve_package_path
 from qconsist.pipeline.config import PipelineConfig, parse_pipeline
 from qconsist.tomlfile import read_toml
+from qconsist.gpu.config import GpuConfig
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
@@ -145,7 +146,6 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
     policy = _string(data, "policy", where)
     gpu_config = _string(data, "gpu_config", where)
     if gpu_config is not None:
-        from qconsist.gpu.config import GpuConfig
 
         GpuConfig.parse(gpu_config)
     labels = _string(data, "labels", where)

@@ -1,8 +1,9 @@
 """``package:<distribution-module>/<path>``: a file shipped inside an installed Python package.
 
-Used for models that a package carries in its wheel, such as ``package:nudenet/320n.onnx`` (the NudeNet 320n
-detector shipped in ``nudenet==3.4.2``). The package is located without importing it (its import may pull in
-heavy dependencies); the file must exist, so nothing is ever downloaded at run time.
+Used for files that an installed package carries, such as ``package:skimage/data/astronaut.png``. The package
+is located without importing it (its import may pull in heavy dependencies); the file must exist, so nothing is
+ever downloaded at run time. (Models shipped in packages that qconsist does not install, such as NudeNet's,
+are bundled model descriptions instead: ``models/nudenet_320n.toml``.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def resolve_package_path(text: str) -> Path:
         raise ConfigError(f"{text!r} is not a package path; write package:<module>/<file>")
     module, _, relative = text[len(PREFIX):].partition("/")
     if not module or not relative or not module.replace("_", "a").isalnum():
-        raise ConfigError(f"{text!r}: write package:<module>/<file inside it>, e.g. package:nudenet/320n.onnx")
+        raise ConfigError(f"{text!r}: write package:<module>/<file inside it>, e.g. package:skimage/data/astronaut.png")
     if any(part == ".." for part in Path(relative).parts) or Path(relative).is_absolute():
         raise ConfigError(f"{text!r}: the file must lie inside the package")
     spec = importlib.util.find_spec(module)

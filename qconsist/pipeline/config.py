@@ -6,26 +6,22 @@ key and its default; ``PipelineConfig.to_json`` is what the manifest records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from qconsist.errors import ConfigError
-from qconsist.inference.session import ConvAlgoSearch
+from qconsist.inference.provider import PROVIDERS, provider_spec
+from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs.preprocess import Preprocess
+from qconsist.stages.base import Stage
+from qconsist.stages.base import stages as registered_stages
 from qconsist.stages.convert import ConvertOptions
-from qconsist.stages.optimize import GraphLevel, OptimizeMethod, OptimizeOptions
-from qconsist.stages.quantize import (
-    CalibrationMethodChoice,
-    CalibrationOptions,
-    DistributionScenario,
-    Provider,
-    QuantFormatChoice,
-    QuantizeOptions,
-    QuantTypeChoice,
-)
-from qconsist.tomlfile import read_toml
+from qconsist.stages.optimize import OptimizeOptions
+from qconsist.stages.quantize import CalibrationMethodChoice, CalibrationOptions, DistributionScenario, QuantizeOptions
+from qconsist.tomlfile import Table, guard, read_toml
 
 MAX_REPEAT = 100
 
@@ -77,89 +73,53 @@ class CalibrationConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    """A pipeline file: the model, the input sets, and each stage's options (``stages``, by stage name, for
+    every stage of the registry that runs: required ones always, optional ones when their section is given)."""
+
     name: str
     path: Path | None
     model: ModelConfig
     calibration: CalibrationConfig
-    convert: ConvertOptions = ConvertOptions()
-    optimize: OptimizeOptions = OptimizeOptions()
+    stages: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Preprocess | None = None
-    quantize: QuantizeOptions = QuantizeOptions()
     evaluation: DataConfig | None = None
     runs_dir: Path = Path("runs")
+
+    def __post_init__(self) -> None:
+        given = dict(self.stages)
+        for stage in registered_stages():
+            if stage.name not in given and not stage.optional:
+                given[stage.name] = stage.options_type()
+        object.__setattr__(self, "stages", MappingProxyType(given))
+
+    def options(self, stage: str) -> Any:
+        return self.stages[stage]
+
+    def active_stages(self) -> tuple[Stage, ...]:
+        """The stages this pipeline runs, in order."""
+        return tuple(s for s in registered_stages() if s.name in self.stages)
+
+    # the built-in stages' options, by name (a convenience; the pipeline itself reads ``stages``)
+    @property
+    def convert(self) -> ConvertOptions:
+        return self.stages["convert"]
+
+    @property
+    def optimize(self) -> OptimizeOptions:
+        return self.stages["optimize"]
+
+    @property
+    def quantize(self) -> QuantizeOptions:
+        return self.stages["quantize"]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "path": str(self.path) if self.path else None, "runs_dir": str(self.runs_dir),
-            "model": self.model.to_json(), "convert": self.convert.to_json(), "optimize": self.optimize.to_json(),
-            "preprocess": self.preprocess.to_json() if self.preprocess else None,
-            "calibration": self.calibration.to_json(), "quantize": self.quantize.to_json(),
-            "evaluation": self.evaluation.to_json() if self.evaluation else None,
+            "model": self.model.to_json(), **{name: options.to_json() for name, options in self.stages.items()},
+            "preprocess": self.preprocess.to_json() if self.preprocess is not None else None,
+            "calibration": self.calibration.to_json(),
+            "evaluation": self.evaluation.to_json() if self.evaluation is not None else None,
         }
-
-
-class _Table:
-    """A TOML table being read: typed access by key, and a check that nothing unknown is left."""
-
-    def __init__(self, data: Any, where: str, origin: str) -> None:
-        if not isinstance(data, dict):
-            raise ConfigError(f"{origin}: [{where}] must be a table")
-        self.data = dict(data)
-        self.where = where
-        self.origin = origin
-        self.seen: set[str] = set()
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.origin}: {self.path(key)} {message}")
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        self.seen.add(key)
-        if key not in self.data:
-            return default
-        value = self.data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) and bool not in kinds:
-            raise self.error(key, f"must be {_kind_name(kinds)}, got {value!r}")
-        if not isinstance(value, kinds):
-            raise self.error(key, f"must be {_kind_name(kinds)}, got {value!r}")
-        return value
-
-    def choice(self, key: str, enum: type[Enum], default: Any = None) -> Any:
-        value = self.get(key, str)
-        if value is None:
-            return default
-        for member in enum:  # type: ignore[attr-defined]
-            if member.value.lower() == value.lower():
-                return member
-        raise self.error(key, f"must be one of {', '.join(m.value for m in enum)}, got {value!r}")  # type: ignore[attr-defined]
-
-    def strings(self, key: str) -> tuple[str, ...]:
-        value = self.get(key, list, [])
-        if not all(isinstance(v, str) for v in value):
-            raise self.error(key, "must be a list of strings")
-        return tuple(value)
-
-    def sub(self, key: str) -> "_Table | None":
-        self.seen.add(key)
-        if key not in self.data:
-            return None
-        return _Table(self.data[key], self.path(key), self.origin)
-
-    def finish(self, known_extra: tuple[str, ...] = ()) -> None:
-        unknown = sorted(set(self.data) - self.seen - set(known_extra))
-        if unknown:
-            known = ", ".join(sorted(self.seen | set(known_extra)))
-            raise ConfigError(f"{self.origin}: unknown key '{self.path(unknown[0])}' (known in [{self.where or 'top level'}]: {known})")
-
-
-def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def _resolve(base: Path, text: str) -> Path:
@@ -171,7 +131,7 @@ def _data_source(base: Path, text: str) -> str:
     return text if text.startswith("package:") else str(_resolve(base, text))
 
 
-def _model(table: _Table | None, base: Path, origin: str) -> ModelConfig:
+def _model(table: Table | None, base: Path, origin: str) -> ModelConfig:
     if table is None:
         raise ConfigError(f"{origin}: [model] is missing; give source = \"<bundled name>\", prototxt + caffemodel, or onnx")
     source = table.get("source", str)
@@ -193,7 +153,7 @@ def _model(table: _Table | None, base: Path, origin: str) -> ModelConfig:
     return ModelConfig(ModelKind.CAFFE, prototxt=_resolve(base, prototxt), caffemodel=_resolve(base, caffemodel))
 
 
-def _data(table: _Table, base: Path, required: bool) -> DataConfig | None:
+def _data(table: Table, base: Path, required: bool) -> DataConfig | None:
     data = table.get("data", str)
     offset = table.get("offset", int, 0)
     count = table.get("count", int)
@@ -208,16 +168,7 @@ def _data(table: _Table, base: Path, required: bool) -> DataConfig | None:
     return DataConfig(_data_source(base, data), offset, count)
 
 
-def _guard(table: _Table, build: Callable[[], Any]) -> Any:
-    try:
-        return build()
-    except ConfigError as exc:
-        if exc.message.startswith(f"{table.origin}: "):
-            raise
-        raise ConfigError(f"{table.origin}: {exc.message}") from None
-
-
-def _calibration(table: _Table | None, base: Path, origin: str) -> CalibrationConfig:
+def _calibration(table: Table | None, base: Path, origin: str) -> CalibrationConfig:
     if table is None:
         raise ConfigError(f"{origin}: [calibration] is missing; give at least data = \"package:photos\" or a path")
     inputs = _data(table, base, required=True)
@@ -225,83 +176,56 @@ def _calibration(table: _Table | None, base: Path, origin: str) -> CalibrationCo
     if not 1 <= repeat <= MAX_REPEAT:
         raise table.error("repeat", f"must be between 1 and {MAX_REPEAT}, got {repeat}")
     scenario = table.choice("scenario", DistributionScenario)
-    options = _guard(table, lambda: CalibrationOptions(
+    execution = guard(table, lambda: _execution(table))
+    options = guard(table, lambda: CalibrationOptions(
         method=table.choice("method", CalibrationMethodChoice, CalibrationMethodChoice.MINMAX),
-        provider=table.choice("provider", Provider, Provider.CPU),
+        execution=execution, batch_size=table.get("batch_size", int, 1),
         symmetric=table.get("symmetric", bool), moving_average=table.get("moving_average", bool),
         averaging_constant=table.get("averaging_constant", float), num_bins=table.get("num_bins", int),
         num_quantized_bins=table.get("num_quantized_bins", int), percentile=table.get("percentile", float),
         scenario=scenario,
-        cudnn_conv_algo_search=table.choice("cudnn_conv_algo_search", ConvAlgoSearch),
-        use_tf32=table.get("use_tf32", bool),
-        cudnn_conv_use_max_workspace=table.get("cudnn_conv_use_max_workspace", bool),
     ))
     table.finish()
     return CalibrationConfig(inputs=inputs, options=options, repeat=repeat)  # type: ignore[arg-type]
 
 
-def _quantize(table: _Table | None) -> QuantizeOptions:
-    if table is None:
-        return QuantizeOptions()
-    t = table
-    options = _guard(t, lambda: QuantizeOptions(
-        format=t.choice("format", QuantFormatChoice, QuantFormatChoice.QDQ),
-        per_channel=t.get("per_channel", bool, False),
-        activation_type=t.choice("activation_type", QuantTypeChoice, QuantTypeChoice.INT8),
-        weight_type=t.choice("weight_type", QuantTypeChoice, QuantTypeChoice.INT8),
-        reduce_range=t.get("reduce_range", bool, False),
-        activation_symmetric=t.get("activation_symmetric", bool, False),
-        weight_symmetric=t.get("weight_symmetric", bool),
-        op_types=t.strings("op_types"), nodes_to_exclude=t.strings("nodes_to_exclude"),
-        allow_invalid_scales=t.get("allow_invalid_scales", bool, False),
-        min_top1_agreement=t.get("min_top1_agreement", float), max_abs_diff=t.get("max_abs_diff", float),
-    ))
-    t.finish()
-    return options
-
-
-def _optimize(table: _Table | None) -> OptimizeOptions:
-    if table is None:
-        return OptimizeOptions()
-    t = table
-    options = _guard(t, lambda: OptimizeOptions(
-        method=t.choice("method", OptimizeMethod, OptimizeMethod.PRE_PROCESS),
-        level=t.choice("level", GraphLevel, GraphLevel.BASIC),
-        skip_optimization=t.get("skip_optimization", bool, False), symbolic_shape=t.get("symbolic_shape", bool, False),
-        atol=t.get("atol", float, OptimizeOptions.atol), rtol=t.get("rtol", float, OptimizeOptions.rtol),
-    ))
-    t.finish()
-    return options
-
-
-def _convert(table: _Table | None) -> ConvertOptions:
-    if table is None:
-        return ConvertOptions()
-    t = table
-    options = _guard(t, lambda: ConvertOptions(
-        opset=t.get("opset", int, ConvertOptions.opset), dynamic_batch=t.get("dynamic_batch", bool, False),
-        check=t.get("check", bool, True),
-    ))
-    t.finish()
-    return options
+def _execution(table: Table) -> ExecutionOptions:
+    """``provider`` and, flat beside it, the options that provider takes (``cudnn_conv_algo_search`` …)."""
+    provider = table.get("provider", str, "cpu")
+    if provider.lower() not in PROVIDERS:
+        raise table.error("provider", f"must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    spec = provider_spec(provider)
+    every = {name for other in PROVIDERS.values() for name in other.options}
+    given = {}
+    for name in sorted(every):
+        value = table.get(name, (str, bool, int))
+        if value is None:
+            continue
+        if name not in spec.options:
+            owners = " or ".join(f'"{p.name}"' for p in PROVIDERS.values() if name in p.options)
+            raise table.error(name, f"applies to provider = {owners} only")
+        given[name] = value
+    return ExecutionOptions(spec.name, given)
 
 
 def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str | None = None) -> PipelineConfig:
     """Build a ``PipelineConfig`` from parsed TOML; ``path`` is the file (relative paths start at its folder)."""
     origin = origin or (str(path) if path else "pipeline")
     base = path.parent if path else Path.cwd()
-    top = _Table(data, "", origin)
+    top = Table(data, "", origin)
     name = top.get("name", str) or (path.stem if path else "pipeline")
     runs_dir = Path(top.get("runs_dir", str, "runs")).expanduser()  # an output: relative to the working directory
     model = _model(top.sub("model"), base, origin)
-    convert = _convert(top.sub("convert"))
-    optimize = _optimize(top.sub("optimize"))
+    stages = {}
+    for stage in registered_stages():
+        table = top.sub(stage.name)
+        if table is not None or not stage.optional:
+            stages[stage.name] = stage.parse(table, base)
     pre_table = top.sub("preprocess")
     preprocess = None
     if pre_table is not None:
-        preprocess = _guard(pre_table, lambda: Preprocess.from_dict(pre_table.data))
+        preprocess = guard(pre_table, lambda: Preprocess.from_dict(pre_table.data))
     calibration = _calibration(top.sub("calibration"), base, origin)
-    quantize = _quantize(top.sub("quantize"))
     evaluation = None
     eval_table = top.sub("evaluation")
     if eval_table is not None:
@@ -311,8 +235,8 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
     if model.kind is ModelKind.ONNX and "convert" in data:
         raise ConfigError(f"{origin}: [convert] does not apply to an ONNX model (convert is skipped)")
     return PipelineConfig(
-        name=name, path=path, model=model, calibration=calibration, convert=convert, optimize=optimize,
-        preprocess=preprocess, quantize=quantize, evaluation=evaluation, runs_dir=runs_dir,
+        name=name, path=path, model=model, calibration=calibration, stages=stages, preprocess=preprocess,
+        evaluation=evaluation, runs_dir=runs_dir,
     )
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from qconsist.errors import InputError, RunStoreError
+import os
+
+from qconsist.diff import DiffResult
+from qconsist.errors import InputError, QconsistError, RunStoreError
+from qconsist.explain.explorer import explorer_overlay
+from qconsist.store.serde import loads
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
@@ -21,7 +25,7 @@ def _locate_section(path: Path | None) -> dict[str, Any] | None:
         return None
     try:
         open_run(path)
-        data = json.loads((path / "locate.json").read_text(encoding="utf-8"))
+        data = loads((path / "locate.json").read_text(encoding="utf-8"))
     except (RunStoreError, OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -91,7 +95,26 @@ def _esc(text: Any) -> str:
     return escape(str(text))
 
 
-def _diff_parts(diff: dict[str, Any], label: str) -> list[str]:
+def explorer_section(diff: dict[str, Any], folder: Path | None, relative_to: Path | None) -> str:
+    """The diff's per-node divergence written as Model Explorer node data into ``folder``, and how to open it."""
+    if folder is None or not diff.get("tensors"):
+        return ""
+    try:
+        overlay = explorer_overlay(DiffResult.from_json(diff))
+    except QconsistError as exc:
+        return f'<h2>On the graph</h2><p class="muted">No Model Explorer overlay: {_esc(exc.message)}</p>'
+    paths = overlay.write(folder)
+    base = relative_to or folder
+    links = ", ".join(f'<a href="{_esc(os.path.relpath(p, base))}">{_esc(p.stem)}</a>' for p in paths)
+    command = (f"model-explorer {overlay.model} --extensions model_explorer_onnx --node_data_paths "
+               + ",".join(str(p.resolve()) for p in paths))
+    return ("<h2>On the graph</h2><p>The divergence of every node as Google Model Explorer node data "
+            f"({overlay.nodes} nodes of graph <code>{_esc(overlay.graph_id)}</code>): {links}. Open the model with it "
+            "(<code>pip install ai-edge-model-explorer model-explorer-onnx</code>, or qconsist's <code>explorer</code> "
+            f"extra):</p><p><code>{_esc(command)}</code></p>")
+
+
+def _diff_parts(diff: dict[str, Any], label: str, explorer: str = "") -> list[str]:
     stage = (diff.get("artifacts") or {}).get("first_differing_stage")
     first = (diff.get("tensors") or {}).get("first")
     identical = bool(diff.get("passed"))
@@ -103,6 +126,8 @@ def _diff_parts(diff: dict[str, Any], label: str) -> list[str]:
             f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in final.items() if not isinstance(v, (dict, list))
         ) + "</table>")
     parts.append(divergence_section(diff))
+    if explorer:
+        parts.append(explorer)
     parts.append("</main>")
     return parts
 
@@ -129,8 +154,10 @@ def _run_parts(path: Path) -> tuple[str, list[str]]:
     return name, body
 
 
-def render_paths(paths: Sequence[Path | str]) -> str:
-    """One page for any mix of run directories and ``qconsist diff --json`` files."""
+def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, relative_to: Path | None = None) -> str:
+    """One page for any mix of run directories and ``qconsist diff --json`` files. With ``explorer_dir``, each
+    diff's per-node divergence is also written there as Model Explorer node data (``<diff name>/``) and linked
+    (relative to ``relative_to``, the report's folder)."""
     if not paths:
         raise InputError("give at least one run directory or diff JSON file")
     body: list[str] = []
@@ -139,12 +166,13 @@ def render_paths(paths: Sequence[Path | str]) -> str:
         path = Path(item)
         if path.is_file():
             try:
-                diff = json.loads(path.read_text(encoding="utf-8"))
+                diff = loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, ValueError) as exc:
                 raise InputError(f"{path} is not a diff JSON file ({exc})") from None
             if not isinstance(diff, dict) or "tensors" not in diff:
                 raise InputError(f"{path} is not a `qconsist diff --json` result (no 'tensors')")
-            body += _diff_parts(diff, path.stem)
+            overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
+            body += _diff_parts(diff, path.stem, overlay)
             names.append(path.stem)
         else:
             name, parts = _run_parts(path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qconsist.report.svg import NodePoint, divergence_svg
+from qconsist.store.atomic import write_atomic
 
 PASS_COLOUR = "#2e7d32"
 FAIL_COLOUR = "#c62828"
@@ -206,7 +207,6 @@ def entry_body(name: str, stages: list[dict[str, Any]], verdict: dict[str, Any] 
 
 
 def write_report(html: str, output: Path) -> Path:
-    from qconsist.store.atomic import write_atomic
 
     write_atomic(Path(output), lambda tmp: tmp.write_text(html, encoding="utf-8"))
     return Path(output)

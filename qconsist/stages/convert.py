@@ -25,6 +25,18 @@ import onnx
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
+from qconsist.stages.caffe.geometry import onnx_pool_pads, pool_geometry, pooled_size
+from qconsist.stages.caffe.geometry import blob_array
+from qconsist.stages.caffe.geometry import infer_shapes, layers_of
+from qconsist.stages.caffe.normalize import prepare
+from qconsist.stages.caffe.reference import weights_by_layer
+from qconsist.stages.caffe.repair import repair_model
+from qconsist.store.atomic import write_bytes_atomic
+from qconsist.inference.session import create_session
+from qconsist.tomlfile import guard
+from qconsist.stages.base import StageRecord
+from qconsist.store.atomic import write_atomic
+from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +47,7 @@ DEFAULT_OPSET = 17
 # Caffe layer types whose conversion qconsist checks numerically (tests/stages/test_convert_layers.py).
 SUPPORTED_LAYERS = frozenset({
     "Input", "Convolution", "Deconvolution", "BatchNorm", "Scale", "Pooling", "ReLU", "PReLU", "Eltwise",
-    "InnerProduct", "Concat", "Softmax", "Dropout", "Flatten", "Reshape",
+    "InnerProduct", "Concat", "Softmax", "Dropout", "Flatten", "Reshape", "Crop",
 })
 
 
@@ -132,7 +144,6 @@ def _check_layer(layer, shapes: dict, saved: dict) -> None:
 
 
 def _check_pooling(layer, bottom) -> None:
-    from qconsist.stages.caffe.geometry import onnx_pool_pads, pool_geometry, pooled_size
 
     param = layer.pooling_param
     if param.pool == 2:
@@ -155,7 +166,6 @@ def _check_pooling(layer, bottom) -> None:
 
 
 def _check_blobs(layer, saved) -> None:
-    from qconsist.stages.caffe.geometry import blob_array
 
     needed = _BLOBS[layer.type]
     bias = {"Convolution": layer.convolution_param.bias_term, "Deconvolution": layer.convolution_param.bias_term,
@@ -174,7 +184,6 @@ def _check_blobs(layer, saved) -> None:
 def check_supported(net, weights=None) -> None:
     """Refuse, with the layer's name and the reason, what qconsist cannot convert faithfully; reject
     weights that do not fit the network."""
-    from qconsist.stages.caffe.geometry import infer_shapes, layers_of
 
     if len(net.layers) and not len(net.layer):
         raise UnsupportedModelError("V1 'layers' prototxt format is not supported; upgrade it with Caffe's upgrade_net_proto_text")
@@ -194,6 +203,9 @@ def check_supported(net, weights=None) -> None:
         missing = [b for b in layer.bottom if b not in known]
         if missing and layer.type != "Input":
             raise InputError(f"layer '{layer.name}' reads blob(s) {missing} that no earlier layer or input produces")
+        if layer.type == "Crop" and len(layer.bottom) != 2:
+            raise InputError(f"layer '{layer.name}' (Crop) has {len(layer.bottom)} bottom(s); Caffe's Crop takes two: "
+                             "the blob to crop and the blob whose shape it takes")
         known.update(layer.top)
     if not known:
         raise InputError("the network has no layers")
@@ -209,10 +221,6 @@ def check_supported(net, weights=None) -> None:
 
 def convert_caffe(prototxt: Path, caffemodel: Path, output: Path, options: ConvertOptions = ConvertOptions()) -> ConvertResult:
     """Convert a Caffe model to ONNX at ``output`` (written atomically, only once every check passed)."""
-    from qconsist.stages.caffe.normalize import prepare
-    from qconsist.stages.caffe.reference import weights_by_layer
-    from qconsist.stages.caffe.repair import repair_model
-    from qconsist.store.atomic import write_bytes_atomic
 
     start = time.perf_counter()
     net = read_prototxt(prototxt)
@@ -290,3 +298,79 @@ def _run_caffe2onnx(net, weights, prototxt: Path, output: Path) -> onnx.ModelPro
         raise UnsupportedModelError(f"caffe2onnx gave up on {prototxt}: {last[0]}") from None
     except (KeyError, IndexError, ValueError, AttributeError, TypeError, AssertionError, ZeroDivisionError) as exc:
         raise UnsupportedModelError(f"caffe2onnx cannot convert {prototxt}: {type(exc).__name__}: {exc}") from None
+
+
+def check_onnx_entry(path: Path) -> onnx.ModelProto:
+    """An ONNX model a pipeline starts from: readable, passes ``onnx.checker``, loads in onnxruntime."""
+    import re
+
+    import onnxruntime as ort
+
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
+        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise InputError(f"{path} fails the ONNX checker: {' '.join(str(exc).split())}") from None
+    try:
+        create_session(path)
+    except UnsupportedModelError as exc:
+        newest = re.search(r"till opset (\d+)", exc.message)
+        if newest:
+            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+            raise UnsupportedModelError(
+                f"{path} uses ai.onnx opset {opset}; onnxruntime {ort.__version__} supports up to opset {newest.group(1)}"
+            ) from None
+        raise
+    return model
+
+
+class ConvertStage:
+    """Caffe → ONNX (or, for an ONNX entry, the checked source model copied in)."""
+
+    name = "convert"
+    order = 10
+    optional = False
+    produces_float = True
+    options_type = ConvertOptions
+
+    def parse(self, table, base: Path) -> ConvertOptions:
+        if table is None:
+            return ConvertOptions()
+
+        options = guard(table, lambda: ConvertOptions(
+            opset=table.get("opset", int, ConvertOptions.opset), dynamic_batch=table.get("dynamic_batch", bool, False),
+            check=table.get("check", bool, True),
+        ))
+        table.finish()
+        return options
+
+    def run(self, source: Path | None, target: Path, options: ConvertOptions, context):  # -> StageRecord
+        import shutil
+
+
+        files = context.model_files
+        start = time.perf_counter()
+        result = None
+        if "onnx" in files:  # an ONNX entry, given or bundled: nothing to convert
+            entry = Path(files["onnx"])
+            model = check_onnx_entry(entry)
+            write_atomic(target, lambda tmp: shutil.copyfile(entry, tmp))
+            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+            params = {"entry": "onnx", "source": str(entry), "opset": opset, "ir_version": model.ir_version}
+            checks = {"onnx_checker": "passed", "onnxruntime_load": "passed"}
+        else:
+            result = convert_caffe(files["prototxt"], files["caffemodel"], target, options)
+            params = {**options.to_json(), "ir_version": result.ir_version, "repairs": result.repairs,
+                      "tool": "caffe2onnx 2.0.1 + qconsist repairs"}
+            create_session(target)
+            checks = {"onnx_checker": "passed", "onnxruntime_load": "passed",
+                      "caffe_reference": result.check.to_json() if result.check is not None else None}
+        return StageRecord(self.name, target, params, hash_artifact(target, context.root), checks,
+                           time.perf_counter() - start, result=result)
+
+
+STAGE = ConvertStage()

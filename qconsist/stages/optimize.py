@@ -27,10 +27,14 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, ort_level, ort_message, outputs_of
 from qconsist.inputs.inputset import InputSet
-from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, ort_message, outputs_of
 from qconsist.store.atomic import write_atomic
+from qconsist.tomlfile import guard
+from qconsist.stages.base import StageRecord
+from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +43,6 @@ class OptimizeMethod(str, Enum):
     PRE_PROCESS = "quant_pre_process"
     SESSION = "session"
 
-
-class GraphLevel(str, Enum):
-    BASIC = "basic"
-    EXTENDED = "extended"
-    ALL = "all"
-
-
-_ORT_LEVELS = {
-    GraphLevel.BASIC: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    GraphLevel.EXTENDED: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    GraphLevel.ALL: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
 
 _STATE = ort.capi.onnxruntime_pybind11_state
 # what ORT's tools raise on a model they cannot handle (anything else is a bug and keeps its traceback)
@@ -66,7 +58,7 @@ DEFAULT_RTOL = 1e-4
 @dataclass(frozen=True)
 class OptimizeOptions:
     method: OptimizeMethod = OptimizeMethod.PRE_PROCESS
-    level: GraphLevel = GraphLevel.BASIC  # session method only; quant_pre_process applies ORT's basic level
+    level: OptimizationLevel = OptimizationLevel.BASIC  # session method only; quant_pre_process applies ORT's basic level
     skip_optimization: bool = False  # quant_pre_process: shape inference only
     symbolic_shape: bool = False  # quant_pre_process: symbolic shape inference (needs sympy)
     atol: float = DEFAULT_ATOL
@@ -79,7 +71,9 @@ class OptimizeOptions:
                 raise ConfigError(f"optimize.{name} must be a number >= 0, got {value!r}")
         if self.method is OptimizeMethod.SESSION and (self.skip_optimization or self.symbolic_shape):
             raise ConfigError("optimize.skip_optimization and optimize.symbolic_shape apply to method quant_pre_process only")
-        if self.method is OptimizeMethod.PRE_PROCESS and self.level is not GraphLevel.BASIC:
+        if self.level is OptimizationLevel.DISABLE:
+            raise ConfigError("optimize.level disable optimizes nothing; choose basic, extended or all")
+        if self.method is OptimizeMethod.PRE_PROCESS and self.level is not OptimizationLevel.BASIC:
             raise ConfigError("optimize.level applies to method \"session\" only (quant_pre_process uses ORT's basic level)")
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +87,7 @@ class OptimizeOptions:
         if self.method is OptimizeMethod.SESSION:
             return {
                 "tool": "onnxruntime.SessionOptions.optimized_model_filepath",
-                "graph_optimization_level": _ORT_LEVELS[self.level].name,
+                "graph_optimization_level": ort_level(self.level).name,
                 "providers": ["CPUExecutionProvider"],
             }
         return {
@@ -120,7 +114,7 @@ class OptimizeResult:
         return {
             "path": str(self.path), "seconds": self.seconds, "params": self.params,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "check": self.check.to_json() if self.check else None,
+            "check": self.check.to_json() if self.check is not None else None,
         }
 
 
@@ -137,11 +131,7 @@ def _pre_process(source: Path, target: Path, options: OptimizeOptions) -> None:
 
 
 def _session_optimize(source: Path, target: Path, options: OptimizeOptions) -> None:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = _ORT_LEVELS[options.level]
-    so.optimized_model_filepath = str(target)
-    ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
+    create_session(source, ExecutionOptions(graph_optimization_level=options.level), optimized_model_filepath=target)
 
 
 def _node_count(path: Path) -> int:
@@ -169,6 +159,8 @@ def optimize_model(
                 _pre_process(source, staged, options)
         except ImportError as exc:
             raise ConfigError(f"optimize: {exc}") from None
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"optimize: {exc.message}") from None
         except _TOOL_ERRORS as exc:
             raise UnsupportedModelError(f"optimize: onnxruntime cannot optimize {source}: {ort_message(exc)}") from None
         write_atomic(output, lambda tmp_path: tmp_path.write_bytes(staged.read_bytes()))
@@ -191,3 +183,39 @@ def check_optimized(source: Path, optimized: Path, evaluation: InputSet, options
     if not comparison.passed:
         raise FidelityError(f"optimize changed the model's outputs beyond tolerance: {comparison.summary()}")
     return comparison
+
+
+class OptimizeStage:
+    """ONNX Runtime's offline optimization, checked against the previous stage's outputs."""
+
+    name = "optimize"
+    order = 20
+    optional = False
+    produces_float = True
+    options_type = OptimizeOptions
+
+    def parse(self, table, base: Path) -> OptimizeOptions:
+        if table is None:
+            return OptimizeOptions()
+
+        options = guard(table, lambda: OptimizeOptions(
+            method=table.choice("method", OptimizeMethod, OptimizeMethod.PRE_PROCESS),
+            level=table.choice("level", OptimizationLevel, OptimizationLevel.BASIC),
+            skip_optimization=table.get("skip_optimization", bool, False),
+            symbolic_shape=table.get("symbolic_shape", bool, False),
+            atol=table.get("atol", float, OptimizeOptions.atol), rtol=table.get("rtol", float, OptimizeOptions.rtol),
+        ))
+        table.finish()
+        return options
+
+    def run(self, source: Path | None, target: Path, options: OptimizeOptions, context):  # -> StageRecord
+
+        evaluation = context.evaluation(source) if context.evaluation else None
+        result = optimize_model(source, target, options, evaluation)
+        checks = {f"outputs_vs_{context.previous}": result.check.to_json() if result.check is not None else None,
+                  "nodes_before": result.nodes_before, "nodes_after": result.nodes_after}
+        return StageRecord(self.name, target, result.params, hash_artifact(target, context.root), checks,
+                           result.seconds, result=result)
+
+
+STAGE = OptimizeStage()

@@ -9,7 +9,7 @@ Steps:
    ``InputSet`` (streamed one sample at a time) and computes every tensor's range.
 2. The ranges go to ``quantize_static`` through its calibration cache (so calibration happens once, with
    exactly the recorded parameters), which writes the quantized model (atomically, via a temporary file).
-3. The calibration table is read back from the quantized model (``qconsist.calibration.table``) and
+3. The calibration table is read back from the quantized model (``qconsist.stages.calibration_table``) and
    validated: a NaN, infinite, zero or negative scale is an issue naming its tensor and nodes. Issues fail
    the stage (``FidelityError``) unless ``allow_invalid_scales`` is set; they are recorded either way.
 4. The quantized model is compared with the float model on the evaluation inputs: greatest difference
@@ -31,13 +31,16 @@ from typing import Any
 
 import onnx
 
-from qconsist.calibration.table import CalibrationTable, ScaleIssue, build_table
+from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
-from qconsist.inputs.inputset import InputSet
-from qconsist.inference.session import ConvAlgoSearch, Provider
-from qconsist.pipeline.evaluation import OutputComparison, compare_outputs, input_specs, open_session, outputs_of, provider_name
+from qconsist.inputs.inputset import InputSet, check_batch_size
+from qconsist.compare import OutputComparison, compare_outputs
+from qconsist.inference.session import ExecutionOptions, create_session, input_specs, outputs_of, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
+from qconsist.tomlfile import guard
+from qconsist.stages.base import StageRecord
+from qconsist.store.hashing import hash_artifact
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,10 @@ class CalibrationOptions:
     """How tensor ranges are measured. A parameter left None takes its method's ORT default."""
 
     method: CalibrationMethodChoice = CalibrationMethodChoice.MINMAX
-    provider: Provider = Provider.CPU
+    # where the calibration session runs; on CUDA, restricting the cuDNN algorithm search (HEURISTIC or
+    # DEFAULT) is the fix for autotuner-dependent calibration
+    execution: ExecutionOptions = ExecutionOptions()
+    batch_size: int = 1  # samples per calibration step (the model needs a dynamic batch for more than 1)
     symmetric: bool | None = None
     moving_average: bool | None = None
     averaging_constant: float | None = None
@@ -93,18 +99,9 @@ class CalibrationOptions:
     num_quantized_bins: int | None = None
     percentile: float | None = None
     scenario: DistributionScenario | None = None
-    # CUDA EP options of the calibration session (provider = cuda only). Restricting the cuDNN algorithm
-    # search (HEURISTIC or DEFAULT) is the fix for autotuner-dependent calibration.
-    cudnn_conv_algo_search: ConvAlgoSearch | None = None
-    use_tf32: bool | None = None
-    cudnn_conv_use_max_workspace: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace"):
-            if getattr(self, name) is not None and self.provider is not Provider.CUDA:
-                raise ConfigError(f"calibration.{name} applies to provider = \"cuda\" only")
-        if self.cudnn_conv_algo_search is not None and not isinstance(self.cudnn_conv_algo_search, ConvAlgoSearch):
-            raise ConfigError("calibration.cudnn_conv_algo_search must be one of EXHAUSTIVE, HEURISTIC, DEFAULT")
+        check_batch_size(self.batch_size)
         allowed = METHOD_PARAMETERS[self.method]
         for name in _ALL_PARAMETERS:
             if getattr(self, name) is not None and name not in allowed:
@@ -130,27 +127,20 @@ class CalibrationOptions:
             values[name] = value.value if isinstance(value, Enum) else value
         return values
 
-    def cuda_provider_options(self) -> dict[str, str]:
-        options: dict[str, str] = {}
-        if self.cudnn_conv_algo_search is not None:
-            options["cudnn_conv_algo_search"] = self.cudnn_conv_algo_search.value
-        if self.use_tf32 is not None:
-            options["use_tf32"] = "1" if self.use_tf32 else "0"
-        if self.cudnn_conv_use_max_workspace is not None:
-            options["cudnn_conv_use_max_workspace"] = "1" if self.cudnn_conv_use_max_workspace else "0"
-        return options
+    @property
+    def provider(self) -> str:
+        return self.execution.provider
 
     def ort_providers(self) -> list:
-        """The ``providers`` argument of the calibration session (UnavailableError without the CUDA EP)."""
-        name = provider_name(self.provider.value)
-        if self.provider is Provider.CUDA:
-            return [(name, self.cuda_provider_options())]
-        return [name]
+        """The ``providers`` argument of the calibration session (UnavailableError where the provider cannot run)."""
+        require_provider(self.execution.provider)
+        return self.execution.ort_providers()
 
     def to_json(self) -> dict[str, Any]:
-        data = {"method": self.method.value, "provider": self.provider.value, **self.resolved()}
-        if self.provider is Provider.CUDA:
-            data["cuda_provider_options"] = self.cuda_provider_options()
+        data = {"method": self.method.value, "provider": self.execution.provider, **self.resolved(),
+                "execution": self.execution.to_json()}
+        if self.batch_size != 1:
+            data["batch_size"] = self.batch_size
         return data
 
 
@@ -198,20 +188,23 @@ class QuantizeOptions:
 
 
 class InputSetReader:
-    """An ORT ``CalibrationDataReader`` over an ``InputSet``: one sample at a time, counted."""
+    """An ORT ``CalibrationDataReader`` over an ``InputSet``: one step of ``batch_size`` samples at a time,
+    samples counted."""
 
-    def __init__(self, inputs: InputSet, progress_handle: Any = None) -> None:
-        self._iter = iter(inputs)
+    def __init__(self, inputs: InputSet, progress_handle: Any = None, batch_size: int = 1) -> None:
+        self._iter = (step for _, step in inputs.batches(batch_size))
         self._handle = progress_handle
         self.count = 0
 
     def get_next(self) -> dict | None:
-        sample = next(self._iter, None)
-        if sample is not None:
-            self.count += 1
+        step = next(self._iter, None)
+        if step is not None:
+            first = next(iter(step.values()))
+            rows = int(first.shape[0]) if first.ndim else 1
+            self.count += rows
             if self._handle is not None:
-                self._handle.advance()
-        return sample
+                self._handle.advance(rows)
+        return step
 
     def __iter__(self):  # ORT's CalibrationDataReader protocol
         return self
@@ -238,7 +231,7 @@ class QuantizeResult:
         return {
             "path": str(self.path), "seconds": self.seconds, "calibration_seconds": self.calibration_seconds,
             "params": self.params, "issues": [i.to_json() for i in self.issues],
-            "check": self.check.to_json() if self.check else None,
+            "check": self.check.to_json() if self.check is not None else None,
         }
 
 
@@ -268,7 +261,7 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     if len(inputs) == 0:
         raise InputError(f"calibration set {inputs.source} is empty")
     providers = calibration.ort_providers()
-    checked = inputs.checked(input_specs(open_session(model)))
+    checked = inputs.checked(input_specs(create_session(model)), calibration.batch_size)
     op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
     calibrator = create_calibrator(
         Path(model), op_types, augmented_model_path=str(workdir / "augmented.onnx"),
@@ -277,7 +270,7 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     )
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
     with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter):
-        calibrator.collect_data(InputSetReader(checked, handle))
+        calibrator.collect_data(InputSetReader(checked, handle, calibration.batch_size))
         ranges = calibrator.compute_data()
     if chatter.getvalue():
         log.debug("onnxruntime calibrator: %s", chatter.getvalue().strip())
@@ -376,6 +369,56 @@ def check_quantized(source: Path, quantized: Path, evaluation: InputSet, options
     if options.max_abs_diff is not None and comparison.max_abs_diff > options.max_abs_diff:
         raise FidelityError(
             f"quantized model differs from the float model by up to {comparison.max_abs_diff:.3g} "
-            f"(output {comparison.worst_output}, sample {comparison.worst_sample}), above quantize.max_abs_diff {options.max_abs_diff}"
+            f"(output {comparison.worst.name}, sample {comparison.worst.max_abs_at[0]}), above quantize.max_abs_diff {options.max_abs_diff}"
         )
     return comparison
+
+
+class QuantizeStage:
+    """Calibration on the pipeline's [calibration] inputs, then ``quantize_static``; the calibration table is
+    recorded and validated, and the quantized model compared with the float one."""
+
+    name = "quantize"
+    order = 30
+    optional = False
+    produces_float = False
+    options_type = QuantizeOptions
+
+    def parse(self, table, base: Path) -> QuantizeOptions:
+        if table is None:
+            return QuantizeOptions()
+
+        t = table
+        options = guard(t, lambda: QuantizeOptions(
+            format=t.choice("format", QuantFormatChoice, QuantFormatChoice.QDQ),
+            per_channel=t.get("per_channel", bool, False),
+            activation_type=t.choice("activation_type", QuantTypeChoice, QuantTypeChoice.INT8),
+            weight_type=t.choice("weight_type", QuantTypeChoice, QuantTypeChoice.INT8),
+            reduce_range=t.get("reduce_range", bool, False),
+            activation_symmetric=t.get("activation_symmetric", bool, False),
+            weight_symmetric=t.get("weight_symmetric", bool),
+            op_types=t.strings("op_types"), nodes_to_exclude=t.strings("nodes_to_exclude"),
+            allow_invalid_scales=t.get("allow_invalid_scales", bool, False),
+            min_top1_agreement=t.get("min_top1_agreement", float), max_abs_diff=t.get("max_abs_diff", float),
+        ))
+        t.finish()
+        return options
+
+    def run(self, source: Path | None, target: Path, options: QuantizeOptions, context):  # -> StageRecord
+
+        ranges = context.file(f"{self.name}/calibration_ranges.json") if context.file else None
+        result = quantize_model(
+            source, target, context.calibration(source), options, context.calibration_options or CalibrationOptions(),
+            context.evaluation(source) if context.evaluation else None, ranges_output=ranges, progress=context.progress,
+        )
+        checks = {f"outputs_vs_{context.previous}": result.check.to_json() if result.check is not None else None,
+                  "invalid_scales": [i.to_json() for i in result.issues]}
+        calibration = {"table": result.table.to_json(), "issues": [i.to_json() for i in result.issues]}
+        if ranges is not None:
+            calibration["ranges_file"] = f"{self.name}/calibration_ranges.json"
+        return StageRecord(self.name, target, result.params, hash_artifact(target, context.root), checks, result.seconds,
+                           extra={"calibration_seconds": result.calibration_seconds},
+                           manifest={"calibration": calibration}, result=result)
+
+
+STAGE = QuantizeStage()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from qconsist.errors import OutputError
+from qconsist.store.serde import dumps
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -53,5 +53,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    """``data`` (anything ``qconsist.store.serde`` writes: results, dicts with non-finite floats) as JSON."""
+
+    text = dumps(data)
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -3,7 +3,7 @@
 Top-level keys (schema ``qconsist.run/1``)::
 
     schema        "qconsist.run/1"
-    kind          "pipeline" | "inference" | "calib-repeat" | "locate" | "nightly" | ...
+    kind          "pipeline" | "inference" | "locate" | "nightly-entry" | "nightly"
     run_id        directory name
     status        "complete"
     started, finished   UTC ISO-8601
@@ -13,16 +13,18 @@ Top-level keys (schema ``qconsist.run/1``)::
     stages        [ {name, params, artifact (ArtifactHashes.to_json), checks, seconds} ]
     calibration   {"table": {tensor: {min, max, scale, zero_point, ...}}, "issues": [...]}
     environment   environment fingerprint (qconsist.environment)
-    sections      {name: {...}}  kind-specific results (calib_repeat, inference, dump, locate, ...)
+    sections      {name: {...}}  kind-specific results (pipeline, calib_repeat, inference, dump, locate,
+                  nightly_entry, gate, nightly); JSON written through qconsist.store.serde (non-finite
+                  numbers are null, named in a top-level "nonfinite" map)
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qconsist.store.serde import loads
 from qconsist.errors import RunStoreError
 
 SCHEMA = "qconsist.run/1"
@@ -100,7 +102,7 @@ class Manifest:
         except UnicodeDecodeError:
             raise RunStoreError(f"{path}: not UTF-8 text") from None
         try:
-            data = json.loads(text)
+            data = loads(text)
         except ValueError as exc:
             raise RunStoreError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_json(data, source=str(path))

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from qconsist.store.serde import loads
 from qconsist.errors import OutputError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
+from qconsist.errors import QconsistError
 
 RUNNING_NAME = "RUNNING.json"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -62,7 +64,7 @@ class RunDirectory:
             runs_root.mkdir(parents=True, exist_ok=True)
             path.mkdir()
         except FileExistsError as exc:
-            raise OutputError(f"run directory {path} already exists; choose another --run-id") from exc
+            raise OutputError(f"run directory {path} already exists; choose another `run_id`") from exc
         except OSError as exc:
             raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from exc
         started = utc_now()
@@ -103,7 +105,6 @@ class RunDirectory:
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None or self.keep_on_error:
             return
-        from qconsist.errors import QconsistError
 
         if isinstance(exc, QconsistError):
             self.abandon()
@@ -117,7 +118,7 @@ def run_state(path: Path) -> str:
     manifest = path / MANIFEST_NAME
     if manifest.is_file():
         try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
+            data = loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "incomplete"
         if isinstance(data, dict) and data.get("status") == "complete":

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from qconsist.cli import app
-from qconsist.errors import RunStoreError
+from qconsist.errors import ConfigError, RunStoreError
 from qconsist.gate import CheckStatus, Policy, evaluate_gate, parse_policy
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.preprocess import ChannelOrder, Preprocess
@@ -42,7 +42,7 @@ def test_identical_rebuild_passes(gate_runs):
     assert statuses == {
         "artifacts": CheckStatus.PASS, "calibration.repeat": CheckStatus.PASS, "calibration.params": CheckStatus.PASS,
         "inference.repeat": CheckStatus.PASS, "outputs.finite": CheckStatus.PASS, "drift.float": CheckStatus.PASS,
-        "drift.baseline": CheckStatus.PASS, "labels.accuracy": CheckStatus.NOT_APPLICABLE,
+        "drift.baseline": CheckStatus.PASS, "labels.accuracy": CheckStatus.NOT_APPLICABLE, "environment": CheckStatus.PASS,
         "gpu.pinned": CheckStatus.NOT_APPLICABLE,
     }
     # the float drift is the real one, measured independently, and recorded with its tolerance
@@ -144,7 +144,7 @@ def test_cli_pass_fail_and_files(gate_runs, tmp_path):
     assert bad.exit_code == 1, bad.output
     assert "FAIL           artifacts: stage 'quantize' changed" in bad.output
     suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite.get("failures") == "2" and suite.get("tests") == "9"
+    assert suite.get("failures") == "2" and suite.get("tests") == "10"
     assert markdown.read_text().startswith("## Release gate: ❌ FAIL — open_nsfw")
     as_json = runner.invoke(app, ["gate", str(gate_runs["other"]), "--baseline", str(gate_runs["baseline"]), "--policy", str(policy), "--json"])
     assert as_json.exit_code == 1
@@ -191,3 +191,28 @@ def test_computation_hash_tells_metadata_from_computation(gate_runs, tmp_path):
     other = evaluate_gate(gate_runs["other"], gate_runs["baseline"], policy)
     assert other.changed_stages == ["quantize"]
     assert other.check("artifacts").measured["changed"][0]["metadata_only"] is False
+
+
+def test_baseline_from_another_onnxruntime_fails_the_environment_check(gate_runs, tmp_path):
+    """A baseline made with another onnxruntime is not like with like: the gate says so, by name, and a
+    policy that accepts the upgrade lets the check pass."""
+    def older(data):
+        data["environment"]["onnxruntime_module"] = "1.27.0"
+        data["environment"]["packages"]["onnxruntime"] = "1.27.0"
+
+    baseline = _edited_copy(gate_runs["baseline"], tmp_path, older)
+    installed = json.loads((gate_runs["same"] / "manifest.json").read_text())["environment"]["onnxruntime_module"]
+    check = evaluate_gate(gate_runs["same"], baseline, Policy()).check("environment")
+    assert check.status is CheckStatus.FAIL
+    assert check.message.startswith(f"the baseline ran in another environment (onnxruntime: 1.27.0 (onnxruntime) -> {installed} (onnxruntime))")
+    assert check.message.endswith("allow_changed = ['onnxruntime']")
+    assert check.measured["changed"] == [{"name": "onnxruntime", "old": "1.27.0 (onnxruntime)", "new": f"{installed} (onnxruntime)"}]
+    accepted = evaluate_gate(gate_runs["same"], baseline, parse_policy('[environment]\nallow_changed = ["onnxruntime"]\n'))
+    assert accepted.check("environment").status is CheckStatus.PASS
+    same = evaluate_gate(gate_runs["same"], gate_runs["baseline"], Policy()).check("environment")
+    assert same.status is CheckStatus.PASS and same.measured["changed"] == []
+
+
+def test_environment_policy_names_unknown_items():
+    with pytest.raises(ConfigError, match=r"\[environment\]: allow_changed names unknown item\(s\) onnxruntme; known: onnxruntime, onnx"):
+        parse_policy('[environment]\nallow_changed = ["onnxruntme"]\n')

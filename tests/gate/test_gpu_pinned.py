@@ -79,3 +79,41 @@ def test_unstable_pin_fails(tmp_path):
     result = check_gpu(_side(tmp_path, _locate_run(tmp_path, unstable), "EXHAUSTIVE/tf32=1"), Policy())
     assert result.status is CheckStatus.FAIL
     assert result.message.startswith("pinned EXHAUSTIVE/tf32=1 was not bit-stable across fresh sessions")
+
+
+def _varying(report: dict, label: str) -> dict:
+    """The report, with the ConvTranspose ``upscore`` varying under ``label`` between runs of one session and
+    between fresh sessions, as locate records it on the FCN head."""
+    configs = []
+    for config in report["configs"]:
+        if config["label"] == label:
+            runs = {"config": label, "phase": "run-to-run", "sessions": 3, "stable": False, "differing_sessions": [1, 2],
+                    "origins": ["upscore"], "comparisons": []}
+            quiet = {"config": label, "phase": "quiet", "sessions": 4, "stable": False, "differing_sessions": [1],
+                     "origins": ["upscore"], "comparisons": []}
+            config = dict(config, stable=False, repeats=[runs, quiet])
+        configs.append(config)
+    nodes = [{"label": "upscore", "op_type": "ConvTranspose", "why": "run-to-run", "between": [], "differing": 1,
+              "elements": 1, "greatest_abs": 1e-6, "int8_downstream": 0, "samples": 1}]
+    stable = [c for c in report["recommendation"]["stable_configs"] if c != label]
+    return dict(report, configs=configs, nodes=nodes, recommendation=dict(report["recommendation"], stable_configs=stable))
+
+
+def test_a_pin_under_which_a_node_varied_fails_naming_the_node(tmp_path):
+    report = _varying(REPORT, "HEURISTIC/tf32=0")
+    result = check_gpu(_side(tmp_path, _locate_run(tmp_path, report), "HEURISTIC/tf32=0"), Policy())
+    assert result.status is CheckStatus.FAIL
+    assert result.message.startswith(
+        "under the pinned HEURISTIC/tf32=0 the locate report saw node(s) upscore (ConvTranspose) vary between runs of "
+        "one session; node(s) upscore (ConvTranspose) vary between fresh sessions; locate recommends")
+
+
+def test_a_model_whose_unstable_nodes_were_rewritten_passes_and_says_so(tmp_path, locate_run):
+    stage = {"name": "determinize", "params": {"rewritten": ["deconvolution3"]}, "artifact": None, "checks": {}}
+    manifest = Manifest(kind="pipeline", run_id="p", status="complete", stages=[stage])
+    side = Side(path=tmp_path, manifest=manifest, pipeline_path=tmp_path, pipeline=manifest, locate_path=locate_run,
+                pinned_gpu="HEURISTIC/tf32=0")
+    result = check_gpu(side, Policy())
+    assert result.status is CheckStatus.PASS
+    assert result.message.endswith("accepted up to 1.05x; the determinize stage rewrote deconvolution3")
+    assert result.measured["rewritten"] == ["deconvolution3"]

@@ -7,22 +7,20 @@ import pytest
 from qconsist.errors import ConfigError, UnavailableError
 from qconsist.gpu.calibration import gpu_calibration
 from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.device import cuda_available
-from qconsist.stages.quantize import CalibrationOptions, Provider
+from qconsist.inference.session import provider_available
+from qconsist.stages.quantize import CalibrationOptions
 
 
 def test_calibration_session_gets_the_configs_cuda_options():
     config = GpuConfig.parse("HEURISTIC/tf32=0/workspace=1")
-    options = CalibrationOptions(
-        provider=Provider.CUDA, cudnn_conv_algo_search=config.algo_search, use_tf32=config.use_tf32,
-        cudnn_conv_use_max_workspace=config.max_workspace,
-    )
+    options = CalibrationOptions(execution=config.execution_options())
     assert CalibrationOptions().ort_providers() == ["CPUExecutionProvider"]
-    if cuda_available():
+    if provider_available("cuda"):
         assert options.ort_providers() == [("CUDAExecutionProvider", {
-            "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0", "cudnn_conv_use_max_workspace": "1"})]
+            "cudnn_conv_algo_search": "HEURISTIC", "cudnn_conv_use_max_workspace": "1", "use_tf32": "0"}),
+            "CPUExecutionProvider"]
     else:
-        with pytest.raises(UnavailableError, match="CUDAExecutionProvider is not available in this onnxruntime"):
+        with pytest.raises(UnavailableError, match=r"execution provider cuda \(CUDAExecutionProvider\) is not in this onnxruntime"):
             options.ort_providers()
 
 
@@ -30,10 +28,10 @@ def test_gpu_calibration_refusals(nsfw_models, photo_samples):
     from qconsist.inputs.inputset import InputSet
 
     inputs = InputSet("photos", "arrays", ["0"], lambda i: photo_samples[i])
-    with pytest.raises(ConfigError, match="--calibration-repeats must be >= 2 to compare repeats, got 1"):
+    with pytest.raises(ConfigError, match="calibration_repeats must be >= 2 to compare repeats, got 1"):
         gpu_calibration(nsfw_models["float"], inputs, 1, [GpuConfig()])
     with pytest.raises(ConfigError, match="GPU calibration needs at least one configuration"):
         gpu_calibration(nsfw_models["float"], inputs, 2, [])
-    if not cuda_available():
-        with pytest.raises(UnavailableError, match="^no CUDA GPU: "):
+    if not provider_available("cuda"):
+        with pytest.raises(UnavailableError, match="^execution provider cuda "):
             gpu_calibration(nsfw_models["float"], inputs, 2, [GpuConfig()])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from qconsist.cli import app
 from qconsist.errors import RunStoreError
-from qconsist.gpu.device import cuda_available
+from qconsist.inference.session import provider_available
 from qconsist.gpu.run import REPORT_FILE, load_report
 from qconsist.store.rundir import open_run
 
@@ -21,20 +21,22 @@ PIPELINE = str(REPO / "pipelines" / "open_nsfw.toml")
 runner = CliRunner()
 
 
-@pytest.mark.skipif(cuda_available(), reason="this machine has a usable CUDA GPU")
+@pytest.mark.skipif(provider_available("cuda"), reason="this machine has a usable CUDA GPU")
 def test_without_a_gpu_locate_says_so_in_one_line(nsfw_models):
     result = runner.invoke(app, ["locate", str(nsfw_models["qdq"]), "--inputs", "package:photos", "--pipeline", PIPELINE])
     assert result.exit_code == 3
-    assert result.stderr.startswith("error: no CUDA GPU: this onnxruntime has no CUDAExecutionProvider (")
-    assert result.stderr.endswith("run qconsist locate with onnxruntime-gpu on a machine with an NVIDIA GPU\n")
+    assert result.stderr.startswith("error: execution provider cuda (CUDAExecutionProvider) is not in this onnxruntime (")
+    assert result.stderr.endswith("for cuda install onnxruntime-gpu (qconsist[gpu]) on a machine with an NVIDIA GPU\n")
     assert result.stderr.count("\n") == 1
     assert not Path("runs").exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--config", "FAST"], "error: unknown cudnn_conv_algo_search 'FAST'; use one of EXHAUSTIVE, HEURISTIC, DEFAULT\n"),
-    (["--config", "HEURISTIC", "--tf32", "on"], "error: --config lists the configurations itself; drop --search/--tf32/--*-variants\n"),
-    (["--tf32", "maybe"], "error: --tf32 must be both, on or off, not 'maybe'\n"),
+    (["--config", "HEURISTIC", "--no-tf32"],
+     "error: --config lists the configurations itself; drop --cudnn-conv-algo-search, --tf32 and the variants\n"),
+    (["--cudnn-conv-algo-search", "FAST"], "error: unknown cudnn_conv_algo_search 'FAST'; use one of EXHAUSTIVE, HEURISTIC, DEFAULT\n"),
+    (["--ep", "cpu"], "error: the configuration matrix runs on the CUDA execution provider: --ep cuda (or --precision fp16 on another EP)\n"),
     (["--precision", "fp8"], "error: --precision must be one of fp32, fp16, not 'fp8'\n"),
     (["--repeats", "1"], "error: --repeats must be an integer >= 2 (fresh sessions per config), got 1\n"),
     (["--count", "0"], "error: --count must be between 1 and 256, got 0\n"),
@@ -69,7 +71,7 @@ def test_fp16_on_the_cpu_writes_a_locate_run(nsfw_models):
     assert manifest.inputs["count"] == 2 and len(manifest.inputs["digest"]) == 64
     report = load_report(Path("runs/fp16-cpu"))
     assert report.recommendation is None and report.configs == []
-    assert report.fp16["top1_agree"] == 2
+    assert report.fp16.top1_agree == 2
     assert json.loads(Path("runs/fp16-cpu", REPORT_FILE).read_text())["schema"] == "qconsist.locate/1"
 
 
@@ -79,7 +81,7 @@ def test_fp16_overflow_exits_1_and_names_the_node(tmp_path):
 
     np.save(tmp_path / "x.npy", np.random.default_rng(7).random((2, 3, 6, 6), dtype=np.float32))
     result = runner.invoke(app, [
-        "locate", str(model), "--inputs", str(tmp_path / "x.npy"), "--precision", "fp16", "--fp16-ep", "cpu", "--json",
+        "locate", str(model), "--inputs", str(tmp_path / "x.npy"), "--precision", "fp16", "--ep", "cpu", "--json",
     ])
     assert result.exit_code == 1
     data = json.loads(result.stdout)

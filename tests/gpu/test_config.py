@@ -37,11 +37,11 @@ def test_spec_parsing_resolves_defaults_and_round_trips():
 
 def test_execution_options_spell_every_cuda_setting():
     options = GpuConfig.parse("DEFAULT/tf32=0/workspace=0").execution_options()
-    assert options.provider_options() == {
-        "cudnn_conv_algo_search": "DEFAULT", "use_tf32": "0", "cudnn_conv_use_max_workspace": "0",
-    }
+    assert options.ort_providers()[0] == ("CUDAExecutionProvider", {
+        "cudnn_conv_algo_search": "DEFAULT", "cudnn_conv_use_max_workspace": "0", "use_tf32": "0",
+    })
     assert options.deterministic_compute is False
-    assert options.to_json()["ep"] == "cuda"
+    assert options.to_json()["provider"] == "cuda"
 
 
 @pytest.mark.parametrize("spec, message", [

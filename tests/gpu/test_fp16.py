@@ -71,7 +71,7 @@ def test_first_overflow_and_nonfinite_node(tmp_path):
     assert not report.stored_as_float16 and report.float16_tensors == 0 and report.float_tensors == 7
     assert "computed the float16 model in float32" in report.note()
     assert report.truncated_constants == 0
-    assert report.execution["ep"] == "cpu"
+    assert report.execution["provider"] == "cpu"
     assert Fp16Report.from_json(report.to_json()).to_json() == report.to_json()
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from qconsist.gpu.device import cuda_available
+from qconsist.inference.session import provider_available
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA GPU"),
+    pytest.mark.skipif(not provider_available("cuda"), reason="needs onnxruntime-gpu and a CUDA GPU"),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,9 +40,9 @@ def tf32_exploration(nsfw_models, photo_samples):
 
 
 def test_cuda_device_is_used():
-    from qconsist.gpu.device import require_cuda
+    from qconsist.inference.session import require_provider
 
-    device = require_cuda()
+    device = require_provider("cuda")
     assert "CUDAExecutionProvider" in device.providers
     assert "NVIDIA" in device.name or "H100" in device.name or "H200" in device.name
 
@@ -64,7 +64,7 @@ def test_heuristic_fresh_sessions_are_bit_identical_and_observation_faithful(tf3
         assert report.repeats[0].sessions == 3
         assert report.stable, report.repeats[0].origins
         assert report.faithful["faithful"] is True
-        assert report.settings["ep"] == "cuda"
+        assert report.settings["provider"] == "cuda"
     assert decision.config in {"HEURISTIC/tf32=1", "HEURISTIC/tf32=0"}
 
 
@@ -131,7 +131,7 @@ def test_fp16_on_cuda_runs_float16_kernels(nsfw_models, photo_samples):
     report = analyse_fp16(nsfw_models["float"], photo_samples[:2], execution)
     assert report.stored_as_float16
     assert report.top1_agree == 2
-    assert report.execution["ep"] == "cuda"
+    assert report.execution["provider"] == "cuda"
 
 
 def test_gpu_calibration_repeats_and_cpu_comparison(nsfw_models, photo_samples):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 
 import pytest
 from rich.console import Console
@@ -12,6 +11,7 @@ from qconsist.cli.locate import render
 from qconsist.errors import RunStoreError
 from qconsist.gpu.config import Tf32Override
 from qconsist.gpu.report import SCHEMA, LocateReport, sensitive_nodes
+from qconsist.store.serde import dumps, encode, loads
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,10 @@ def report(cpu_threads_exploration) -> LocateReport:
 
 
 def test_round_trip(report):
-    data = json.loads(json.dumps(report.to_json(), allow_nan=False))
+    data = loads(dumps(report))
     assert data["schema"] == SCHEMA
     again = LocateReport.from_json(data)
-    assert again.to_json() == report.to_json()
+    assert encode(again) == encode(report)
     assert again.passed == report.passed is True
 
 

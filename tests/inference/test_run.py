@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,27 +43,42 @@ def _arrays(path: Path, count: int = 3) -> Path:
 
 
 def test_options_are_validated():
-    with pytest.raises(ConfigError, match=r"use_tf32 only apply to --ep cuda"):
-        ExecutionOptions(use_tf32=True)
+    with pytest.raises(ConfigError, match=r"execution provider cpu takes no option use_tf32 \(its options: none\)"):
+        ExecutionOptions(provider_options={"use_tf32": True})
+    with pytest.raises(ConfigError, match=r"unknown execution provider 'tpu'; known: cpu, cuda"):
+        ExecutionOptions("tpu")
+    with pytest.raises(ConfigError, match=r"cuda option use_tf32 must be true or false, got 'maybe'"):
+        ExecutionOptions("cuda", {"use_tf32": "maybe"})
+    with pytest.raises(ConfigError, match=r"cuda option cudnn_conv_algo_search must be one of EXHAUSTIVE, HEURISTIC, DEFAULT, got 'FAST'"):
+        ExecutionOptions("cuda", {"cudnn_conv_algo_search": "FAST"})
     with pytest.raises(ConfigError, match=r"graph_optimization_level 'max' is not one of disable, basic, extended, all"):
         ExecutionOptions(graph_optimization_level="max")
     with pytest.raises(ConfigError, match=r"intra_op_threads must be a non-negative integer, got -1"):
         ExecutionOptions(intra_op_threads=-1)
     with pytest.raises(ConfigError, match=r"unknown key\(s\) tf32"):
         ExecutionOptions.from_json({"tf32": True})
-    opts = ExecutionOptions(ep="cuda", cudnn_conv_algo_search="heuristic", use_tf32=False, device_id=0)
-    assert opts.provider_options() == {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    opts = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "heuristic", "use_tf32": False, "device_id": 0})
+    assert opts.ort_providers() == [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC", "device_id": "0",
+                                                               "use_tf32": "0"}), "CPUExecutionProvider"]
     assert ExecutionOptions.from_json(opts.to_json()) == opts
+    assert ExecutionOptions().ort_providers() == ["CPUExecutionProvider"]
+    # runs recorded before the provider registry wrote the CUDA options flat
+    old = {"ep": "cuda", "graph_optimization_level": "all", "intra_op_threads": None, "deterministic_compute": None,
+           "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False, "cudnn_conv_use_max_workspace": None, "device_id": 0}
+    assert ExecutionOptions.from_json(old) == opts
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has CUDA")
 def test_cuda_unavailable_is_exit_3(tmp_path):
     model = _gelu_model(tmp_path / "m.onnx")
-    with pytest.raises(UnavailableError, match=r"--ep cuda needs CUDAExecutionProvider"):
-        create_session(model, ExecutionOptions(ep="cuda"))
+    message = ("execution provider cuda (CUDAExecutionProvider) is not in this onnxruntime (available: "
+               f"{', '.join(ort.get_available_providers())}); for cuda install onnxruntime-gpu (qconsist[gpu]) on a machine "
+               "with an NVIDIA GPU")
+    with pytest.raises(UnavailableError, match=re.escape(message)):
+        create_session(model, ExecutionOptions("cuda"))
     out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(_arrays(tmp_path / "x.npy")), "--ep", "cuda"])
     assert out.exit_code == 3, out.output
-    assert out.output.startswith("error: --ep cuda needs CUDAExecutionProvider")
+    assert out.stderr == f"error: {message}\n"
 
 
 def test_run_writes_an_inference_run_directory(tmp_path):

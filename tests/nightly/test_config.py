@@ -14,29 +14,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_shipped_nightly_file():
     config = load_nightly(ROOT / "pipelines" / "nightly.toml")
-    assert [m.name for m in config.models] == ["open_nsfw-minmax", "open_nsfw-percentile", "nudenet-320n"]
+    assert [m.name for m in config.models] == ["open_nsfw-minmax", "open_nsfw-percentile", "nudenet-320n", "fcn_head",
+                                              "fcn_head-determinized"]
+    assert "determinize" in config.models[4].pipeline.stages and "determinize" not in config.models[3].pipeline.stages
     methods = [m.pipeline.calibration.options.method for m in config.models[:2]]
     assert methods == [CalibrationMethodChoice.MINMAX, CalibrationMethodChoice.PERCENTILE]
     nudenet = config.models[2]
-    assert nudenet.pipeline.model.kind is ModelKind.ONNX
-    assert nudenet.pipeline.model.onnx == resolve_package_path("package:nudenet/320n.onnx")
+    assert nudenet.pipeline.model.kind is ModelKind.BUNDLED
+    assert nudenet.pipeline.model.source == "nudenet_320n"
     assert nudenet.policy == ROOT / "policies" / "detector.toml"
     assert config.models[0].policy == ROOT / "policies" / "default.toml"
     assert config.runs_dir == ROOT / "runs" and config.history == ROOT / "runs" / "history.sqlite"
 
 
-def test_package_resolver_finds_the_shipped_model():
-    path = resolve_package_path("package:nudenet/320n.onnx")
-    assert path.name == "320n.onnx" and path.parent.name == "nudenet"
-    assert path.stat().st_size == 12150158  # the file nudenet 3.4.2 ships
+def test_package_resolver_finds_a_shipped_file():
+    import skimage
+
+    path = resolve_package_path("package:skimage/data/astronaut.png")
+    assert path == Path(skimage.__file__).parent / "data" / "astronaut.png" and path.is_file()
 
 
 @pytest.mark.parametrize("text, error, message", [
-    ("package:nudenet/nope.onnx", InputError, r"package 'nudenet' has no file nope.onnx"),
+    ("package:skimage/nope.onnx", InputError, r"package 'skimage' has no file nope.onnx"),
     ("package:no_such_pkg_x/m.onnx", InputError, r"package 'no_such_pkg_x' is not installed"),
-    ("package:nudenet", ConfigError, r"is not a package path|write package:<module>/<file"),
-    ("package:nudenet/../x.onnx", ConfigError, r"the file must lie inside the package"),
-    ("nudenet/320n.onnx", ConfigError, r"is not a package path"),
+    ("package:skimage", ConfigError, r"is not a package path|write package:<module>/<file"),
+    ("package:skimage/../x.onnx", ConfigError, r"the file must lie inside the package"),
+    ("skimage/data/astronaut.png", ConfigError, r"is not a package path"),
 ])
 def test_package_resolver_errors(text, error, message):
     with pytest.raises(error, match=message):
@@ -86,7 +89,7 @@ def test_nightly_cli_refuses_unknown_model_and_bad_file(tmp_path):
                                  "--runs-dir", str(tmp_path / "runs")])
     assert result.exit_code == 2
     assert result.stderr == (f"error: {ROOT / 'pipelines' / 'nightly.toml'} lists no model 'nope'; "
-                             "models: open_nsfw-minmax, open_nsfw-percentile, nudenet-320n\n")
+                             "models: open_nsfw-minmax, open_nsfw-percentile, nudenet-320n, fcn_head, fcn_head-determinized\n")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     bad = tmp_path / "bad.toml"
     bad.write_text("[[models]]\nname = 'x'\n")
@@ -95,4 +98,4 @@ def test_nightly_cli_refuses_unknown_model_and_bad_file(tmp_path):
     assert result.stderr == f"error: {bad}: model 'x': needs pipeline = \"<file>\" or a [models.pipeline] table\n"
     history = runner.invoke(app, ["history", "m", "--db", str(tmp_path / "none.sqlite")])
     assert history.exit_code == 2
-    assert history.stderr == f"error: history database {tmp_path / 'none.sqlite'} does not exist; run qconsist nightly first (or give --db)\n"
+    assert history.stderr == f"error: history database {tmp_path / 'none.sqlite'} does not exist; run qconsist nightly first (or give --history)\n"

@@ -26,7 +26,7 @@ def nudenet_only(folder: Path) -> Path:
     path = folder / "nightly.toml"
     path.write_text(
         f'runs_dir = "runs"\n[[models]]\nname = "nudenet-320n"\npolicy = "{ROOT / "policies" / "detector.toml"}"\n'
-        '[models.pipeline.model]\nonnx = "package:nudenet/320n.onnx"\n'
+        '[models.pipeline.model]\nsource = "nudenet_320n"\n'
         '[models.pipeline.preprocess]\nresize = [320, 320]\nchannel_order = "RGB"\npixel_range = 1.0\n'
         '[models.pipeline.calibration]\ndata = "package:photos"\ncount = 2\nrepeat = 2\n'
         '[models.pipeline.evaluation]\ndata = "package:photos"\noffset = 12\ncount = 2\n'

@@ -1,5 +1,5 @@
 """The issue's done-when scenario, automated: a nightly over open_nsfw (two calibration methods) and the
-ONNX-born NudeNet 320n shipped in the nudenet wheel; then one input changes and the second night's gate
+ONNX-born NudeNet 320n shipped in the nudenet wheel (models/nudenet_320n.toml); then one input changes and the second night's gate
 fails naming the changed stage and the first diverging node; the report shows it; history has both nights.
 Small input counts keep it near two minutes on two cores."""
 
@@ -42,7 +42,7 @@ def nightly_file(folder: Path) -> Path:
         + f'[[models]]\nname = "open_nsfw-percentile"\npipeline = "{ROOT / "pipelines" / "open_nsfw.toml"}"\n'
         + small.format(method='method = "Percentile"\npercentile = 99.99\n')
         + f'[[models]]\nname = "nudenet-320n"\npolicy = "{ROOT / "policies" / "detector.toml"}"\n'
-        '[models.pipeline.model]\nonnx = "package:nudenet/320n.onnx"\n'
+        '[models.pipeline.model]\nsource = "nudenet_320n"\n'
         '[models.pipeline.preprocess]\nresize = [320, 320]\nchannel_order = "RGB"\npixel_range = 1.0\n'
         '[models.pipeline.calibration]\ndata = "photos"\ncount = 3\nrepeat = 2\n'
         '[models.pipeline.quantize]\nper_channel = true\n'
@@ -72,7 +72,7 @@ def test_first_night_passes(two_nights):
     assert [e["model"] for e in data["entries"]] == MODELS
     assert [e["status"] for e in data["entries"]] == ["pass"] * 3
     for entry in data["entries"]:
-        assert entry["locate_skipped"].startswith("no CUDA GPU")  # recorded, not silent
+        assert entry["locate_skipped"].startswith("execution provider cuda (CUDAExecutionProvider) is not in this onnxruntime")  # recorded, not silent
         checks = {c["name"]: c for c in entry["verdict"]["checks"]}
         assert checks["artifacts"]["status"] == "not_applicable"  # first night: no baseline
         assert checks["calibration.repeat"]["status"] == "pass"

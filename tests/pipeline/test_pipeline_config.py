@@ -9,7 +9,7 @@ import pytest
 from qconsist.errors import ConfigError, InputError
 from qconsist.pipeline.config import ModelKind, load_pipeline, parse_pipeline
 from qconsist.stages.optimize import OptimizeMethod
-from qconsist.stages.quantize import CalibrationMethodChoice, DistributionScenario, Provider, QuantFormatChoice, QuantTypeChoice
+from qconsist.stages.quantize import CalibrationMethodChoice, DistributionScenario, QuantFormatChoice, QuantTypeChoice
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = {"model": {"onnx": "m.onnx"}, "calibration": {"data": "x.npy"}}
@@ -25,7 +25,7 @@ def test_open_nsfw_pipeline():
     assert pre.mean == (104.0, 117.0, 123.0) and pre.pixel_range == 255.0
     cal = config.calibration
     assert (cal.inputs.data, cal.inputs.offset, cal.inputs.count, cal.repeat) == ("package:photos", 0, 12, 3)
-    assert cal.options.method is CalibrationMethodChoice.MINMAX and cal.options.provider is Provider.CPU
+    assert cal.options.method is CalibrationMethodChoice.MINMAX and cal.options.provider == "cpu"
     q = config.quantize
     assert q.format is QuantFormatChoice.QDQ and q.per_channel and q.activation_type is QuantTypeChoice.INT8
     assert (config.evaluation.offset, config.evaluation.count) == (12, 9)
@@ -103,8 +103,9 @@ def test_cuda_calibration_options_are_typed_and_cuda_only(tmp_path):
     calibration = {"data": "package:photos", "provider": "cuda", "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False}
     base = {"model": {"onnx": str(tmp_path / "m.onnx")}, "calibration": calibration}
     options = parse_pipeline(base, tmp_path / "p.toml").calibration.options
-    assert options.cudnn_conv_algo_search is ConvAlgoSearch.HEURISTIC and options.use_tf32 is False
-    assert options.cuda_provider_options() == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
-    assert options.to_json()["cuda_provider_options"] == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    assert options.execution.option("cudnn_conv_algo_search") is ConvAlgoSearch.HEURISTIC
+    assert options.execution.option("use_tf32") is False
+    assert options.execution.ort_providers()[0] == ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"})
+    assert options.to_json()["execution"]["provider_options"] == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False}
     with pytest.raises(ConfigError, match=r"calibration.cudnn_conv_algo_search applies to provider = \"cuda\" only"):
         parse_pipeline({**base, "calibration": {**calibration, "provider": "cpu"}}, tmp_path / "p.toml")

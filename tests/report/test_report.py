@@ -128,7 +128,7 @@ def test_report_is_self_contained_and_names_the_divergence(two_nights):
     assert f"Divergence starts at <code>{escape(verdict.first_diverging_node)}</code>" in html
     assert "artifacts: stage &#x27;quantize&#x27; changed" in html
     assert "<svg" in html and 'class="bar"' in html and 'class="origin"' in html
-    assert "Not measured: no CUDA GPU" in html  # the GPU matrix says why it is empty
+    assert "Not measured: execution provider cuda (CUDAExecutionProvider) is not in this onnxruntime" in html  # the GPU matrix says why it is empty
 
 
 def test_failed_night_screenshot_shows_verdict_plot_and_origins(two_nights, tmp_path):

@@ -10,8 +10,9 @@ from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnavailableError
 from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inference.session import ExecutionOptions
 from qconsist.stages.quantize import (
-    CalibrationMethodChoice, CalibrationOptions, Provider, QuantFormatChoice, QuantizeOptions, QuantTypeChoice,
+    CalibrationMethodChoice, CalibrationOptions, QuantFormatChoice, QuantizeOptions, QuantTypeChoice,
     check_quantized, quantize_model,
 )
 
@@ -155,9 +156,9 @@ def test_int16_activations(small_models, tmp_path):
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="checks the CPU-only refusal")
 def test_cuda_calibration_without_cuda_is_unavailable(small_models, tmp_path):
-    with pytest.raises(UnavailableError, match=r"CUDAExecutionProvider is not available in this onnxruntime"):
+    with pytest.raises(UnavailableError, match=r"execution provider cuda \(CUDAExecutionProvider\) is not in this onnxruntime"):
         quantize_model(small_models["classifier"], tmp_path / "q.onnx", open_input_set(small_models["arrays"]),
-                       calibration=CalibrationOptions(provider=Provider.CUDA))
+                       calibration=CalibrationOptions(execution=ExecutionOptions("cuda")))
     assert not (tmp_path / "q.onnx").exists()
 
 
@@ -185,6 +186,7 @@ def test_invalid_options(build, message):
 
 def test_resolved_parameters_are_recorded(nsfw_run):
     params = _manifest(nsfw_run).stage("quantize")["params"]
-    assert params["calibration"] == {"method": "MinMax", "provider": "cpu", "symmetric": False, "moving_average": False, "averaging_constant": 0.01}
+    assert params["calibration"] == {"method": "MinMax", "provider": "cpu", "symmetric": False, "moving_average": False,
+                                     "averaging_constant": 0.01, "execution": ExecutionOptions().to_json()}
     assert params["weight_symmetric"] is True and params["per_channel"] is True and params["calibration_count"] == 12
     assert params["ort_arguments"]["extra_options"] == {"ActivationSymmetric": False, "WeightSymmetric": True}

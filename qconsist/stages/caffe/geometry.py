@@ -180,6 +180,33 @@ def reshape_target(layer, shape: Shape) -> Shape:
     return tuple(target)
 
 
+def crop_offsets(layer, data: Shape, size: Shape) -> tuple[int, ...]:
+    """Caffe's Crop: the offset of every axis of ``data`` (0 before ``axis``), the top taking ``size``'s
+    dims from ``axis`` on. ``offset``: none (0), one for every cropped axis, or one per cropped axis."""
+    param = layer.crop_param
+    rank = len(data)
+    if len(size) != rank:
+        raise InputError(f"Crop '{layer.name}' crops a {rank}-D blob to the shape of a {len(size)}-D one; both need the same rank")
+    if not -rank <= param.axis < rank:
+        raise InputError(f"Crop '{layer.name}': axis {param.axis} does not fit a {rank}-D bottom")
+    start = param.axis % rank
+    given = [int(v) for v in param.offset]
+    if len(given) > 1 and len(given) != rank - start:
+        raise InputError(f"Crop '{layer.name}' gives {len(given)} offsets for the {rank - start} axes it crops (from axis {start}); "
+                         "give one, or one per cropped axis")
+    offsets = [0] * start + [given[0] if len(given) == 1 else given[i - start] if given else 0 for i in range(start, rank)]
+    for i in range(start, rank):
+        if data[i] - offsets[i] < size[i]:
+            raise InputError(f"Crop '{layer.name}': axis {i} of size {data[i]} cannot give {size[i]} from offset {offsets[i]}")
+    return tuple(offsets)
+
+
+def crop_shape(layer, data: Shape, size: Shape) -> Shape:
+    crop_offsets(layer, data, size)  # validates
+    start = layer.crop_param.axis % len(data)
+    return tuple(data[:start]) + tuple(size[start:])
+
+
 def flatten_target(layer, shape: Shape) -> Shape:
     start = layer.flatten_param.axis % len(shape)
     end = layer.flatten_param.end_axis % len(shape)
@@ -215,6 +242,8 @@ def _top_shape(layer, shapes: list[Shape]) -> Shape:
         return first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1 :]
     if kind == "Flatten":
         return flatten_target(layer, first)
+    if kind == "Crop":
+        return crop_shape(layer, first, shapes[1])
     if kind == "Reshape":
         return reshape_target(layer, first)
     return first  # element-wise and normalisation layers keep their bottom's shape

@@ -1,10 +1,10 @@
 """Rewrite copies of the Caffe network and weights into a form caffe2onnx 2.0.1 maps without crashing.
 
 Some layers make caffe2onnx crash (``np.float`` under numpy 2, a division by a zero BatchNorm factor, a
-mis-shaped Scale blob, an assertion on Flatten's axis, a typo in its Eltwise PROD / MAX shape code); others
-it maps to the wrong ONNX. This pass never changes what the network computes: it only moves each such
-layer onto a caffe2onnx code path that works, and ``repair.py`` then gives the resulting ONNX nodes their
-exact Caffe semantics from the *original* network. The original messages are never modified.
+mis-shaped Scale blob, an assertion on Flatten's axis, a typo in its Eltwise PROD / MAX shape code, a
+negative Crop axis); others it maps to the wrong ONNX. This pass never changes what the network computes:
+it only moves each such layer onto a caffe2onnx code path that works, and ``repair.py`` then gives the
+resulting ONNX nodes their exact Caffe semantics from the *original* network. The original messages are never modified.
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ def prepare(net, weights) -> tuple[object, object, list[str]]:
         elif layer.type == "Eltwise":
             layer.eltwise_param.operation = ELTWISE_SUM
             del layer.eltwise_param.coeff[:]
+        elif layer.type == "Crop" and layer.crop_param.axis < 0:
+            given = layer.crop_param.axis
+            layer.crop_param.axis %= len(shapes[(layer.name, layer.bottom[0])])
+            notes.append(f"Crop '{layer.name}': axis {given} handed to caffe2onnx as {layer.crop_param.axis} "
+                         "(it indexes the offsets with the axis as given and crashes on a negative one)")
         elif layer.type in ("Flatten", "Reshape"):
             dims = reshape_dims(layer, shapes[(layer.name, layer.bottom[0])])
             layer.type = "Reshape"

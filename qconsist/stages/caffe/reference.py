@@ -4,7 +4,7 @@ It reads the prototxt and caffemodel messages directly (never caffe2onnx's outpu
 behaviour of Caffe's own layers (``src/caffe/layers/*.cpp``): convolution geometry (per-axis kernel, pad,
 stride, dilation, groups), pooling's ceil rounding with "the last window starts inside the padded image",
 AVE pooling divided by the window clipped to the padded image, BatchNorm statistics divided by the stored
-scale factor, Reshape's ``0`` / ``-1`` / ``axis`` / ``num_axes``, Flatten's ``end_axis``…
+scale factor, Reshape's ``0`` / ``-1`` / ``axis`` / ``num_axes``, Flatten's ``end_axis``, Crop's ``axis`` / ``offset``…
 It is what the convert stage checks caffe2onnx's output against.
 """
 
@@ -18,7 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from qconsist.errors import InputError, UnsupportedModelError
 from qconsist.stages.caffe.geometry import (
-    blob_array, channel_shape, conv_geometry, flatten_target, input_shapes, layers_of, output_blobs, pool_geometry,
+    blob_array, channel_shape, conv_geometry, crop_offsets, flatten_target, input_shapes, layers_of, output_blobs, pool_geometry,
     pooled_size, reshape_target,
 )
 
@@ -235,6 +235,15 @@ def reshape(layer, bottoms: Blobs, blobs: Blobs) -> Blobs:
     return [bottoms[0].reshape(reshape_target(layer, bottoms[0].shape))]
 
 
+def crop(layer, bottoms: Blobs, blobs: Blobs) -> Blobs:
+    """Caffe's Crop: the first bottom cut to the second's shape from ``axis`` on, starting at ``offset``."""
+    data, size = bottoms[0], bottoms[1]
+    offsets = crop_offsets(layer, data.shape, size.shape)
+    start = layer.crop_param.axis % data.ndim
+    window = tuple(slice(o, o + (size.shape[i] if i >= start else data.shape[i])) for i, o in enumerate(offsets))
+    return [np.ascontiguousarray(data[window])]
+
+
 LAYERS: dict[str, Callable[..., Blobs]] = {
     "Convolution": convolution,
     "Deconvolution": deconvolution,
@@ -250,6 +259,7 @@ LAYERS: dict[str, Callable[..., Blobs]] = {
     "Dropout": dropout,
     "Flatten": flatten,
     "Reshape": reshape,
+    "Crop": crop,
 }
 
 

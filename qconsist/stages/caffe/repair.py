@@ -17,8 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.errors import ConfigError, UnsupportedModelError
 from qconsist.stages.caffe.geometry import (
-    channel_shape, conv_geometry, infer_shapes, input_shapes, layers_of, onnx_pool_pads, output_blobs, pool_geometry,
+    channel_shape, conv_geometry, crop_offsets, infer_shapes, input_shapes, layers_of, onnx_pool_pads, output_blobs,
+    pool_geometry,
 )
+from qconsist.stages.caffe.normalize import reshape_dims
 
 
 @dataclass
@@ -318,6 +320,72 @@ def repair_dropout(g: Graph) -> list[str]:
     return _summary("Dropout written as Identity (inference; caffe2onnx's ratio attribute is invalid since opset 12)", changed)
 
 
+def _slice_arrays(g: Graph, node: onnx.NodeProto) -> list[list[int]] | None:
+    """caffe2onnx's (starts, ends, axes) of a Slice node, None when they are not initializers."""
+    if node.op_type != "Slice" or len(node.input) < 4 or any(g.initializer(n) is None for n in node.input[1:4]):
+        return None
+    return [g.array(name).reshape(-1).tolist() for name in node.input[1:4]]
+
+
+def repair_crop(g: Graph) -> list[str]:
+    """caffe2onnx writes Caffe's Crop as a Slice that also cuts the axes *before* ``axis`` to the second
+    bottom's size (Caffe keeps them: an FCN's 21 class scores cropped to the 3-channel image keep 21
+    channels), crashes on a negative ``axis`` (``normalize.py`` hands it the canonical one), and, since its
+    Slice reads only the first bottom, leaves the second bottom (a shape only) as an extra graph output
+    that comes first. Write the Slice from Caffe's axis and offsets (Identity when it cuts nothing)."""
+    lines = []
+    for layer in layers_of(g.net):
+        if layer.type != "Crop":
+            continue
+        node = g.node(layer.name)
+        data, size = g.shapes[(layer.name, layer.bottom[0])], g.shapes[(layer.name, layer.bottom[1])]
+        offsets = crop_offsets(layer, data, size)
+        start = layer.crop_param.axis % len(data)
+        axes = [i for i in range(start, len(data)) if offsets[i] or data[i] != size[i]]
+        starts, ends = [offsets[i] for i in axes], [offsets[i] + size[i] for i in axes]
+        before, source = _slice_arrays(g, node), node.input[0]
+        del node.input[:]
+        if not axes:
+            node.op_type = "Identity"
+            node.input.append(source)
+            continue
+        for suffix, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+            g.set_initializer(f"{layer.name}_crop_{suffix}", np.array(values, np.int64))
+        node.input.extend([source] + [f"{layer.name}_crop_{suffix}" for suffix in ("starts", "ends", "axes")])
+        if before != [starts, ends, axes]:
+            caffe2onnx = "none" if before is None else f"axes={before[2]} starts={before[0]} ends={before[1]}"
+            lines.append(f"Crop '{layer.name}': Slice axes={axes} starts={starts} ends={ends} from Caffe's axis {layer.crop_param.axis} "
+                         f"and offsets, axes before it kept (caffe2onnx: {caffe2onnx})")
+    return lines + drop_crop_size_outputs(g)
+
+
+def drop_crop_size_outputs(g: Graph) -> list[str]:
+    """Graph outputs that are no Caffe output: a Crop's second bottom, which only gives a shape; caffe2onnx
+    made it an output because its Slice does not read it. Removed, with the nodes that only fed it."""
+    wanted = set(output_blobs(g.net))
+    tops = {layer.name: list(layer.top) for layer in layers_of(g.net)}
+    producer = {out: node.name for node in g.model.graph.node for out in node.output}
+    extra = [v for v in g.model.graph.output
+             if producer.get(v.name) in tops and not wanted.intersection(tops[producer[v.name]])]
+    if not extra:
+        return []
+    for value in extra:
+        g.model.graph.output.remove(value)
+    keep = {v.name for v in g.model.graph.output}
+    removed: list[str] = []
+    while True:
+        used = keep | {name for node in g.model.graph.node for name in node.input}
+        dead = [node for node in g.model.graph.node if not used.intersection(node.output)]
+        if not dead:
+            break
+        for node in dead:
+            g.model.graph.node.remove(node)
+            removed.append(node.name)
+    names = ", ".join(f"'{producer[v.name]}'" for v in extra)
+    return [f"Crop size reference(s) {names}: only a shape in Caffe, an extra graph output in caffe2onnx's model; "
+            f"removed with the {len(removed)} node(s) that only computed it"]
+
+
 def repair_first_layer_inputs(g: Graph) -> list[str]:
     """caffe2onnx feeds the first layer *all* the network's inputs, whatever its bottoms say (a Concat or
     Eltwise of the input with itself gets one input). Give it its bottoms."""
@@ -400,10 +468,14 @@ def name_outputs(g: Graph, dynamic_batch: bool) -> list[str]:
     return lines + ([f"outputs named after Caffe's blobs: {', '.join(renamed)}"] if renamed else [])
 
 
+def _crops_batch(g: Graph, layer) -> bool:
+    data, size = g.shapes[(layer.name, layer.bottom[0])], g.shapes[(layer.name, layer.bottom[1])]
+    return layer.crop_param.axis % len(data) == 0 and (crop_offsets(layer, data, size)[0] != 0 or data[0] != size[0])
+
+
 def set_dynamic_batch(g: Graph) -> list[str]:
     """Dimension 0 of every graph input symbolic ('batch'); refused when a layer folds the batch into
     another dimension (its Reshape would need the batch as a number)."""
-    from qconsist.stages.caffe.normalize import reshape_dims
 
     for layer in layers_of(g.net):
         if layer.type in ("Reshape", "Flatten"):
@@ -413,6 +485,11 @@ def set_dynamic_batch(g: Graph) -> list[str]:
                     f"convert.dynamic_batch: {layer.type} '{layer.name}' folds the batch dimension into another "
                     "one; convert with a fixed batch (dynamic_batch = false)"
                 )
+        if layer.type == "Crop" and _crops_batch(g, layer):
+            raise ConfigError(
+                f"convert.dynamic_batch: Crop '{layer.name}' cuts the batch dimension (axis 0) to a fixed size; "
+                "convert with a fixed batch (dynamic_batch = false)"
+            )
     for value in g.model.graph.input:
         dims = value.type.tensor_type.shape.dim
         if dims:
@@ -428,7 +505,7 @@ def repair_model(model: onnx.ModelProto, net, params: dict[str, list[np.ndarray]
     repairs: list[str] = []
     repairs += repair_first_layer_inputs(g)
     for step in (repair_convolutions, repair_pooling, repair_batch_norm, repair_scale, repair_prelu,
-                 repair_eltwise, repair_inner_product, repair_reshape_layers, repair_dropout):
+                 repair_eltwise, repair_inner_product, repair_reshape_layers, repair_dropout, repair_crop):
         repairs += step(g)
     drop_unused_initializers(model)
     repairs += initializers_out_of_inputs(model)

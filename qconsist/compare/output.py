@@ -1,0 +1,192 @@
+"""Final outputs of two runs: the output effect (greatest difference, per-sample top-1 agreement) and the
+tolerance check the pipeline's stages use. One definition of top-1 for any batch size.
+
+**Samples and batches**: an output's first axis is the batch when it has two or more axes, so a batch of
+``B`` counts as ``B`` samples everywhere: top-1 agreement is over samples, never over steps, and never a
+flat arg-max over a whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from qconsist.compare.statistics import TensorStats, differing_mask
+from qconsist.store.serde import to_number
+from qconsist.errors import InputError
+
+
+def top1(values: np.ndarray) -> np.ndarray:
+    """The arg-max class of each sample: one per row of the batch axis (one in all for a 0-d or 1-d output)."""
+    values = np.asarray(values)
+    rows = values.shape[0] if values.ndim >= 2 else 1
+    flat = values.reshape(rows, -1)
+    if flat.dtype.kind == "f":
+        flat = np.where(np.isnan(flat), -np.inf, flat)  # a NaN is never the class
+    return flat.argmax(axis=1)
+
+
+def batch_rows(values: np.ndarray) -> int:
+    values = np.asarray(values)
+    return int(values.shape[0]) if values.ndim >= 2 else 1
+
+
+def _row_differs(a: np.ndarray, b: np.ndarray, rows: int) -> np.ndarray:
+    """Per sample, whether the two versions of one output differ in any byte."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return np.ones(rows, dtype=bool)
+    mask = differing_mask(a, b)
+    if a.ndim >= 2 and a.shape[0] == rows and rows:
+        return mask.reshape(rows, -1).any(axis=1)
+    return np.full(rows, bool(mask.any()))
+
+
+@dataclass
+class OutputEffect:
+    """What a difference does to the final outputs, over samples (rows of the batch axis)."""
+
+    samples: int = 0
+    differing_samples: list[int] = field(default_factory=list)
+    greatest_abs: float = 0.0
+    top1_agree: int = 0
+    identical: bool = True
+
+    @property
+    def top1_agreement(self) -> float:
+        return self.top1_agree / self.samples if self.samples else 1.0
+
+    def add(self, first_sample: int, a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> None:
+        """One step: the outputs of both runs (same order). Its samples are ``first_sample`` onwards."""
+        if not a:
+            return
+        rows = batch_rows(a[0])
+        differs = np.zeros(rows, dtype=bool)
+        for x, y in zip(a, b):
+            x, y = np.asarray(x), np.asarray(y)
+            row = _row_differs(x, y, rows)
+            differs |= row
+            if x.shape != y.shape:
+                self.greatest_abs = math.inf
+            elif row.any() and x.size:
+                fx, fy = x.astype(np.float64), y.astype(np.float64)
+                with np.errstate(invalid="ignore"):
+                    delta = np.abs(fx - fy)
+                delta = np.where(np.isnan(fx) & np.isnan(fy), 0.0, np.nan_to_num(delta, nan=math.inf, posinf=math.inf))
+                self.greatest_abs = max(self.greatest_abs, float(delta.max()))
+        self.differing_samples += [first_sample + int(i) for i in np.flatnonzero(differs)]
+        self.identical = self.identical and not differs.any()
+        if np.asarray(a[0]).shape == np.asarray(b[0]).shape and np.asarray(a[0]).size:
+            self.top1_agree += int(np.count_nonzero(top1(a[0]) == top1(b[0])))
+        self.samples += rows
+
+    def add_identical(self, rows: int = 1) -> None:
+        """Count samples whose outputs are known to be bit-identical (from their hashes)."""
+        self.samples += rows
+        self.top1_agree += rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples, "differing_samples": list(self.differing_samples),
+            "greatest_abs": self.greatest_abs, "top1_agree": self.top1_agree,
+            "top1_agreement": self.top1_agreement, "identical": self.identical,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "OutputEffect":
+        identical = data.get("identical", data.get("outputs_identical", True))  # older reports: outputs_identical
+        return cls(samples=data["samples"], differing_samples=list(data.get("differing_samples", [])),
+                   greatest_abs=to_number(data["greatest_abs"]), top1_agree=data["top1_agree"], identical=bool(identical))
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """One model's outputs against a reference model's over an input set, within ``atol + rtol·|ref|``
+    (``None``: record only, nothing mismatches)."""
+
+    stats: dict[str, TensorStats]  # per output name
+    effect: OutputEffect
+    atol: float | None
+    rtol: float | None
+
+    @property
+    def samples(self) -> int:
+        return self.effect.samples
+
+    @property
+    def elements(self) -> int:
+        return sum(s.elements for s in self.stats.values())
+
+    @property
+    def mismatched(self) -> int:
+        return sum(s.mismatched for s in self.stats.values()) if self.atol is not None else 0
+
+    @property
+    def worst(self) -> TensorStats | None:
+        differing = [s for s in self.stats.values() if s.differing]
+        return max(differing, key=lambda s: s.max_abs) if differing else None
+
+    @property
+    def max_abs_diff(self) -> float:
+        return self.worst.max_abs if self.worst else 0.0
+
+    @property
+    def max_rel_diff(self) -> float:
+        return max((s.max_rel for s in self.stats.values()), default=0.0)
+
+    @property
+    def top1_agreement(self) -> float:
+        return self.effect.top1_agreement
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def summary(self) -> str:
+        worst = self.worst
+        if worst is None:
+            return f"Mismatched elements: 0 / {self.elements} (0.0%); the outputs are bit-identical"
+        merged = TensorStats(worst.name, self.atol, self.rtol, worst.dtype, self.elements,
+                             sum(s.differing for s in self.stats.values()), self.mismatched if self.atol is not None
+                             else sum(s.differing for s in self.stats.values()), worst.max_abs, worst.max_abs_at,
+                             self.max_rel_diff)
+        return merged.message(f"output {worst.name}")
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "samples": self.samples, "elements": self.elements, "mismatched": self.mismatched,
+            "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
+            "worst_output": worst.name if worst else "",
+            "worst_sample": worst.max_abs_at[0] if worst and worst.max_abs_at else 0,
+            "worst_index": list(worst.max_abs_at[1]) if worst and worst.max_abs_at else [],
+            "atol": self.atol, "rtol": self.rtol, "top1_agreement": self.top1_agreement, "passed": self.passed,
+            "outputs": {name: s.to_json() for name, s in self.stats.items()}, "effect": self.effect.to_json(),
+        }
+
+
+def compare_outputs(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    atol: float | None,
+    rtol: float | None,
+) -> OutputComparison:
+    """Compare two runs' outputs step by step (a step may hold a batch; its rows are samples)."""
+
+    if len(reference) != len(candidate) or not reference:
+        raise InputError(f"cannot compare {len(reference)} reference samples with {len(candidate)} candidate samples")
+    stats: dict[str, TensorStats] = {}
+    effect = OutputEffect()
+    for ref, got in zip(reference, candidate):
+        first = effect.samples
+        names = list(ref)
+        for name in names:
+            entry = stats.setdefault(name, TensorStats(name, atol, rtol))
+            entry.add(first, ref[name], got[name])
+        effect.add(first, [ref[n] for n in names], [got[n] for n in names])
+    return OutputComparison(stats, effect, atol, rtol)

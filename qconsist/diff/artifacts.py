@@ -1,0 +1,306 @@
+"""Artifacts and calibration tables of two runs: the first stage whose model differs, and how."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import numpy_helper
+
+from qconsist.store.hashing import initializer_digests
+from qconsist.store.manifest import Manifest
+from qconsist.store.serde import structure, to_jsonable
+
+log = logging.getLogger(__name__)
+_QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
+
+
+def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
+    artifact = stage.get("artifact")
+    return artifact if isinstance(artifact, dict) else None
+
+
+def _model_path(run_dir: Path, artifact: dict[str, Any]) -> Path:
+    path = Path(artifact.get("path", ""))
+    return path if path.is_absolute() else Path(run_dir) / path
+
+
+def _load(path: Path) -> onnx.ModelProto | None:
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable file is reported, not fatal
+        log.info("cannot load %s: %s", path, exc)
+        return None
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        for inp in node.input:
+            found.setdefault(inp, []).append(node.name or f"{node.op_type}_{i}")
+    return found
+
+
+def _is_qparam(model: onnx.ModelProto, name: str) -> bool:
+    """A scale or zero point: input 1 or 2 of QuantizeLinear/DequantizeLinear, or a QLinear op's
+    ``*scale`` / ``*zero_point`` input."""
+    for node in model.graph.node:
+        inputs = list(node.input)
+        if name not in inputs[1:]:
+            continue
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and inputs.index(name) in (1, 2):
+            return True
+        if node.op_type in _QPARAM_OPS and name.endswith(("scale", "zero_point")):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class AttributeChange:
+    node: str
+    attribute: str  # "(op, inputs or outputs)" when the node itself was rewired
+
+
+@dataclass(frozen=True)
+class InitializerChange:
+    """An initializer whose value changed, with its consumers; for quantized models whether it is a scale
+    or zero point."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    quantization_parameter: bool
+    consumers: tuple[str, ...]
+    elements_changed: int | None = None
+    elements: int | None = None
+    max_abs_diff: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelChanges:
+    nodes_added: tuple[str, ...] = ()
+    nodes_removed: tuple[str, ...] = ()
+    attributes_changed: tuple[AttributeChange, ...] = ()
+    initializers_added: tuple[str, ...] = ()
+    initializers_removed: tuple[str, ...] = ()
+    initializers_changed: tuple[InitializerChange, ...] = ()
+
+    @property
+    def quantization_parameters(self) -> tuple[InitializerChange, ...]:
+        return tuple(c for c in self.initializers_changed if c.quantization_parameter)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+
+@dataclass
+class StageComparison:
+    """One stage's artifacts in the two runs."""
+
+    name: str
+    same_bytes: bool
+    same_content: bool
+    same_computation: bool
+    md5_a: str | None
+    md5_b: str | None
+    metadata: tuple[str, ...] = ()  # what differs besides the computation (graph name, producer…)
+    note: str = ""
+    changes: ModelChanges | None = None  # for the first stage whose computation differs
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StageComparison":
+        return structure(cls, data)
+
+
+@dataclass
+class ArtifactComparison:
+    first_differing_stage: str | None = None
+    stages: list[StageComparison] = field(default_factory=list)
+
+    def stage(self, name: str) -> StageComparison | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ArtifactComparison":
+        return structure(cls, data)
+
+
+@dataclass(frozen=True)
+class CalibrationChange:
+    tensor: str
+    fields: tuple[str, ...]  # which of min, max, scale, zero_point changed
+    a: dict[str, Any]
+    b: dict[str, Any]
+
+
+@dataclass
+class CalibrationComparison:
+    compared: bool = False
+    changed: list[CalibrationChange] = field(default_factory=list)
+    only_a: list[str] = field(default_factory=list)
+    only_b: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CalibrationComparison":
+        return structure(cls, data)
+
+
+def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
+    """Nodes added and removed, attributes changed, initializers changed (with their consumers)."""
+    nodes_a = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(a.graph.node)}
+    nodes_b = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(b.graph.node)}
+    attributes = []
+    for name in sorted(set(nodes_a) & set(nodes_b)):
+        na, nb = nodes_a[name], nodes_b[name]
+        if na.op_type != nb.op_type or list(na.input) != list(nb.input) or list(na.output) != list(nb.output):
+            attributes.append(AttributeChange(name, "(op, inputs or outputs)"))
+            continue
+        attrs_a = {x.name: x.SerializeToString(deterministic=True) for x in na.attribute}
+        attrs_b = {x.name: x.SerializeToString(deterministic=True) for x in nb.attribute}
+        for key in sorted(set(attrs_a) | set(attrs_b)):
+            if attrs_a.get(key) != attrs_b.get(key):
+                attributes.append(AttributeChange(name, key))
+    inits_a = {i.name: i for i in a.graph.initializer}
+    inits_b = {i.name: i for i in b.graph.initializer}
+    consumers = _consumers(b)
+    changed = []
+    for name in sorted(set(inits_a) & set(inits_b)):
+        ta, tb = numpy_helper.to_array(inits_a[name]), numpy_helper.to_array(inits_b[name])
+        if ta.dtype == tb.dtype and ta.shape == tb.shape and ta.tobytes() == tb.tobytes():
+            continue
+        sizes: dict[str, Any] = {}
+        if ta.shape == tb.shape and ta.size and ta.dtype.kind in "fiu" and tb.dtype.kind in "fiu":
+            diff = abs(ta.astype("float64") - tb.astype("float64"))
+            sizes = {"elements_changed": int((diff != 0).sum()), "elements": int(ta.size), "max_abs_diff": float(diff.max())}
+        changed.append(InitializerChange(
+            name=name, dtype=str(tb.dtype), shape=tuple(tb.shape), quantization_parameter=_is_qparam(b, name),
+            consumers=tuple(consumers.get(name, [])), **sizes,
+        ))
+    return ModelChanges(
+        nodes_added=tuple(sorted(set(nodes_b) - set(nodes_a))),
+        nodes_removed=tuple(sorted(set(nodes_a) - set(nodes_b))),
+        attributes_changed=tuple(attributes),
+        initializers_added=tuple(sorted(set(inits_b) - set(inits_a))),
+        initializers_removed=tuple(sorted(set(inits_a) - set(inits_b))),
+        initializers_changed=tuple(changed),
+    )
+
+
+_METADATA = ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string")
+
+
+def semantic_hash(model: onnx.ModelProto, initializers: dict[str, Any] | None = None) -> str:
+    """sha256 of what decides the computation: nodes, graph inputs, outputs and value types, opsets and
+    initializer values. Not names of the model or graph (converters stamp file paths into them), doc
+    strings, producers or metadata. ``initializers``: the artifact's recorded initializer digests
+    (name -> digest JSON), which spare hashing the weights again."""
+    h = hashlib.sha256()
+    graph = model.graph
+    for node in graph.node:
+        bare = onnx.NodeProto()
+        bare.CopyFrom(node)
+        bare.doc_string = ""
+        h.update(bare.SerializeToString(deterministic=True))
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            h.update(value.name.encode() + value.type.SerializeToString(deterministic=True))
+    h.update(repr(sorted((o.domain, o.version) for o in model.opset_import)).encode())
+    if initializers is None:
+        initializers = {name: digest.to_json() for name, digest in initializer_digests(model).items()}
+    h.update(json.dumps(initializers, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def metadata_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> list[str]:
+    """Differences in what does not change the computation: names, producers, doc strings, metadata."""
+    found = [f"{key}: {getattr(a, key)!r} -> {getattr(b, key)!r}" for key in _METADATA if getattr(a, key) != getattr(b, key)]
+    for key in ("name", "doc_string"):
+        if getattr(a.graph, key) != getattr(b.graph, key):
+            found.append(f"graph.{key}: {getattr(a.graph, key)!r} -> {getattr(b.graph, key)!r}")
+    props_a = {p.key: p.value for p in a.metadata_props}
+    props_b = {p.key: p.value for p in b.metadata_props}
+    if props_a != props_b:
+        found.append(f"metadata_props: {props_a} -> {props_b}")
+    return found
+
+
+def _stage_models(run_a: Path, art_a: dict, run_b: Path, art_b: dict) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
+    model_a = _load(_model_path(run_a, art_a))
+    model_b = _load(_model_path(run_b, art_b))
+    return (model_a, model_b) if model_a is not None and model_b is not None else None
+
+
+def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> ArtifactComparison:
+    """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
+    differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
+    stage whose computation differs, what differs in it. Without the model files, the recorded content
+    hashes decide."""
+    result = ArtifactComparison()
+    for stage_a in a.stages:
+        stage_b = b.stage(stage_a["name"])
+        art_a = _artifact(stage_a)
+        art_b = _artifact(stage_b) if stage_b else None
+        if art_a is None or art_b is None:
+            continue
+        same_bytes = art_a.get("sha256") == art_b.get("sha256")
+        entry = StageComparison(
+            name=stage_a["name"], same_bytes=same_bytes, same_content=art_a.get("content") == art_b.get("content"),
+            same_computation=same_bytes, md5_a=art_a.get("md5"), md5_b=art_b.get("md5"),
+        )
+        result.stages.append(entry)
+        if same_bytes:
+            continue
+        models = _stage_models(run_a, art_a, run_b, art_b)
+        if models is None:
+            entry.same_computation = entry.same_content
+            entry.note = "model files are gone; only their recorded hashes are compared"
+        else:
+            entry.same_computation = (
+                semantic_hash(models[0], art_a.get("initializers")) == semantic_hash(models[1], art_b.get("initializers"))
+            )
+            entry.metadata = tuple(metadata_changes(*models))
+        if result.first_differing_stage is None and not entry.same_computation:
+            result.first_differing_stage = entry.name
+            entry.changes = model_changes(*models) if models is not None else None
+    return result
+
+
+_CALIB_KEYS = ("min", "max", "scale", "zero_point")
+
+
+def _close(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return x == y
+
+
+def compare_calibration(a: Manifest, b: Manifest) -> CalibrationComparison:
+    """Tensors of the calibration tables whose range, scale or zero point changed."""
+    table_a = (a.calibration or {}).get("table") or {}
+    table_b = (b.calibration or {}).get("table") or {}
+    changed = []
+    for tensor in sorted(set(table_a) & set(table_b)):
+        ea, eb = table_a[tensor] or {}, table_b[tensor] or {}
+        fields = [k for k in _CALIB_KEYS if k in ea or k in eb if not _close(ea.get(k), eb.get(k))]
+        if fields:
+            changed.append(CalibrationChange(tensor, tuple(fields), {k: ea.get(k) for k in _CALIB_KEYS},
+                                             {k: eb.get(k) for k in _CALIB_KEYS}))
+    return CalibrationComparison(
+        compared=bool(table_a and table_b), changed=changed,
+        only_a=sorted(set(table_a) - set(table_b)), only_b=sorted(set(table_b) - set(table_a)),
+    )

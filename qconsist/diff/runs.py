@@ -1,0 +1,258 @@
+"""``diff_runs``: compare two run directories — artifacts, calibration, tensors, final outputs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from qconsist.compare import OutputEffect
+from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
+from qconsist.diff.tensors import TensorComparison, compare_tensors
+from qconsist.inference.reader import load_dump, load_outputs
+from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
+from qconsist.errors import RunStoreError
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import open_run
+from qconsist.store.serde import structure, to_jsonable
+from qconsist.inference.engines import EngineRecord
+from qconsist.inference.runner import PRODUCTION_REPEATS
+from qconsist.inference.session import ExecutionOptions
+
+log = logging.getLogger(__name__)
+SCHEMA = "qconsist.diff/1"
+
+
+@dataclass
+class EngineChange:
+    """One convolution node's cuDNN kernels in the two runs (each run's recording session: engine per run)."""
+
+    node: str  # the label users know
+    op_type: str
+    engines_a: list[str]
+    engines_b: list[str]
+    why_a: str | None = None  # why cuDNN says run A's kernel is not reproducible
+    why_b: str | None = None
+    origin: bool = False  # an origin node of the tensor comparison
+
+    @property
+    def same(self) -> bool:
+        return self.engines_a == self.engines_b
+
+    def describe(self) -> str:
+        def runs(engines: list[str]) -> str:
+            distinct = list(dict.fromkeys(engines))
+            return f"{distinct[0]} in all {len(engines)} runs" if len(distinct) == 1 else ", ".join(engines)
+
+        text = f"{self.node} ({self.op_type}): A {runs(self.engines_a)}; B {runs(self.engines_b)}"
+        if not self.same:
+            text += " — the two runs executed different kernels"
+        why = self.why_a or self.why_b
+        if why:
+            text += f"; {why}" + (" — the same kernel gives different results from run to run" if self.same else "")
+        return text
+
+
+def compare_engines(a: Manifest, b: Manifest, origins: set[str]) -> tuple[list[EngineChange], list[str]]:
+    """The convolution nodes whose kernels differ between the runs, are marked non-deterministic, or are
+    origins; and notes where only one run recorded its kernels (``qconsist run --engines``)."""
+    record_a, record_b = a.sections.get("engines"), b.sections.get("engines")
+    if not record_a and not record_b:
+        return [], []
+    if not record_a or not record_b:
+        return [], ["only one run recorded its cuDNN engines; rerun the other with --engines to compare kernels"]
+    engines_a, engines_b = EngineRecord.from_json(record_a), EngineRecord.from_json(record_b)
+    nodes_b = {n.label: n for n in engines_b.nodes}
+    changes = []
+    for node in engines_a.nodes:
+        other = nodes_b.get(node.label)
+        if other is None:
+            continue
+        change = EngineChange(node.label, node.op_type, list(node.runs), list(other.runs), node.why, other.why,
+                              node.label in origins)
+        if not change.same or change.why_a or change.why_b or change.origin:
+            changes.append(change)
+    return changes, []
+
+
+@dataclass
+class DiffResult:
+    """Where two runs part. ``passed`` (and truth) means identical at every level compared."""
+
+    run_a: str
+    run_b: str
+    artifacts: ArtifactComparison
+    calibration: CalibrationComparison
+    tensors: TensorComparison | None
+    outputs: OutputEffect | None
+    options: list[str] = field(default_factory=list)  # execution option differences
+    environment: list[str] = field(default_factory=list)
+    versions: EnvironmentDiff = EnvironmentDiff()  # what changes results: onnxruntime, onnx, numpy, CUDA, cuDNN, driver…
+    capture: list[str] = field(default_factory=list)  # commands that capture the missing raw tensors
+    notes: list[str] = field(default_factory=list)
+    engines: list[EngineChange] = field(default_factory=list)  # cuDNN kernels of conv nodes, when both runs recorded them
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.artifacts.first_differing_stage is None
+            and not self.calibration.changed
+            and not (self.tensors and self.tensors.nodes)
+            and not (self.outputs and not self.outputs.identical)
+        )
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DiffResult":
+        if data.get("schema") != SCHEMA:
+            raise RunStoreError(f"diff result schema {data.get('schema')!r} is not {SCHEMA!r}")
+        return structure(cls, data)
+
+
+# The ``qconsist run`` flag of each execution option (session fields, then provider options).
+_FLAGS = {
+    "graph_optimization_level": "--level", "intra_op_threads": "--threads", "deterministic_compute": "--deterministic",
+    "cudnn_conv_algo_search": "--cudnn-conv-algo-search", "use_tf32": "--tf32",
+    "cudnn_conv_use_max_workspace": "--cudnn-max-workspace", "device_id": "--device-id",
+}
+
+
+def capture_command(manifest: Manifest, keys: list[str] | None, disable: tuple[str, ...] = (),
+                    subset: tuple[int, int] | None = None) -> str:
+    """The ``qconsist run`` command that repeats ``manifest``'s run with a dump keeping the raw tensors of
+    ``keys`` (``None``: no raw tensors), with the graph transformers ``disable`` switched off besides its own,
+    on the samples ``subset`` (offset, count) of its input set when known."""
+    import shlex
+
+
+    model = manifest.model
+    parts = ["qconsist", "run", model.get("run") or model.get("path", "MODEL")]
+    if model.get("run") and model.get("stage"):
+        parts += ["--stage", model["stage"]]
+    parts += ["--inputs", str(manifest.inputs.get("source", "INPUTS"))]
+    recorded = manifest.sections.get("inference", {}).get("options")
+    if isinstance(recorded, dict):
+        options = ExecutionOptions.from_json(recorded)
+        options = replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_json()
+        parts += ["--ep", options["provider"]]
+        for key, value in [*options.items(), *options["provider_options"].items()]:
+            if key == "disabled_optimizers":
+                for name in value:
+                    parts += ["--disable-optimizer", name]
+                continue
+            if value is None or key not in _FLAGS:
+                continue
+            if isinstance(value, bool):
+                stem = _FLAGS[key][2:]
+                parts.append(f"--{stem}" if value else f"--no-{stem}")
+            else:
+                parts += [_FLAGS[key], str(value)]
+    if subset is not None:
+        parts += ["--offset", str(subset[0]), "--count", str(subset[1])]
+    if manifest.inputs.get("kind") == "images" and not model.get("run"):  # a run directory brings its preprocessing
+        parts += ["--pipeline", "PIPELINE.toml"]
+    parts += ["--dump", *(["--raw", ",".join(keys)] if keys is not None else [])]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def _model_stages(manifest: Manifest) -> list[str]:
+    return [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
+
+
+def _same_source(a: Manifest, b: Manifest) -> bool:
+    """Two pipelines of one model under different names (e.g. CPU and CUDA calibration of open_nsfw): the
+    model's source files are byte-identical."""
+    files_a, files_b = a.model.get("files"), b.model.get("files")
+    if not isinstance(files_a, dict) or not isinstance(files_b, dict) or not files_a or set(files_a) != set(files_b):
+        return False
+    return all(
+        isinstance(files_a[r], dict) and isinstance(files_b[r], dict) and files_a[r].get("sha256")
+        and files_a[r].get("sha256") == files_b[r].get("sha256")
+        for r in files_a
+    )
+
+
+def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> None:
+    name_a, name_b = a.model.get("name"), b.model.get("name")
+    if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline" and not _same_source(a, b):
+        raise RunStoreError(f"runs of different models: {path_a} is {name_a!r}, {path_b} is {name_b!r}")
+    if a.kind != b.kind:
+        stages_a, stages_b = _model_stages(a), _model_stages(b)
+        if not set(stages_a) & set(stages_b):
+            raise RunStoreError(
+                f"runs share no stage with a model ({', '.join(stages_a)} vs {', '.join(stages_b)}): {path_a} is "
+                f"{_a(a.kind)} run and {path_b} {_a(b.kind)} run; run the model from the pipeline's run directory "
+                "(qconsist run RUN_DIR) to compare them"
+            )
+    if a.kind == b.kind == "inference":
+        digest_a, digest_b = a.inputs.get("digest"), b.inputs.get("digest")
+        if digest_a != digest_b:
+            raise RunStoreError(
+                f"runs on different input sets ({a.inputs.get('source')} ×{a.inputs.get('count')} vs "
+                f"{b.inputs.get('source')} ×{b.inputs.get('count')}: input digests differ); compare runs on the same inputs"
+            )
+
+
+def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> OutputEffect:
+    effect = OutputEffect()
+    for step in range(int(a.sections["inference"]["samples"])):
+        effect.add(effect.samples, load_outputs(path_a, a, step), load_outputs(path_b, b, step))
+    return effect
+
+
+def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
+    """Compare two complete run directories in the order artifacts → calibration → tensors → outputs."""
+    path_a, path_b = Path(path_a), Path(path_b)
+    a, b = open_run(path_a), open_run(path_b)
+    _check_comparable(a, b, path_a, path_b)
+    result = DiffResult(
+        run_a=str(path_a), run_b=str(path_b),
+        artifacts=compare_artifacts(path_a, a, path_b, b),
+        calibration=compare_calibration(a, b),
+        tensors=None, outputs=None,
+        environment=describe_changes(a.environment, b.environment),
+        versions=compare_environments(a.environment, b.environment),
+    )
+    opts_a = a.sections.get("inference", {}).get("options")
+    opts_b = b.sections.get("inference", {}).get("options")
+    if isinstance(opts_a, dict) and isinstance(opts_b, dict):
+        result.options = describe_changes(opts_a, opts_b)
+    if a.kind == b.kind == "inference":
+        result.outputs = _outputs(path_a, a, path_b, b)
+        has_a, has_b = "dump" in a.sections, "dump" in b.sections
+        if has_a and has_b:
+            dump_a, dump_b = load_dump(path_a, a), load_dump(path_b, b)
+            for dump, path, manifest in ((dump_a, path_a, a), (dump_b, path_b, b)):
+                if not dump.faithful:
+                    distinct = manifest.sections["dump"].get("production_distinct") or 0
+                    result.notes.append(
+                        f"the final outputs of {path}'s dump differ from production, whose own outputs vary from run "
+                        f"to run ({distinct} distinct in {PRODUCTION_REPEATS} runs): a non-deterministic kernel" if distinct > 1 else
+                        f"the dump of {path} is NOT faithful: its final outputs differ from production")
+            result.tensors = compare_tensors(
+                dump_a, dump_b, Path(a.model["path"]) if a.model.get("path") else None,
+                Path(b.model["path"]) if b.model.get("path") else None,
+            )
+            if result.tensors.raw_missing:
+                keys = result.tensors.raw_missing
+                result.capture = [capture_command(a, keys), capture_command(b, keys)]
+        elif has_a or has_b:
+            result.notes.append("only one run has a tensor dump; rerun the other with --dump to compare tensors")
+        else:
+            result.notes.append("no tensor dumps; rerun both with `qconsist run ... --dump` to find the first diverging node")
+    elif a.kind != b.kind:
+        result.notes.append(f"{_a(a.kind)} run and {_a(b.kind)} run: artifacts and calibration compared")
+    origins = {n.label for n in result.tensors.origins} if result.tensors is not None else set()
+    result.engines, notes = compare_engines(a, b, origins)
+    result.notes += notes
+    return result

@@ -1,0 +1,245 @@
+"""Tensor by tensor, in topological order: the first diverging node and every origin node.
+
+Two dumps are compared in the optimized graph's own terms when ORT ran the same graph structure in both
+runs (``space = "optimized"``), else through the original model's tensors both dumps map to
+(``space = "original"``, e.g. optimization levels that fuse differently). An **origin** is a node whose
+output differs in some sample while all of its inputs are bit-identical in that sample (its initializers
+may differ: they are listed). Other diverging nodes only propagate a difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qconsist.compare import TensorStats, origins
+from qconsist.errors import RunStoreError
+from qconsist.inference.graphmap import GraphIndex
+from qconsist.inference.reader import LoadedDump
+
+MAX_ELEMENT_NODES = 64  # element statistics for origins, the first node and up to this many others
+
+
+@dataclass
+class TensorDiff:
+    key: str  # tensor compared (optimized or original name)
+    label: str  # original node users know
+    op_a: str
+    op_b: str
+    covers: list[str]
+    samples: list[int]  # samples where it differs
+    origin: bool
+    origin_samples: list[int]
+    initializers_changed: list[str]
+    summary: dict[str, Any]  # fingerprints (min, max, mean) of both runs in the first differing sample
+    elements: TensorStats | None = None  # element statistics, where both runs kept the raw tensors
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "label": self.label, "op_a": self.op_a, "op_b": self.op_b, "covers": self.covers,
+            "samples": self.samples, "origin": self.origin, "origin_samples": self.origin_samples,
+            "initializers_changed": self.initializers_changed, "summary": self.summary,
+            "elements": self.elements.to_json() if self.elements is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TensorDiff":
+        return cls(
+            key=data["key"], label=data["label"], op_a=data["op_a"], op_b=data["op_b"], covers=data["covers"],
+            samples=data["samples"], origin=data["origin"], origin_samples=data["origin_samples"],
+            initializers_changed=data["initializers_changed"], summary=data["summary"],
+            elements=TensorStats.from_json(data["elements"]) if data["elements"] else None,
+        )
+
+
+@dataclass
+class TensorComparison:
+    space: str
+    compared: int
+    not_compared: int
+    samples: int
+    nodes: list[TensorDiff] = field(default_factory=list)  # diverging ones, topological order
+    raw_missing: list[str] = field(default_factory=list)  # keys whose element stats need raw tensors
+
+    @property
+    def first(self) -> TensorDiff | None:
+        return self.nodes[0] if self.nodes else None
+
+    @property
+    def origins(self) -> list[TensorDiff]:
+        return [n for n in self.nodes if n.origin]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "space": self.space, "compared": self.compared, "not_compared": self.not_compared,
+            "samples": self.samples, "first": self.first.label if self.first else None,
+            "origins": [n.label for n in self.origins], "nodes": [n.to_json() for n in self.nodes],
+            "raw_missing": self.raw_missing,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TensorComparison":
+        return cls(
+            space=data["space"], compared=data["compared"], not_compared=data["not_compared"],
+            samples=data["samples"], nodes=[TensorDiff.from_json(n) for n in data["nodes"]],
+            raw_missing=data["raw_missing"],
+        )
+
+
+def _load_model(path: Path, what: str) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {exc}") from None
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {i.name: numpy_helper.to_array(i).tobytes() for i in model.graph.initializer}
+
+
+class _Graph:
+    """The graph the compared keys live in, with each key's nearest compared inputs."""
+
+    def __init__(self, model: onnx.ModelProto, compared: set[str]) -> None:
+        self.index = GraphIndex.of(model, infer=False)
+        self.compared = compared
+        self._memo: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+
+    def inputs(self, key: str) -> tuple[frozenset[str], frozenset[str]]:
+        """(compared tensors, initializers) the value of ``key`` is computed from, nearest first."""
+        if key in self._memo:
+            return self._memo[key]
+        tensors: set[str] = set()
+        inits: set[str] = set()
+        node_index = self.index.producer.get(key)
+        if node_index is not None:
+            for name in self.index.graph.node[node_index].input:
+                if not name:
+                    continue
+                if name in self.index.initializers:
+                    inits.add(name)
+                elif name in self.compared or name in self.index.inputs:
+                    tensors.add(name)
+                else:
+                    more_tensors, more_inits = self.inputs(name)
+                    tensors |= more_tensors
+                    inits |= more_inits
+        result = (frozenset(tensors), frozenset(inits))
+        self._memo[key] = result
+        return result
+
+
+def tensor_keys(dump: LoadedDump, space: str) -> dict[str, int]:
+    """The keys a dump's tensors are compared by in ``space`` (their own names, or the original tensors they
+    hold), each with its first column."""
+    keys: dict[str, int] = {}
+    for column, tensor in enumerate(dump.tensors):
+        key = tensor.name if space == "optimized" else tensor.original
+        if key is not None and key not in keys:
+            keys[key] = column
+    return keys
+
+
+def _differ(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int]) -> np.ndarray:
+    ta, tb = a.table[:, cols_a], b.table[:, cols_b]
+    shapes_a = np.array([repr(s) for s in a.shapes] or [""], dtype=object)[ta["shape"]]
+    shapes_b = np.array([repr(s) for s in b.shapes] or [""], dtype=object)[tb["shape"]]
+    return (ta["hash"] != tb["hash"]) | (ta["dtype"] != tb["dtype"]) | (shapes_a != shapes_b)
+
+
+def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dict[str, Any]:
+    def side(dump: LoadedDump, column: int) -> dict[str, Any]:
+        rec = dump.table[sample, column]
+        return {
+            "dtype": dump.dtype(sample, column), "shape": list(dump.shape(sample, column)),
+            "min": float(rec["min"]), "max": float(rec["max"]), "mean": float(rec["mean"]),
+            "nan": int(rec["nan"]), "inf": int(rec["inf"]),
+        }
+
+    return {"sample": sample, "a": side(a, ca), "b": side(b, cb)}
+
+
+def compare_tensors(
+    a: LoadedDump, b: LoadedDump, original_a: Path | None, original_b: Path | None,
+) -> TensorComparison:
+    """Compare two dumps of the same input set. Raises ``RunStoreError`` when they cannot be compared."""
+    if a.table.shape[0] != b.table.shape[0]:
+        raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
+    if a.structure == b.structure:
+        space = "optimized"
+        graph_a, graph_b = _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")
+    elif a.original_structure == b.original_structure:
+        space = "original"
+        if original_a is None or original_b is None:
+            raise RunStoreError("the runs executed different optimized graphs and their original models are gone")
+        graph_a, graph_b = _load_model(original_a, "model"), _load_model(original_b, "model")
+    else:
+        raise RunStoreError(
+            "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
+            "cannot be compared node by node; compare runs of the same model"
+        )
+    keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
+    shared = [k for k in keys_a if k in keys_b]
+    cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
+    differ = _differ(a, b, cols_a, cols_b) if shared else np.zeros((a.table.shape[0], 0), dtype=bool)
+    graph = _Graph(graph_a, set(shared))
+    inits_a, inits_b = _initializer_bytes(graph_a), _initializer_bytes(graph_b)
+    position = {k: i for i, k in enumerate(shared)}
+    result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]))
+    # each compared tensor is a node of this graph: its inputs are the nearest compared tensors it is computed from
+    nodes = [([position[t] for t in graph.inputs(key)[0] if t in position], [p]) for p, key in enumerate(shared)]
+    origin = origins(differ, nodes)
+    for p, key in enumerate(shared):
+        rows = np.flatnonzero(differ[:, p])
+        if not rows.size:
+            continue
+        inits = graph.inputs(key)[1]
+        origin_rows = np.flatnonzero(origin[:, p])
+        changed = sorted(i for i in inits if inits_a.get(i) != inits_b.get(i))
+        ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
+        result.nodes.append(TensorDiff(
+            key=key, label=tb.label if len(tb.covers) > len(ta.covers) else ta.label,
+            op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
+            samples=rows.tolist(), origin=bool(origin_rows.size), origin_samples=origin_rows.tolist(),
+            initializers_changed=changed, summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]),
+        ))
+    _element_stats(a, b, result, keys_a, keys_b)
+    return result
+
+
+def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_a: dict, keys_b: dict) -> None:
+    """Element statistics from raw tensors, where both runs kept them."""
+    chosen = [n for n in result.nodes if n.origin or n is result.first]
+    chosen += [n for n in result.nodes if n not in chosen][:MAX_ELEMENT_NODES]
+    wanted: dict[int, list[TensorDiff]] = {}
+    for node in chosen:
+        for sample in node.samples:
+            wanted.setdefault(sample, []).append(node)
+    missing: set[str] = set()
+    for sample in sorted(wanted):
+        path_a = a.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
+        path_b = b.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
+        archive_a = np.load(path_a, allow_pickle=False) if path_a.is_file() else None
+        archive_b = np.load(path_b, allow_pickle=False) if path_b.is_file() else None
+        try:
+            for node in wanted[sample]:
+                name_a, name_b = f"t{keys_a[node.key]}", f"t{keys_b[node.key]}"
+                if archive_a is None or archive_b is None or name_a not in archive_a.files or name_b not in archive_b.files:
+                    missing.add(node.key)
+                    continue
+                node.elements = node.elements or TensorStats(node.key)
+                node.elements.add(sample, archive_a[name_a], archive_b[name_b])
+        finally:
+            for archive in (archive_a, archive_b):
+                if archive is not None:
+                    archive.close()
+    for node in result.nodes:
+        if node.key in missing:
+            node.elements = None
+    key_nodes = [n for n in result.nodes if n.origin or n is result.first]
+    result.raw_missing = [n.key for n in key_nodes if n.key in missing]

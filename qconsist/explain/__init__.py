@@ -1,0 +1,11 @@
+"""Why two runs diverge: the graph transformer responsible (``explain_optimization``), the onnxruntime upgrade
+(``upgrade_check``), and the divergence drawn on the model's graph in Google's Model Explorer
+(``explorer_node_data``)."""
+
+from qconsist.explain.optimizer import OptimizerExplanation, Probe, explain_optimization
+from qconsist.explain.transformers import TransformerActivity, TransformerLog, parse_transformer_log, transformer_activity
+
+__all__ = [
+    "OptimizerExplanation", "Probe", "TransformerActivity", "TransformerLog", "explain_optimization",
+    "parse_transformer_log", "transformer_activity",
+]

@@ -1,0 +1,38 @@
+"""The inputs a run was made on, opened again from its manifest and checked against its digest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qconsist.errors import InputError, RunStoreError
+from qconsist.inference.model import input_specs
+from qconsist.inputs import InputSet, Preprocess, open_input_set
+from qconsist.store.manifest import Manifest
+
+
+def replay_inputs(manifest: Manifest, model: Path, run_dir: Path) -> tuple[InputSet, tuple[int, int] | None]:
+    """The samples of ``manifest``'s input set (its source, preprocessing and sample names), in its order,
+    fitted to ``model``'s inputs, and where they lie in the whole set (offset, count) when they are one stretch
+    of it; ``RunStoreError`` when they cannot be found again or their bytes differ from the run's (its digest)."""
+    recorded = manifest.inputs
+    source, names, digest = recorded.get("source"), recorded.get("names"), recorded.get("digest")
+    if not source or not isinstance(names, list) or not digest:
+        raise RunStoreError(f"run {run_dir} does not record its input set; give `inputs`")
+    preprocess = recorded.get("preprocess")
+    specs = input_specs(model)
+    try:
+        opened = open_input_set(source, Preprocess.from_dict(preprocess, where="run manifest preprocess")
+                                if isinstance(preprocess, dict) else None, specs[0].name if specs else "input")
+    except InputError as exc:
+        raise RunStoreError(f"cannot open the input set of run {run_dir} again ({exc.message}); give `inputs`") from None
+    position = {name: index for index, name in enumerate(opened.names)}
+    missing = [n for n in names if n not in position]
+    if missing:
+        raise RunStoreError(f"the input set {source} no longer holds sample {missing[0]!r} of run {run_dir}; give `inputs`")
+    chosen = InputSet(opened.source, opened.kind, list(names), lambda i: opened.sample(position[names[i]]), opened.preprocess)
+    chosen = chosen.checked(specs)
+    if chosen.digest() != digest:
+        raise RunStoreError(f"the input set {source} of run {run_dir} has other bytes now (its digest differs); give `inputs`")
+    first = position[names[0]] if names else 0
+    stretch = [position[n] for n in names] == list(range(first, first + len(names)))
+    return chosen, (first, len(names)) if stretch else None

@@ -1,0 +1,227 @@
+"""``qconsist upgrade-check --onnxruntime X.Y.Z``: the same model on the same inputs in the locked environment
+and in a second one that differs from it in onnxruntime alone, dumped in both, diffed across them.
+
+The second environment is built from ``uv.lock`` (``uv export``: every package at its locked version) with one
+pin changed (``uv pip install --overrides``: ``onnxruntime==X.Y.Z``), into a git-ignored folder
+(``.qconsist/envs/onnxruntime-X.Y.Z``), with qconsist itself installed editable from this checkout; it is
+reused while the lock and the version are the same. The reference run is made in this process, the other
+with that environment's ``qconsist run``; the diff puts the version change first, then the first diverging
+node and the origin nodes, and ``rewrites`` tells which nodes onnxruntime's optimizer rewrote differently
+(the two optimized graphs it saved, compared node by node).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from packaging.version import InvalidVersion, Version
+
+import qconsist
+from qconsist.diff import DiffResult, diff_runs
+from qconsist.errors import ConfigError, InputError, QconsistError, UnavailableError
+from qconsist.explain.rewrites import GraphRewrites, graph_rewrites, load_graph
+from qconsist.inference.model import ModelSource
+from qconsist.inference.reader import load_dump
+from qconsist.inference.runner import RunRequest, run_inference
+from qconsist.inference.session import ExecutionOptions
+from qconsist.inputs import InputSet
+from qconsist.store.serde import structure, to_jsonable
+
+log = logging.getLogger(__name__)
+SCHEMA = "qconsist.upgrade/1"
+PROJECT = Path(qconsist.__file__).resolve().parent.parent
+STAMP = ".qconsist-env.json"
+
+
+@dataclass(frozen=True)
+class UpgradeEnvironment:
+    """A second environment: the lock with onnxruntime at ``onnxruntime``."""
+
+    path: Path
+    onnxruntime: str
+    lock_sha256: str
+    built: bool  # False: an existing one was reused
+    seconds: float
+
+    @property
+    def qconsist(self) -> Path:
+        return self.path / "bin" / "qconsist"
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "UpgradeEnvironment":
+        return structure(cls, data)
+
+
+def _version(text: str) -> str:
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise ConfigError(f"`onnxruntime` {text!r} is not a version such as 1.32.0") from None
+
+
+def find_uv() -> Path:
+    """The project's pinned uv (``make setup`` installs it into ``.tools/``), else a ``uv`` on PATH."""
+    pinned = PROJECT / ".tools" / "bin" / "uv"
+    if pinned.is_file():
+        return pinned
+    found = shutil.which("uv")
+    if found is None:
+        raise UnavailableError("upgrade-check builds the second environment with uv: run `make setup` (it installs the "
+                               "project's pinned uv into .tools/) or put uv on PATH")
+    return Path(found)
+
+
+def _lock() -> Path:
+    lock = PROJECT / "uv.lock"
+    if not lock.is_file() or not (PROJECT / "pyproject.toml").is_file():
+        raise UnavailableError(f"upgrade-check builds the second environment from uv.lock, and {PROJECT} is not a qconsist "
+                               "source checkout with one")
+    return lock
+
+
+def _call(command: Sequence[str | Path], what: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    log.info("%s: %s", what, " ".join(map(str, command)))
+    done = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"{what} failed (exit {done.returncode}): {last}")
+    return done.stdout
+
+
+def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Sequence[str] = ("cpu",)) -> UpgradeEnvironment:
+    """The locked environment with ``onnxruntime==<version>`` instead of the locked one, built (or reused)
+    in ``folder`` (default ``<checkout>/.qconsist/envs/onnxruntime-<version>``)."""
+    version = _version(onnxruntime)
+    lock = _lock()
+    lock_sha = hashlib.sha256(lock.read_bytes()).hexdigest()
+    folder = Path(folder) if folder is not None else PROJECT / ".qconsist" / "envs" / f"onnxruntime-{version}"
+    stamp = folder / STAMP
+    wanted = {"onnxruntime": version, "lock_sha256": lock_sha, "extras": list(extras), "python": sys.version.split()[0]}
+    if stamp.is_file() and (folder / "bin" / "qconsist").is_file():
+        try:
+            if json.loads(stamp.read_text(encoding="utf-8")) == wanted:
+                return UpgradeEnvironment(folder, version, lock_sha, False, 0.0)
+        except (OSError, ValueError):
+            pass
+    start = time.perf_counter()
+    uv = find_uv()
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": ""}
+    env.pop("VIRTUAL_ENV")
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _call([uv, "venv", "--quiet", "--python", sys.executable, folder], "uv venv", env=env)
+    requirements, overrides = folder / "requirements.txt", folder / "overrides.txt"
+    extra_flags = [flag for name in extras for flag in ("--extra", name)]
+    _call([uv, "export", "--frozen", "--no-hashes", "--no-emit-project", "--no-dev", *extra_flags,
+           "--format", "requirements-txt", "-o", requirements], "uv export of the lock", cwd=PROJECT, env=env)
+    # the one pin changed: the lock's onnxruntime line replaced, and any other package's requirement on it overridden
+    lines = requirements.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if not line.strip().lower().startswith("onnxruntime==")]
+    if len(kept) == len(lines):
+        raise InputError("uv.lock's export has no onnxruntime pin to change")
+    requirements.write_text("\n".join([*kept, f"onnxruntime=={version}", ""]), encoding="utf-8")
+    overrides.write_text(f"onnxruntime=={version}\n", encoding="utf-8")
+    python = folder / "bin" / "python"
+    _call([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "-r", requirements, "--overrides", overrides],
+          f"installing the lock with onnxruntime=={version}", env=env)
+    _call([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "--no-deps", "-e", PROJECT], "installing qconsist", env=env)
+    found = _call([python, "-c", "import onnxruntime; print(onnxruntime.__version__)"], "importing onnxruntime").strip()
+    if found != version:
+        raise InputError(f"the second environment imports onnxruntime {found}, not {version}")
+    stamp.write_text(json.dumps(wanted), encoding="utf-8")
+    return UpgradeEnvironment(folder, version, lock_sha, True, time.perf_counter() - start)
+
+
+@dataclass
+class UpgradeResult:
+    """The same model and inputs in this environment (A) and the upgraded one (B). ``passed`` (and truth):
+    the dumps are bit-identical."""
+
+    environment: UpgradeEnvironment
+    run_a: str
+    run_b: str
+    diff: DiffResult
+    rewrites: GraphRewrites | None = None  # ORT's optimized graph in A -> in B, where they differ
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.diff.passed
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "UpgradeResult":
+        return structure(cls, data)
+
+
+def _command_flags(options: ExecutionOptions) -> list[str]:
+    flags = ["--ep", options.provider, "--level", options.graph_optimization_level.value]
+    if options.intra_op_threads is not None:
+        flags += ["--threads", str(options.intra_op_threads)]
+    if options.deterministic_compute is not None:
+        flags.append("--deterministic" if options.deterministic_compute else "--no-deterministic")
+    for key, value in options.to_json()["provider_options"].items():
+        flags += ["--provider-option", f"{key}={value}"]
+    for name in options.disabled_optimizers:
+        flags += ["--disable-optimizer", name]
+    return flags
+
+
+def upgrade_check(
+    source: ModelSource,
+    inputs: InputSet,
+    inputs_args: Sequence[str],
+    options: ExecutionOptions,
+    environment: UpgradeEnvironment,
+    runs_root: Path,
+    label: str,
+) -> UpgradeResult:
+    """Run ``source`` on ``inputs`` with dumps here (A) and in ``environment`` (B: ``inputs_args`` are the
+    ``qconsist run`` flags that select the same inputs there), then diff A and B."""
+    runs_root = Path(runs_root)
+    run_a = run_inference(source, inputs, RunRequest(options=options, dump=True), runs_root,
+                          run_id=f"{label}-onnxruntime-here-{int(time.time())}").run_dir
+    model = [str(source.run_dir), "--stage", str(source.stage)] if source.run_dir is not None else [str(source.path)]
+    command = [environment.qconsist, "run", *model, *inputs_args, *_command_flags(options), "--dump", "--json",
+               "--runs-dir", runs_root, "--run-id", f"{label}-onnxruntime-{environment.onnxruntime}-{int(time.time())}"]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
+    if done.returncode not in (0, 1):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise QconsistError(f"qconsist run in the onnxruntime {environment.onnxruntime} environment failed: {last}")
+    run_b = Path(json.loads(done.stdout)["run_dir"])
+    diff = diff_runs(run_a, run_b)
+    result = UpgradeResult(environment, str(run_a), str(run_b), diff)
+    dump_a, dump_b = load_dump(run_a), load_dump(run_b)
+    if dump_a.structure != dump_b.structure:
+        result.rewrites = graph_rewrites(load_graph(dump_a.optimized_path, "optimized graph"),
+                                         load_graph(dump_b.optimized_path, "optimized graph"),
+                                         f"onnxruntime {_here()}", f"onnxruntime {environment.onnxruntime}")
+    if done.returncode == 1:
+        result.notes.append(f"the dump in the onnxruntime {environment.onnxruntime} environment is NOT faithful")
+    return result
+
+
+def _here() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__

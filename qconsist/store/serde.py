@@ -1,0 +1,171 @@
+"""The one JSON serializer: results, reports and manifests are written and read through ``dumps``/``loads``.
+
+* Objects become JSON through ``to_jsonable``: anything with ``to_json()`` (every result type), enums (their
+  value), paths (strings), numpy scalars and arrays, tuples and sets (lists).
+* JSON has no NaN or infinity. A non-finite float is written as ``null`` and named, by its JSON pointer
+  (RFC 6901), in a top-level ``"nonfinite"`` object (``{"/max_abs": "inf"}``); ``loads`` puts the values
+  back. So every number in the file is a number, a reader that ignores the map sees ``null`` (never a
+  fake finite value), and a round trip is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NONFINITE = "nonfinite"
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (floats may still be non-finite; ``dumps`` handles those)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if hasattr(value, "to_json") and callable(value.to_json):
+        return to_jsonable(value.to_json())
+    if isinstance(value, Enum):
+        return to_jsonable(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.generic):
+        return to_jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return [to_jsonable(v) for v in items]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _unescape(part: str) -> str:
+    return part.replace("~1", "/").replace("~0", "~")
+
+
+def _finite(value: Any, pointer: str, found: dict[str, str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        found[pointer] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{pointer}/{_escape(k)}", found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v, f"{pointer}/{i}", found) for i, v in enumerate(value)]
+    return value
+
+
+def encode(value: Any) -> Any:
+    """JSON data with non-finite floats replaced by ``null`` and listed under ``"nonfinite"``."""
+    found: dict[str, str] = {}
+    data = _finite(to_jsonable(value), "", found)
+    if found:
+        if not isinstance(data, dict):
+            raise ValueError("non-finite numbers can only be recorded in a JSON object")
+        data = {**data, NONFINITE: found}
+    return data
+
+
+def decode(data: Any) -> Any:
+    """The inverse of ``encode``: the non-finite floats put back where ``"nonfinite"`` says."""
+    if not isinstance(data, dict) or not isinstance(data.get(NONFINITE), dict):
+        return data
+    data = dict(data)
+    found = data.pop(NONFINITE)
+    for pointer, text in found.items():
+        parts = [_unescape(p) for p in str(pointer).split("/")[1:]]
+        if not parts or text not in ("nan", "inf", "-inf"):
+            continue
+        parent: Any = data
+        try:
+            for part in parts[:-1]:
+                parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+            last = parts[-1]
+            if isinstance(parent, list):
+                parent[int(last)] = float(text)
+            elif isinstance(parent, dict) and last in parent:
+                parent[last] = float(text)
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue  # a map that does not fit the data is ignored, never guessed at
+    return data
+
+
+def dumps(value: Any, indent: int | None = 2) -> str:
+    return json.dumps(encode(value), indent=indent, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def loads(text: str) -> Any:
+    return decode(json.loads(text))
+
+
+def to_number(value: Any) -> float:
+    """A number read from JSON: a float, ``null`` (not a number: NaN), or the strings ``"inf"``/``"nan"``
+    that files written before the ``nonfinite`` map used."""
+    if value is None:
+        return math.nan
+    return float(value)
+
+
+def structure(cls: Any, data: Any) -> Any:
+    """An instance of the dataclass ``cls`` from JSON data, every field converted to its annotated type
+    (nested dataclasses, enums, paths, lists, tuples, dicts, optionals). Keys that are not fields (derived
+    figures such as ``passed``) are ignored; a missing field takes its default."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.init and f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    import types
+    import typing
+
+    if value is None or kind is Any:
+        return value
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return _convert(option, value)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue
+        return value
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        from_json = getattr(kind, "from_json", None)
+        return from_json(value) if from_json is not None else structure(kind, value)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return kind(value)
+    if kind is float:
+        return to_number(value)
+    if kind is Path:
+        return Path(value)
+    if origin is list:
+        return [_convert(args[0], v) for v in value] if args else list(value)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(args, value)) if args else tuple(value)
+    if origin is dict:
+        return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
+    if kind in (int, str, bool):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"expected {kind.__name__}, got {value!r}")
+        return value
+    return value

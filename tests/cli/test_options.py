@@ -1,0 +1,108 @@
+"""One CLI vocabulary: a flag shared by several commands means one thing in all of them, old spellings are
+hidden aliases, -v/-q work anywhere, and one boundary turns errors into one line and a documented code."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from qconsist.cli import app
+from qconsist.cli.app import QconsistGroup
+
+
+def _commands():
+    found = {}
+
+    def walk(command, path):
+        sub = getattr(command, "commands", None)
+        if isinstance(sub, dict):
+            for name, child in sub.items():
+                walk(child, path + (name,))
+        else:
+            found[" ".join(path)] = command
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def _options():
+    """(command, flag) -> (parameter name, help text) of every option of every command."""
+    table = {}
+    for name, command in _commands().items():
+        for param in command.params:
+            if getattr(param, "param_type_name", "") != "option":
+                continue
+            for flag in (*param.opts, *getattr(param, "secondary_opts", [])):
+                table[(name, flag)] = (param.name, " ".join((param.help or "").split()), flag in param.opts)
+    return table
+
+
+def test_every_shared_flag_has_one_name_and_one_meaning():
+    by_flag, by_param = defaultdict(dict), defaultdict(set)
+    for (command, flag), (param, help_text, primary) in _options().items():
+        by_flag[flag][command] = (param, help_text)
+        if flag.startswith("--") and primary:
+            by_param[param].add(flag)
+    shared = {flag: uses for flag, uses in by_flag.items() if len(uses) > 1 and flag != "--help"}
+    assert {"--json", "--inputs", "--ep", "--offset", "--count", "--runs-dir", "--run-id", "--stage", "--pipeline",
+            "--history", "--repeats", "--cudnn-conv-algo-search", "--tf32"} <= set(shared)
+    for flag, uses in shared.items():
+        meanings = {help_text for _, help_text in uses.values()}
+        assert len(meanings) == 1, f"{flag} means {len(meanings)} things: {uses}"
+        assert len({param for param, _ in uses.values()}) == 1, f"{flag} reaches differently named parameters: {uses}"
+    # one parameter, one flag (no --db here and --history there)
+    for param, flags in by_param.items():
+        assert len(flags) == 1, f"parameter {param} has the flags {sorted(flags)}"
+
+
+def test_old_spellings_are_hidden_aliases(tmp_path):
+    runner = CliRunner()
+    missing = tmp_path / "none.sqlite"
+    for old in (["history", "m", "--db", str(missing)], ["history", "m", "--history", str(missing)]):
+        result = runner.invoke(app, old)
+        assert result.exit_code == 2
+        assert result.stderr == f"error: history database {missing} does not exist; run qconsist nightly first (or give --history)\n"
+    helps = runner.invoke(app, ["history", "--help"]).output
+    assert "--history" in helps and "--db" not in helps
+
+
+def test_verbosity_anywhere():
+    runner = CliRunner()
+    assert runner.invoke(app, ["env", "--json", "-v"]).exit_code == 0
+    assert QconsistGroup.verbosity == 1
+    assert runner.invoke(app, ["-q", "env", "--json"]).exit_code == 0
+    assert QconsistGroup.verbosity == -1
+    assert runner.invoke(app, ["env", "--json"]).exit_code == 0
+    assert QconsistGroup.verbosity == 0
+
+
+def test_parameter_names_become_the_commands_flags(tmp_path):
+    result = CliRunner().invoke(app, ["locate", str(tmp_path / "m.onnx"), "--inputs", "x.npy", "--count", "300"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: --count must be between 1 and 256, got 300\n"
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "m.onnx"), "--inputs", "x.npy", "--raw", "all"])
+    assert result.exit_code == 2 and result.stderr == "error: --raw needs --dump\n"
+
+
+def test_usage_errors_are_one_line():
+    result = CliRunner().invoke(app, ["diff", "a", "b", "--bogus"])
+    assert result.exit_code == 2 and result.stderr == "error: No such option: --bogus\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_bug_is_an_internal_error_with_its_own_code(monkeypatch, verbose):
+    import qconsist.environment
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(qconsist.environment, "check_environment", broken)
+    result = CliRunner().invoke(app, ["env", *(["-v"] if verbose else [])])
+    assert result.exit_code == 4
+    last = result.stderr.splitlines()[-1]
+    assert re.fullmatch(r"internal error: RuntimeError: boom \(at test_options\.py:\d+\) — rerun with -v for the traceback", last)
+    assert ("Traceback (most recent call last)" in result.stderr) is verbose
