@@ -54,7 +54,7 @@ def main() -> int:
                                              "selectedGraphId": overlay.graph_id, "selectedCollectionLabel": "",
                                              "widthFraction": 1, "flattenLayers": True}]}}
         url = base + "?data=" + urllib.parse.quote(json.dumps(state))
-        subprocess.run(["/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        subprocess.run(["/usr/bin/chromium", "--headless=new", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--no-first-run",
                         "--disable-background-networking", "--window-size=1400,900", "--virtual-time-budget=20000",
                         f"--screenshot={args.png}", url], timeout=args.seconds, capture_output=True)
     finally:
