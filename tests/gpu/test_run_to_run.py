@@ -48,7 +48,9 @@ def test_a_node_varying_between_runs_of_one_session_is_a_run_to_run_origin(scatt
     assert not two.repeat("quiet").stable  # and a fresh session differs too
     nodes = sensitive_nodes(tagged)
     whys = {(n.label, n.why) for n in nodes}
-    assert ("scatter_add", "run-to-run") in whys and ("scatter_add", "repeat") in whys
+    # a fresh session's difference is re-checked against a new run of the reference session, which varies too:
+    # the pair may then compare equal tensors, so the "repeat" finding is not always there; run-to-run is
+    assert ("scatter_add", "run-to-run") in whys and whys <= {("scatter_add", "run-to-run"), ("scatter_add", "repeat")}
     node = next(n for n in nodes if n.why == "run-to-run")
     assert node.op_type == "ScatterND" and 0 < node.differing <= node.elements and node.greatest_abs > 0
     assert decision.config == "threads=1" and decision.stable_configs == ("threads=1",)
