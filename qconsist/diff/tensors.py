@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from qconsist.compare import TensorStats, origins
 from qconsist.errors import RunStoreError
+from qconsist.inference.fingerprint import check_hash_functions
 from qconsist.inference.graphmap import GraphIndex
 from qconsist.inference.reader import LoadedDump
 
@@ -170,6 +171,7 @@ def compare_tensors(
     """Compare two dumps of the same input set. Raises ``RunStoreError`` when they cannot be compared."""
     if a.table.shape[0] != b.table.shape[0]:
         raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
+    check_hash_functions(a.table, b.table, f"run {a.run_dir}", f"run {b.run_dir}")
     if a.structure == b.structure:
         space = "optimized"
         graph_a, graph_b = _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")

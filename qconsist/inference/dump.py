@@ -225,7 +225,7 @@ class DumpRecorder:
     """Records each dumped sample: its fingerprint row, the faithfulness check, the raw tensors kept.
 
     With ``OVERLAP`` the work runs in one background thread, so fingerprinting a sample overlaps ONNX
-    Runtime computing the next one in the dump session (numpy's reductions and xxhash release the GIL;
+    Runtime computing the next one in the dump session (the numba kernels and numpy release the GIL;
     the runner waits for the worker before the production session runs). At most one sample waits, so
     memory holds two samples' tensors whatever the number of samples.
     """

@@ -27,7 +27,7 @@ from qconsist.inference.dump import (
     DumpPlan, DumpRecorder, RawMode, RawSelection, observed_graph, plan_dump, save_npz, select_raw,
 )
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
-from qconsist.inference.fingerprint import RECORD, FingerprintTable
+from qconsist.inference.fingerprint import HASH_FUNCTION, RECORD, FingerprintTable, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
@@ -126,12 +126,17 @@ class InferenceResult:
         }
 
 
+_CURRENT = (0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 1, HASH_FUNCTION)  # a record of the hash function this run writes
+
+
 class _Reference:
     """The fingerprints of a reference dump, looked up by the key two dumps share."""
 
     def __init__(self, run_dir: Path, plan: DumpPlan, samples: int) -> None:
 
         ref = load_dump(run_dir)
+        check_hash_functions(ref.table, np.zeros((1, 1), dtype=RECORD) + np.array(_CURRENT, dtype=RECORD),
+                             f"`reference` {run_dir}", "this run")
         if ref.table.shape[0] != samples:
             raise ConfigError(f"`reference` {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
         same_graph = ref.structure == plan.structure
