@@ -271,6 +271,23 @@ class DumpRecorder:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
 
+    def record_device(self, index: int, produced: list[np.ndarray], host: dict[int, np.ndarray], rows: np.ndarray) -> None:
+        """Record a step fingerprinted on the GPU (``device.DeviceDump``): its records ``rows``, and the
+        whole-step arrays of the final-output and raw columns copied to the host (``host``)."""
+        self.wait()
+        self.check.add(index, produced, [host[c] for c in self._final])
+        count = rows.shape[0]
+        for offset in range(count):
+            self.table.write_records(index + offset, rows[offset])
+            keep = set(self._raw)
+            if self._differing is not None:
+                keep |= self._differing(index + offset, rows[offset])
+            if keep:
+                self.raw_saved += len(keep)
+                split = {c: host[c][offset:offset + 1] if count > 1 and host[c].ndim and host[c].shape[0] == count else host[c]
+                         for c in keep}
+                save_npz(self._raw_path(index + offset), {f"t{c}": split[c] for c in sorted(keep)})
+
     def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
         self.check.add(index, produced, [arrays[c] for c in self._final])
         for offset, sample in enumerate(rows):
