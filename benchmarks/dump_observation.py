@@ -124,12 +124,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bases")
     parser.add_argument("--json")
+    parser.add_argument("--chunk-words", type=int, help="words per block of the device fingerprint kernel")
     args = parser.parse_args()
     if "cuda" in args.eps:
         import onnxruntime
 
         if hasattr(onnxruntime, "preload_dlls"):
             onnxruntime.preload_dlls()
+    if args.chunk_words:
+        from qconsist.inference import device
+
+        device.CHUNK_WORDS = args.chunk_words
     bases = load_bases(args.bases)
     results = []
     with tempfile.TemporaryDirectory(prefix="qconsist-observe-") as tmp:

@@ -35,7 +35,7 @@ def _inputs(tmp_path, count):
 
 
 def _dump(model, inputs, tmp_path, run_id, search, batch=1, fingerprints="device", raw="all"):
-    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": search, "use_tf32": 0})
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": search, "use_tf32": False})
     request = RunRequest(options, dump=True, raw=RawSelection.parse(raw), batch_size=batch, fingerprints=fingerprints)
     return run_inference(resolve_model(model), inputs, request, tmp_path / "runs", run_id=run_id)
 
