@@ -148,8 +148,7 @@ class _Reference:
     def __init__(self, run_dir: Path, plan: DumpPlan, samples: int) -> None:
 
         ref = load_dump(run_dir)
-        check_hash_functions(ref.table, np.zeros((1, 1), dtype=RECORD) + np.array(_CURRENT, dtype=RECORD),
-                             f"`reference` {run_dir}", "this run")
+        check_hash_functions(ref.table, np.array([[_CURRENT]], dtype=RECORD), f"`reference` {run_dir}", "this run")
         if ref.table.shape[0] != samples:
             raise ConfigError(f"`reference` {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
         same_graph = ref.structure == plan.structure
