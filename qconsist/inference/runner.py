@@ -26,6 +26,7 @@ from qconsist.inference import dump as dump_module
 from qconsist.inference.dump import (
     DumpPlan, DumpRecorder, RawMode, RawSelection, observed_graph, plan_dump, save_npz, select_raw,
 )
+from qconsist.inference.device import DeviceDump
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import HASH_FUNCTION, RECORD, FingerprintTable, check_hash_functions
 from qconsist.inference.kernels import HASH_NAME
@@ -291,8 +292,6 @@ def run_inference(
             request.fingerprints == "auto" and options.provider == "cuda"))
         device = None
         if on_device:
-            from qconsist.inference.device import DeviceDump
-
             device = DeviceDump(plan.session, names, plan.dtypes, plan.batched, recorder.table.shapes,  # type: ignore[union-attr]
                                 int(options.option("device_id") or 0))
             host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
