@@ -3,6 +3,8 @@
 Sources:
 
 * ``package:photos`` — the photographs shipped in scikit-image and scikit-learn (``qconsist.inputs.photos``)
+* ``package:photos:augmented:COUNT[:SEED]`` — COUNT samples made from those photographs by seeded random
+  crops and flips (``qconsist.inputs.augment``), each made when read: an evaluation of any size
 * a folder of images (``.png .jpg .jpeg .bmp .tif .tiff .gif .webp``), sorted by file name
 * a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
 * a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
@@ -23,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
+from qconsist.inputs import augment
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.preprocess import Preprocess
 
@@ -81,7 +84,9 @@ class InputSet:
         return h.hexdigest()
 
     def describe(self) -> dict:
-        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": list(self.names)}
+        # numbered sets (augmented photos) are named by their source: no list that grows with the count
+        names = [] if isinstance(self.names, _Numbered) else list(self.names)
+        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": names}
         if self.preprocess is not None:
             data["preprocess"] = self.preprocess.to_json()
         return data
@@ -170,6 +175,23 @@ def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, in
     return InputSet(source, "images", names, load, preprocess)
 
 
+class _Numbered(Sequence[str]):
+    """Sample names 000000, 000001, … made when asked: a set of any size holds no list of names."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [f"{i:06d}" for i in range(*index.indices(self.count))]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        return f"{index % self.count:06d}"
+
+
 def _npy_load(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -199,6 +221,11 @@ def open_input_set(
 ) -> InputSet:
     """Open an input set from a path or ``package:photos``. Raises ``InputError`` for anything unusable."""
     text = str(source)
+    if text.startswith(augment.PREFIX):
+        count, seed = augment.parse_source(text)
+        bases = augment.base_photos(package_photos(), preprocess)
+        make = augment.AugmentedPhotos(bases, preprocess.crop, seed, preprocess.layout.value == "NCHW")  # type: ignore[union-attr,arg-type]
+        return InputSet(text, "images", _Numbered(count), lambda i: {input_name: make(i)}, preprocess)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
     if text.startswith("package:"):
