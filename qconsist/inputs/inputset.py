@@ -155,6 +155,12 @@ def check_sample(sample: Sample, specs: Sequence[InputSpec], label: str) -> Samp
                 raise ShapeMismatchError(
                     f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
                 )
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            nan = int(np.isnan(arr).sum())
+            raise InputError(
+                f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "
+                "infinite value(s); every input must be finite"
+            )
         out[spec.name] = arr
     return out
 

@@ -36,6 +36,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import loads
 from qconsist.models import fetch_model
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,9 @@ def load_result(path: Path) -> PipelineResult:
 def repeat_from_pipeline(config: PipelineConfig, n: int, progress: Progress = NULL_PROGRESS) -> RepeatResult:
     """Run the stages before quantize as ``config`` says (in a temporary folder, unchecked), then calibrate
     ``n`` times."""
-    import tempfile
-
     files = _model_files(config)
     float_stages = [s for s in config.active_stages() if s.produces_float]
-    with tempfile.TemporaryDirectory(prefix="qconsist-calib-") as tmp:
+    with scratch_dir("qconsist-calib-") as tmp:
         folder = Path(tmp)
         context = _context(config, files, progress, None)
         context.evaluation = None  # no stage checks: only the model that calibration starts from is wanted
