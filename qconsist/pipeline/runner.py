@@ -105,8 +105,9 @@ def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: 
     return inputs.subset(data.offset, data.count)
 
 
-def _describe(inputs: InputSet) -> dict[str, Any]:
-    return {**inputs.describe(), "digest": inputs.digest()}
+def _describe(inputs: InputSet, model: Path) -> dict[str, Any]:
+    """The input set as the model sees it (conversions and casts reported), with the digest of its samples."""
+    return {**inputs.checked(input_specs(model)).describe(), "digest": inputs.digest()}
 
 
 def _model_record(config: PipelineConfig, files: dict[str, Path]) -> dict[str, Any]:
@@ -173,8 +174,8 @@ def run_pipeline(
                              run.mark_progress)
         first = records[0].path
         manifest.inputs = {
-            "calibration": _describe(context.calibration(first)),
-            "evaluation": _describe(context.evaluation(first)) if config.evaluation else {"same_as": "calibration"},
+            "calibration": _describe(context.calibration(first), first),
+            "evaluation": _describe(context.evaluation(first), first) if config.evaluation else {"same_as": "calibration"},
         }
         manifest.stages = [r.to_json() for r in records]
         for record in records:
