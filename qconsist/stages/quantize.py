@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -412,6 +413,11 @@ def _why_nothing(source: Path, options: QuantizeOptions) -> str:
 def check_quantized(source: Path, quantized: Path, evaluation: InputSet, options: QuantizeOptions) -> OutputComparison:
     """Quantized vs float outputs on ``evaluation``: greatest difference and top-1 agreement, gated if asked."""
     comparison = compare_outputs(outputs_of(source, evaluation), outputs_of(quantized, evaluation), atol=None, rtol=None)
+    if not math.isfinite(comparison.max_abs_diff):
+        raise FidelityError(
+            f"quantized model's outputs differ from the float model's by {comparison.max_abs_diff} (output "
+            f"{comparison.worst.name}, sample {comparison.worst.max_abs_at[0]}): NaN or Inf on one side only"
+        )
     if options.min_top1_agreement is not None and comparison.top1_agreement < options.min_top1_agreement:
         raise FidelityError(
             f"quantized model agrees with the float model on top-1 for {comparison.top1_agreement:.1%} of "
