@@ -110,11 +110,13 @@ class History:
                 magic = handle.read(16)
         except OSError as exc:
             raise RunStoreError(f"cannot read history database {self.path}: {exc.strerror or exc}") from None
-        if magic != b"SQLite format 3\x00":
+        if magic != b"SQLite format 3\x00" and not allow_empty:  # the writer says "unusable: file is not a database"
             raise RunStoreError(f"{self.path} is not a qconsist history database (not an SQLite file)")
         with self._connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        if version not in (0, SCHEMA_VERSION):
+            raise RunStoreError(f"history {self.path} has schema version {version}; this qconsist reads {SCHEMA_VERSION}")
         if allow_empty and version == 0 and not tables:
             return
         if version != SCHEMA_VERSION or not set(TABLES) <= set(tables) or set(tables) - set(TABLES):
