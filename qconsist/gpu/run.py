@@ -107,7 +107,11 @@ def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet,
 
 
 def _is_quantized(path: Path) -> bool:
-    return bool(quantized_nodes(onnx.load(str(path), load_external_data=False)))
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
+        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    return bool(quantized_nodes(model))
 
 
 def _fp16_source(request: LocateRequest, source: ModelSource) -> ModelSource:

@@ -8,11 +8,9 @@ import os
 import re
 import signal
 import sqlite3
-import struct
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from hostile_files import png_header
 from onnx_builders import build_classifier_model, save_arrays
 from qconsist.cli import app
 from qconsist.store.rundir import list_runs
@@ -89,21 +88,11 @@ def test_calibration_table_of_a_twice_quantized_graph_terminates(made):
     assert _downstream("a", _consumers(graph)) == ["relu"]
 
 
-def _png_header(path: Path, width: int, height: int) -> Path:
-    """A PNG whose header claims width x height (PIL reads the header only before the pixel limit applies)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b""))
-    return path
-
-
 @pytest.mark.parametrize("side, words", [(20000, "has 400000000 pixels"), (10000, "has 100000000 pixels (10000x10000)")])
 def test_image_above_the_pixel_limit(made, tmp_path, side, words):
     photos = tmp_path / "photos"
     photos.mkdir()
-    image = _png_header(photos / "huge.png", side, side)
+    image = png_header(photos / "huge.png", side, side)
     result = _invoke("pipeline", "run", _pipeline(tmp_path, made["model"], photos, "[preprocess]\nresize = [8, 8]\n"))
     _error(result, f"image {image} {words}, above the limit of 50000000 (50 megapixels)")  # no PIL warning lines
     _nothing_left()
