@@ -373,3 +373,16 @@ def test_sigterm_cleans_up_and_exits_130(made, tmp_path):
     assert [p.name for p in system_tmp.iterdir() if p.name.startswith("qconsist")] == []
     assert [state for _, state in list_runs(Path("runs"))] == ["incomplete"]
 
+
+
+def test_gate_drift_with_a_non_finite_difference_fails_even_without_a_limit():
+    from qconsist.compare import compare_outputs
+    from qconsist.gate.checks import _drift_result
+    from qconsist.gate.policy import DriftLimits
+    from qconsist.gate.verdict import CheckStatus
+
+    comparison = compare_outputs([{"y": np.array([[0.2, 0.8]], np.float32)}], [{"y": np.array([[np.nan, 0.8]], np.float32)}], None, None)
+    result = _drift_result("drift.float", "the float model", comparison, DriftLimits(max_abs_diff=None, min_top1_agreement=None))
+    assert result.status is CheckStatus.FAIL
+    assert result.message.startswith("against the float model: a non-finite difference (NaN or Inf on one side only); "
+                                     "greatest absolute difference inf at y[0, 0] of sample 0")
