@@ -270,9 +270,17 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
         extra_options=calibration.resolved(),
     )
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
-    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter):
+    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN warnings: NaN ranges are refused below
         calibrator.collect_data(InputSetReader(checked, handle, calibration.batch_size))
         ranges = calibrator.compute_data()
+    nan = sorted(name for name, (low, high) in _ranges(ranges).items() if math.isnan(low) or math.isnan(high))
+    if nan:
+        shown = ", ".join(nan[:3]) + (f" and {len(nan) - 3} more" if len(nan) > 3 else "")
+        raise FidelityError(
+            f"calibration measured a NaN range for tensor(s) {shown}: the model computes NaN from the calibration "
+            f"inputs ({inputs.source}), so no scale can be chosen"
+        )
     if chatter.getvalue():
         log.debug("onnxruntime calibrator: %s", chatter.getvalue().strip())
     return ranges

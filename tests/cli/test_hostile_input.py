@@ -386,3 +386,19 @@ def test_gate_drift_with_a_non_finite_difference_fails_even_without_a_limit():
     assert result.status is CheckStatus.FAIL
     assert result.message.startswith("against the float model: a non-finite difference (NaN or Inf on one side only); "
                                      "greatest absolute difference inf at y[0, 0] of sample 0")
+
+
+def test_model_computing_nan_from_finite_inputs(made, tmp_path):
+    """Finite calibration data, but Sqrt of negative values: ORT's calibrator would give a NaN range and assert."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(1).normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Sqrt", ["x"], ["s"], name="sqrt"), helper.make_node("Conv", ["s", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "nan.onnx"))
+    result = _invoke("pipeline", "run", _pipeline(tmp_path, tmp_path / "nan.onnx", made["arrays"]))
+    _error(result, f"calibration measured a NaN range for tensor(s) y: the model computes NaN from the calibration inputs "
+                   f"({made['arrays']}), so no scale can be chosen")
+    _nothing_left()
