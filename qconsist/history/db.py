@@ -122,7 +122,7 @@ class History:
         if version != SCHEMA_VERSION or not set(TABLES) <= set(tables) or set(tables) - set(TABLES):
             raise RunStoreError(
                 f"{self.path} is not a qconsist history database (schema version {version}, tables: "
-                f"{', '.join(tables) or 'none'}); give the file `qconsist nightly` writes"
+                f"{', '.join(tables) or 'none'}); give the file that qconsist nightly writes"
             )
 
     # -- connection handling -------------------------------------------------------------------------------

@@ -255,7 +255,7 @@ def test_history_refuses_a_foreign_database_and_leaves_it_alone(tmp_path):
         conn.execute("CREATE TABLE notes(x)")
     before = other.read_bytes()
     _error(_invoke("history", "X", "--db", other), f"{other} is not a qconsist history database (schema version 0, tables: "
-                                                    "notes); give the file `qconsist nightly` writes")
+                                                    "notes); give the file that qconsist nightly writes")
     assert other.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "other_app.sqlite"]  # no -wal, no -shm
     text = tmp_path / "text.sqlite"
