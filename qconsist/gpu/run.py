@@ -208,6 +208,8 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
                progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, Path]:
     """Measure, then write the run directory (``locate.json`` and the manifest, written last)."""
     named = resolve_model(request.model, request.stage)
+    if request.precision is Precision.FP32 or request.fp16_ep == "cuda":
+        require_provider("cuda")  # no GPU: said before a run directory exists
     label = f"locate-{named.describe().get('name') or named.path.stem}"
     with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir:  # measured inside: its scratch space
         report, source, input_set = build_report(request, progress)

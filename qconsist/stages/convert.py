@@ -24,6 +24,7 @@ import onnx
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
+from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
 from qconsist.stages.caffe.geometry import onnx_pool_pads, pool_geometry, pooled_size
 from qconsist.stages.caffe.geometry import blob_array
@@ -316,8 +317,6 @@ def refuse_external_data(path: Path, model: onnx.ModelProto) -> None:
 
 def refuse_quantized(path: Path, model: onnx.ModelProto) -> None:
     """A model a pipeline quantizes must be a float model."""
-    from qconsist.stages.calibration_table import quantized_nodes
-
     found = quantized_nodes(model)
     if found:
         kinds = ", ".join(sorted({n.op_type for n in found}))

@@ -40,6 +40,7 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
+from qconsist.stages.convert import refuse_quantized
 from qconsist.store.hashing import hash_artifact
 from qconsist.store.scratch import scratch_dir
 
@@ -381,8 +382,6 @@ def quantizable_op_types(options: QuantizeOptions) -> list[str]:
 def check_selection(source: Path, options: QuantizeOptions) -> None:
     """``op_types`` that onnxruntime cannot quantize, ``nodes_to_exclude`` that are not in the model, and a model
     that is already quantized are refused before any calibration (ORT would silently quantize nothing)."""
-    from qconsist.stages.convert import refuse_quantized
-
     unknown = sorted(set(options.op_types) - set(quantizable_op_types(options)))
     if unknown:
         raise ConfigError(
