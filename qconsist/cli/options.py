@@ -16,6 +16,7 @@ import typer
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (schema-versioned; no progress, no colours).")]
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
 RunId = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run directory (default: <name>-<UTC time>-<random>).")]
+Force = Annotated[bool, typer.Option("--force", help="Write an output file even over an input or a file inside a run directory.")]
 History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
