@@ -270,6 +270,7 @@ def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_mode
     ``_PREFERENCE``); the number of constants left out; the labels of observed tensors with no float twin."""
     qgraph, optimized, fgraph = _Graph(quantized_model), _Graph(quantized_optimized), _Graph(float_model)
     float_columns = {t.original: i for i, t in enumerate(float_plan.tensors) if t.original and t.how == "same"}
+    float_columns.update({i.name: -1 for i in float_model.graph.input if i.name not in fgraph.constants})  # the sample itself
     found: dict[str, _Match] = {}
     constants, internal = 0, []
     for column, (origin, dtype) in enumerate(zip(quantized_plan.tensors, quantized_plan.dtypes)):
@@ -377,7 +378,7 @@ def quantization_error(
     checks = {"float": FaithfulCheck(), "quantized": FaithfulCheck()}
     stats = [NoiseStats() for _ in matches]
     unmatched_layout: set[int] = set()
-    float_names = [float_plan.tensors[m.float_column].name for m in matches]
+    float_names = [float_plan.tensors[m.float_column].name for m in matches if m.float_column >= 0]
     quantized_names = [quantized_plan.tensors[m.quantized_column].name for m in matches]
     plans = {"float": (float_plan, float_names), "quantized": (quantized_plan, quantized_names)}
     with progress.task("quant-error", len(inputs)) as task:
@@ -389,6 +390,8 @@ def quantization_error(
                 arrays = dict(zip(wanted, plan.session.run(wanted, sample)))  # type: ignore[attr-defined]
                 checks[side].add(index, productions[side].run(None, sample), [arrays[o] for o in plan.outputs])
                 observed[side] = [arrays[n] for n in names]
+            references = iter(observed["float"])
+            observed["float"] = [sample[m.tensor] if m.float_column < 0 else next(references) for m in matches]
             for i, (match, reference, value) in enumerate(zip(matches, observed["float"], observed["quantized"])):
                 if i in unmatched_layout:
                     continue
