@@ -13,7 +13,7 @@ of a module (``tests/test_layers.py`` checks it).
 
 from __future__ import annotations
 
-from qconsist.cli import calib, diff, env, explain, gate, history, locate, models, nightly, pipeline, quant_error, report, run, upgrade
+from qconsist.cli import calib, diff, env, explain, gate, history, inspect, locate, models, nightly, pipeline, quant_error, report, run, upgrade
 from qconsist.cli.app import app
 
 COMMANDS = {
@@ -27,6 +27,7 @@ COMMANDS = {
     "history": history.history,
     "report": report.report,
     "env": env.env,
+    "inspect": inspect.inspect,
     "upgrade-check": upgrade.upgrade_check,
 }
 GROUPS = {
