@@ -65,7 +65,7 @@ def _run(console, summary) -> None:  # summary: RunSummary
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="A run directory or an .onnx model."),
+    path: Path = typer.Argument(..., parser=opt.read_path, help="A run directory or an .onnx model."),
     stage: opt.Stage = None,
     json_output: opt.Json = False,
 ) -> None:

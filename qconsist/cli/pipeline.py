@@ -44,7 +44,7 @@ def render_result(result) -> None:  # PipelineResult
 
 
 def run(
-    file: Path = typer.Argument(..., help="Pipeline file (TOML), e.g. pipelines/open_nsfw.toml."),
+    file: Path = typer.Argument(..., parser=opt.read_path, help="Pipeline file (TOML), e.g. pipelines/open_nsfw.toml."),
     runs_dir: opt.RunsDir = None,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,

@@ -24,6 +24,7 @@ import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs.photos import package_photos
+from qconsist.inputs.package import resolve_package_path
 from qconsist.inputs.preprocess import Preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
@@ -197,13 +198,12 @@ def open_input_set(
     preprocess: Preprocess | None = None,
     input_name: str = "input",
 ) -> InputSet:
-    """Open an input set from a path or ``package:photos``. Raises ``InputError`` for anything unusable."""
+    """Open an input set from a path, ``package:photos`` or a ``package:<module>/<path>`` file or folder.
+    Raises ``InputError`` for anything unusable."""
     text = str(source)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
-    if text.startswith("package:"):
-        raise InputError(f"unknown bundled input set {text!r}; the one bundled set is {PACKAGE_PHOTOS!r}")
-    path = Path(text)
+    path = resolve_package_path(text) if text.startswith("package:") else Path(text)  # package:<module>/<file>
     if not path.exists():
         raise InputError(f"input set {path} does not exist")
     if path.is_dir():
