@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from qconsist.cli import options as opt
-from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.app import note_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED
 
 pipeline_app = typer.Typer(help="Run a pipeline file: Caffe → ONNX → optimized → quantized, every artifact hashed.", no_args_is_help=True)
@@ -63,5 +63,6 @@ def run(
         print_json(result)
     else:
         render_result(result)
+        note_ort_log(result.onnxruntime_log)
     if not result.passed:
         raise typer.Exit(EXIT_DIVERGED)
