@@ -62,6 +62,7 @@ _PASS_THROUGH = {"Transpose", "Reshape", "MaxPool", "Squeeze", "Unsqueeze", "Fla
 # Float ops the quantizer folds into the quantization of their input (a Relu after a Conv quantized as one).
 _FOLDED = {"Relu", "Clip"}
 _NHWC_TO_NCHW = (0, 3, 1, 2)
+_QOPERATOR_SUFFIX = "_quantized"  # onnxruntime's QOperator quantizer names a quantized tensor <float name>_quantized
 
 
 @dataclass
@@ -252,11 +253,26 @@ def _named_start(origin: Any, qgraph: _Graph, integer: bool) -> str | None:
     if origin.name in qgraph.tensors:
         return origin.name
     if integer:
-        for node_name in reversed(origin.covers):
+        for node_name in (*reversed(origin.covers), origin.node):  # a fused kernel may keep its node's name
             node = qgraph.by_name.get(node_name)
             if node is not None and node.op_type not in ("QuantizeLinear", "DequantizeLinear") and node.output:
                 return node.output[0]
     return None
+
+
+def _folded_forward(fgraph: _Graph, qgraph: _Graph, tensor: str) -> str:
+    """The float tensor a quantized value really holds when the quantizer folded the activation after it (a
+    QOperator QLinearConv's output is the quantized Relu output): forward through a sole Relu or Clip that the
+    quantized model no longer computes."""
+    for _ in range(4):
+        consumers = fgraph.consumers.get(tensor, [])
+        if len(consumers) != 1 or consumers[0].op_type not in _FOLDED:
+            return tensor
+        after = consumers[0].output[0]
+        if after in qgraph.tensors or after + _QOPERATOR_SUFFIX in qgraph.tensors:
+            return tensor
+        tensor = after
+    return tensor
 
 
 # preference when several observed tensors stand for one float tensor: the DequantizeLinear output ORT
@@ -279,12 +295,16 @@ def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_mode
         if start is None:
             internal.append(origin.label)
             continue
-        if integer and qgraph.op(start) != "QuantizeLinear" and start not in qgraph.constants:
-            start = _quantized_where(qgraph, start) or ""
-        tensor = _float_source(qgraph, fgraph, start) if start else ""
+        if integer and start.endswith(_QOPERATOR_SUFFIX) and start[:-len(_QOPERATOR_SUFFIX)] in fgraph.tensors:
+            tensor = start[:-len(_QOPERATOR_SUFFIX)]  # a QOperator model's integer tensor: <float name>_quantized
+        else:
+            if integer and qgraph.op(start) != "QuantizeLinear" and start not in qgraph.constants:
+                start = _quantized_where(qgraph, start) or ""
+            tensor = _float_source(qgraph, fgraph, start) if start else ""
         if tensor is None:
             constants += 1
             continue
+        tensor = _folded_forward(fgraph, qgraph, tensor)
         if tensor not in float_columns:
             internal.append(origin.label)
             continue
