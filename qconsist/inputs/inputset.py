@@ -24,7 +24,7 @@ import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs.photos import package_photos
-from qconsist.inputs.package import resolve_package_path
+from qconsist.inputs.package import is_package_path, resolve_package_path
 from qconsist.inputs.preprocess import Preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
@@ -203,6 +203,9 @@ def open_input_set(
     text = str(source)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
+    if text.startswith("package:") and not is_package_path(text):
+        raise InputError(f"unknown bundled input set {text!r}; the one bundled set is {PACKAGE_PHOTOS!r} "
+                         "(a file of an installed package: package:<module>/<file>)")
     path = resolve_package_path(text) if text.startswith("package:") else Path(text)  # package:<module>/<file>
     if not path.exists():
         raise InputError(f"input set {path} does not exist")
