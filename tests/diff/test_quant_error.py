@@ -56,7 +56,7 @@ def test_ranking_is_worst_first_and_faithful(nsfw_run, results):
     assert results["disable"].constants == weights == 108  # every dequantized weight and bias is left out
     assert results["all"].constants < weights  # ORT folds most of them into its QLinearConv kernels
     production = results["all"]
-    assert {e.how for e in production.tensors} == {"DequantizeLinear output", "float", "dequantized, NHWC"}
+    assert {e.how for e in production.tensors} == {"DequantizeLinear output", "float", "dequantized", "dequantized, NHWC"}
     assert production.tensors[0].sqnr_db < production.tensors[-1].sqnr_db - 10
 
 
