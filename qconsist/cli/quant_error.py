@@ -35,6 +35,9 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
         console.print(f"... {len(ranked) - top} more (--top N, --json)")
     for e in result.outputs:
         console.print(f"final output {e.tensor}: SQNR {_db(e.sqnr_db)} dB, greatest abs difference {e.max_abs:.4g}, cosine {e.cosine:.6f}")
+    if result.weights:
+        shown = ", ".join(f"{w.tensor} ({w.node}) {_db(w.sqnr_db)} dB" for w in result.weights[:3])
+        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}")
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")

@@ -239,3 +239,59 @@ def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_mode
     return sorted(found.values(), key=lambda m: m.float_column), constants, internal
 
 
+
+
+@dataclass
+class WeightTwin:
+    """A constant the quantized model dequantizes (a weight or a bias) and the float model's initializer."""
+
+    tensor: str  # the float model's initializer
+    stored: str  # the quantized model's integer initializer
+    consumer: str  # the float model's node that reads it
+    op_type: str
+    float_value: np.ndarray
+    dequantized: np.ndarray  # as DequantizeLinear computes it (per tensor, or per channel along ``axis``)
+    per_channel: bool
+
+
+def _dequantize(node: onnx.NodeProto, graph: Graph) -> tuple[np.ndarray, bool] | None:
+    """DequantizeLinear of a constant, as the operator defines it: float32 ``(x - zero point) * scale``, the
+    scale and zero point broadcast along ``axis`` (default 1) when they are 1-D."""
+    names = list(node.input) + [""] * (3 - len(node.input))
+    if names[1] not in graph.constants or (names[2] and names[2] not in graph.constants):
+        return None
+    x = numpy_helper.to_array(graph.constants[names[0]])
+    scale = numpy_helper.to_array(graph.constants[names[1]]).astype(np.float32)
+    zero = numpy_helper.to_array(graph.constants[names[2]]) if names[2] else np.zeros_like(scale, dtype=np.int32)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    per_channel = scale.ndim == 1 and scale.size > 1
+    if per_channel:
+        shape = [1] * x.ndim
+        shape[axis % x.ndim] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return (x.astype(np.int64) - zero.astype(np.int64)).astype(np.float32) * scale, per_channel
+
+
+def match_weights(quantized_model: onnx.ModelProto, float_model: onnx.ModelProto) -> list[WeightTwin]:
+    """Every constant a DequantizeLinear of the quantized model reads, dequantized, beside the float model's
+    initializer it stands for (named as the DequantizeLinear output, or as the integer initializer without the
+    quantizer's ``_quantized`` suffix), in the float graph's order."""
+    qgraph, fgraph = Graph(quantized_model), Graph(float_model)
+    order = {node.name or out: i for i, node in enumerate(float_model.graph.node) for out in node.output}
+    twins = []
+    for node in quantized_model.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in qgraph.constants:
+            continue
+        stored = node.input[0]
+        candidates = [node.output[0], stored[: -len(_QOPERATOR_SUFFIX)] if stored.endswith(_QOPERATOR_SUFFIX) else ""]
+        tensor = next((c for c in candidates if c and c in fgraph.constants), None)
+        dequantized = _dequantize(node, qgraph)
+        if tensor is None or dequantized is None:
+            continue
+        value = numpy_helper.to_array(fgraph.constants[tensor])
+        if value.shape != dequantized[0].shape:
+            continue
+        consumer = next(iter(fgraph.consumers.get(tensor, [])), None)
+        twins.append(WeightTwin(tensor, stored, (consumer.name or consumer.output[0]) if consumer else "", consumer.op_type if consumer else "",
+                                value, dequantized[0], dequantized[1]))
+    return sorted(twins, key=lambda t: order.get(t.consumer, len(order)))

@@ -34,7 +34,7 @@ import onnx
 
 from qconsist.compare.noise import NoiseStats
 from qconsist.errors import InputError, RunStoreError
-from qconsist.diff.float_twins import Graph, Match, match_tensors
+from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import FaithfulCheck, plan_dump
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
@@ -78,7 +78,8 @@ class QuantErrorResult:
     samples: int
     tensors: list[TensorError]  # ranked: lowest SQNR first
     outputs: list[TensorError]  # the model's final outputs
-    constants: int  # observed tensors left out: dequantized weights and biases
+    constants: int  # observed tensors left out: dequantized weights and biases (compared in ``weights``)
+    weights: list[TensorError] = field(default_factory=list)  # every dequantized weight and bias, lowest SQNR first
     internal: list[str] = field(default_factory=list)  # observed tensors with no float twin (ORT's own)
     faithful: bool = True  # both observations' final outputs bit-identical to production
     mismatched: list[str] = field(default_factory=list)  # which observation was not faithful, and how
@@ -218,6 +219,15 @@ def quantization_error(
             nonfinite=stat.nonfinite,
         )
     _added(errors, float_model)
+    weights = []
+    for twin in match_weights(quantized_model, float_model):
+        stat = NoiseStats()
+        stat.add(twin.float_value, twin.dequantized)
+        weights.append(TensorError(
+            node=twin.consumer, op_type=twin.op_type, tensor=twin.tensor, observed=twin.stored,
+            how="constant, per channel" if twin.per_channel else "constant", position=-1, elements=stat.elements,
+            sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
+            nonfinite=stat.nonfinite))
     final = set(float_plan.outputs)
     mismatched = [f"{side}: final outputs of {len(c.mismatched)}/{c.samples} samples differ from production "
                   f"(max abs diff {c.max_abs_diff:.3g})" for side, c in checks.items() if not c.faithful]
@@ -227,6 +237,6 @@ def quantization_error(
         inputs=inputs.describe(), samples=len(inputs),
         tensors=sorted((e for e in errors.values() if e.tensor not in final), key=lambda e: (e.sqnr_db, e.position)),
         outputs=[errors[o] for o in float_plan.outputs if o in errors],
-        constants=constants, internal=internal, faithful=not mismatched, mismatched=mismatched,
+        weights=sorted(weights, key=lambda e: e.sqnr_db), constants=constants, internal=internal, faithful=not mismatched, mismatched=mismatched,
         seconds=time.perf_counter() - started, peak_rss_mb=_peak_rss_mb(),
     )

@@ -156,3 +156,22 @@ def test_a_stage_without_quantized_nodes_is_refused(nsfw_run):
     assert out.output.strip() == f"error: the optimize model of {nsfw_run.path} has no quantized node: nothing to compare"
     bad = CliRunner().invoke(app, ["quant-error", str(nsfw_run.path), "--sort", "size"])
     assert (bad.exit_code, bad.output) == (2, "error: --sort must be sqnr or added, got 'size'\n")
+
+
+def test_weights_match_onnxruntime_create_weight_matching(nsfw_run, results):
+    """Every dequantized weight and bias, against onnxruntime's own weight matching of the two model files."""
+    matching = qdq_loss_debug.create_weight_matching(str(nsfw_run.path / "optimize" / "model.onnx"),
+                                                     str(nsfw_run.path / "quantize" / "model.onnx"))
+    theirs = qdq_loss_debug.compute_weight_error(matching)
+    ours = {w.tensor: w for w in results["all"].weights}
+    assert set(ours) == set(theirs) and len(ours) == 108  # 53 weights, 53 biases, the Gemm's two
+    for name, error in ours.items():
+        # an int32 bias: onnxruntime's helper dequantizes in float64, DequantizeLinear (and qconsist) in float32
+        wide = matching[name]["dequantized"].dtype == np.float64
+        assert error.sqnr_db == pytest.approx(theirs[name], abs=1e-2 if wide else 1e-3), name
+        dequantized = matching[name]["dequantized"].astype(np.float32)  # as DequantizeLinear gives it
+        greatest = float(np.abs(matching[name]["float"] - dequantized).max())
+        assert error.max_abs == pytest.approx(greatest, rel=1e-5, abs=1e-12), name
+    assert [w.sqnr_db for w in results["all"].weights] == sorted(w.sqnr_db for w in results["all"].weights)
+    conv = ours["ConvBnFusion_W_conv_1_W"]
+    assert (conv.node, conv.op_type, conv.how, conv.elements) == ("conv_1", "Conv", "constant, per channel", 64 * 3 * 7 * 7)

@@ -7,7 +7,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio
+from onnxruntime.quantization.qdq_loss_debug import (
+    compute_signal_to_quantization_noice_ratio,
+    compute_weight_error,
+    create_weight_matching,
+)
 
 from onnx_builders import build_classifier_model, save_arrays
 from qconsist.diff.quantization import quantization_error
@@ -58,3 +62,16 @@ def test_final_output_error_matches_production_sessions(formats, fmt):
     assert prob.tensor == "prob" and prob.elements == 5
     assert prob.sqnr_db == pytest.approx(compute_signal_to_quantization_noice_ratio(floats, quantized), abs=1e-4)
     assert prob.max_abs == max(float(np.abs(a - b).max()) for a, b in zip(floats, quantized))
+
+
+def test_weights_of_the_qdq_model_match_onnxruntime(formats):
+    run, result = formats["QDQ"]
+    matching = create_weight_matching(str(run / "optimize" / "model.onnx"), str(run / "quantize" / "model.onnx"))
+    theirs = compute_weight_error(matching)
+    ours = {w.tensor: w.sqnr_db for w in result.weights}
+    assert set(ours) == set(theirs) == {"conv_w", "conv_b", "fc_w", "fc_b"}
+    for name in ours:
+        # an int32 bias: onnxruntime's helper dequantizes in float64, DequantizeLinear (and qconsist) in float32
+        wide = matching[name]["dequantized"].dtype == np.float64
+        assert ours[name] == pytest.approx(theirs[name], abs=1e-2 if wide else 1e-4), name
+    assert formats["QOperator"][1].weights == []  # QOperator kernels read their integer weights directly
