@@ -1,4 +1,5 @@
-"""A wheel built from the repository, installed into a fresh virtual environment, carries the bundled models."""
+"""A wheel built from the repository (through its sdist, as uv build does), installed into a fresh virtual
+environment, carries the bundled models."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel installed (--no-deps; its dependencies come from the locked environment
     through a .pth line, whose own .pth files — qconsist's editable finder — Python does not process)."""
     work = tmp_path_factory.mktemp("wheel")
-    build = _run([UV, "build", "--wheel", "--offline", "-o", work / "dist", ROOT], cwd=work)
+    build = _run([UV, "build", "--offline", "-o", work / "dist", ROOT], cwd=work)  # sdist, then the wheel from it
     assert build.returncode == 0, build.stderr
     (wheel,) = (work / "dist").glob("qconsist-*.whl")
     env = work / "venv"
