@@ -12,6 +12,19 @@ from typing import Annotated, List, Optional
 
 import typer
 
+# --- paths ----------------------------------------------------------------------------------------------------
+
+
+def read_path(text: str) -> Path:
+    """A path a command reads, as given, or the file a ``package:<module>/<file>`` path names (the one resolver:
+    ``qconsist.inputs.package``)."""
+    from qconsist.inputs.package import resolve_path
+
+    return resolve_path(text)
+
+
+PACKAGE_PATHS = " A file inside an installed package can be given as package:<module>/<file>."
+
 # --- output ---------------------------------------------------------------------------------------------------
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (schema-versioned; no progress, no colours).")]
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
@@ -20,13 +33,13 @@ Force = Annotated[bool, typer.Option("--force", help="Write an output file even 
 History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
-ModelArg = Annotated[Path, typer.Argument(help="An .onnx file, or a run directory (its --stage artifact).")]
+ModelArg = Annotated[Path, typer.Argument(parser=read_path, help="An .onnx file, or a run directory (its --stage artifact)." + PACKAGE_PATHS)]
 Stage = Annotated[Optional[str], typer.Option("--stage", help="Which stage's artifact of a run directory (default: quantize).")]
 INPUTS_HELP = "The input set: package:photos, a folder of images, a .npy/.npz file, a folder of .npy, or package:<module>/<path>."
 Inputs = Annotated[str, typer.Option("--inputs", help=INPUTS_HELP)]
 Offset = Annotated[int, typer.Option("--offset", help="First sample of the input set.")]
 Count = Annotated[Optional[int], typer.Option("--count", help="How many samples from --offset (default: all; locate: 8).")]
-PipelineFile = Annotated[Optional[Path], typer.Option("--pipeline", help="Pipeline file whose [preprocess] prepares images (and, for locate, whose [quantize] and [calibration] serve --calibration-repeats).")]
+PipelineFile = Annotated[Optional[Path], typer.Option("--pipeline", parser=read_path, help="Pipeline file whose [preprocess] prepares images (and, for locate, whose [quantize] and [calibration] serve --calibration-repeats).")]
 
 # --- execution ------------------------------------------------------------------------------------------------
 Ep = Annotated[str, typer.Option("--ep", help="Execution provider: cpu or cuda.")]
