@@ -63,6 +63,8 @@ class EntryTask:
     gpu_type: str | None = None
     entry_run_id: str | None = None
     attempt: int = 1
+    command: tuple[str, ...] = ()  # the head process's command line, recorded in the manifests (not a worker's)
+    numerics_env: tuple[tuple[str, str | None], ...] = ()  # the head process's numerics environment variables
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -128,7 +130,7 @@ class EntryOutcome:
             "model": self.model, "status": self.status, "entry_run": self.entry_run, "pipeline_run": self.pipeline_run,
             "baseline": self.baseline, "baseline_night": self.baseline_night, "locate_skipped": self.locate_skipped, "error": self.error,
             "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
-            "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus,
+            "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
             "attempts": [a.to_json() for a in self.attempts],
         }
 

@@ -29,12 +29,13 @@ summary (``retries``) say which entry needed retries and why.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from qconsist.environment import fingerprint
+from qconsist.environment import NUMERIC_ENV_VARS, fingerprint
 from qconsist.errors import ConfigError
 from qconsist.gate.evidence import ENTRY_KIND
 from qconsist.history import History
@@ -154,7 +155,8 @@ def night_tasks(config: NightlyConfig, history: History, night_id: str, only: Se
             if only and entry.name not in only and key not in only:
                 continue
             baselines = tuple((good.night_id, good.entry_run) for good in history.good_runs(key, before=night_id))
-            tasks.append(EntryTask(entry, config.runs_dir, night_id, baselines, key=key, gpu_type=gpu))
+            tasks.append(EntryTask(entry, config.runs_dir, night_id, baselines, key=key, gpu_type=gpu, command=tuple(sys.argv),
+                                   numerics_env=tuple((name, os.environ.get(name)) for name in NUMERIC_ENV_VARS)))
     return tasks
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -36,9 +38,32 @@ POLL_SECONDS = 0.5
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # outcomes are small: a local Ray needs no large object store
 
 
+# Ray sets these in its workers; the entry runs with the head process's values instead, except the device
+# Ray assigned to the task.
+RAY_ASSIGNED = ("CUDA_VISIBLE_DEVICES",)
+
+
 def entry_task(task: EntryTask) -> EntryOutcome:
-    """What a Ray worker runs: one entry, its errors recorded in the outcome."""
-    return guarded_entry(task)
+    """What a Ray worker runs: one entry, its errors recorded in the outcome. It runs as the head process
+    would: with its command line in the manifests (not the worker's) and its numerics environment variables
+    (Ray sets OMP_NUM_THREADS in workers, say), except the GPU Ray assigned. A worker runs one task at a
+    time, so both are restored afterwards."""
+    argv, saved = sys.argv, {name: os.environ.get(name) for name, _ in task.numerics_env}
+    sys.argv = list(task.command) or argv
+    _set_environment({name: value for name, value in task.numerics_env if name not in RAY_ASSIGNED})
+    try:
+        return guarded_entry(task)
+    finally:
+        sys.argv = argv
+        _set_environment(saved)
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _first_line(exc: BaseException) -> str:
