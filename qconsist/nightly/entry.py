@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class EntryTask:
     attempt: int = 1
     command: tuple[str, ...] = ()  # the head process's command line, recorded in the manifests (not a worker's)
     numerics_env: tuple[tuple[str, str | None], ...] = ()  # the head process's numerics environment variables
+    device_assigned: bool = False  # a scheduler chose the GPU (CUDA_VISIBLE_DEVICES): its index may change nightly
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -216,6 +217,9 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
 
     entry, runs_dir, night_id = task.entry, task.runs_dir, task.night_id
     policy = load_policy(entry.policy)
+    if task.device_assigned:  # which GPU of its type a scheduler gave the entry is no change of environment
+        allowed = tuple(sorted({*policy.environment.allow_changed, "CUDA_VISIBLE_DEVICES"}))
+        policy = replace(policy, environment=replace(policy.environment, allow_changed=allowed))
     environment = fingerprint()
     baseline_run, baseline_night = choose_baseline(task, environment)
     runs: list[RunRecord] = []

@@ -120,6 +120,8 @@ def needs(task: EntryTask, cluster: dict[str, float]) -> dict[str, Any] | str:
         if cluster.get(f"accelerator_type:{task.gpu_type}", 0) <= 0:
             return (f"no node of the Ray cluster has a {task.gpu_type} GPU "
                     f"(GPU types there: {', '.join(types) or 'none'})")
+        if cluster.get("GPU", 0) < 1:
+            return f"needs a {task.gpu_type} GPU; the Ray cluster declares {task.gpu_type} nodes but no GPUs"
         options.update(num_gpus=1, accelerator_type=task.gpu_type)
     elif entry.locate and cluster.get("GPU", 0) > 0:
         options["num_gpus"] = 1  # locate runs where a GPU exists, as it does locally
@@ -140,7 +142,8 @@ class _Night:
         self.lines: dict[str, tuple[Any, Any, int]] = {}  # entry run id -> (context, handle, steps shown)
 
     def submit(self, task: EntryTask, options: dict[str, Any], attempt: int, attempts: list[Attempt]) -> None:
-        run = replace(task, entry_run_id=new_run_id(f"{task.key}-entry"), attempt=attempt)
+        run = replace(task, entry_run_id=new_run_id(f"{task.key}-entry"), attempt=attempt,
+                      device_assigned=options.get("num_gpus", 0) > 0)
         ref = self.remote.options(**options, name=f"qconsist-{task.key}").remote(run)
         self.pending[ref] = (task, run, options, attempts)
 
