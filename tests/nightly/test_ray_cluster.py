@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from nightly_files import derived_nightly
 from qconsist.errors import RunStoreError
 from qconsist.history import History, model_timeline
 from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
+from qconsist.nightly.entry import ENTRY_STEPS
 from qconsist.nightly.executors.ray import needs
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
 
@@ -30,6 +32,24 @@ def local_ray():
              include_dashboard=False, configure_logging=False, log_to_driver=False, object_store_memory=128 * 2**20)
     yield
     ray.shutdown()
+
+
+class Recorder:
+    """A ``qconsist.progress.Progress`` that remembers every line: [description, total, advanced]."""
+
+    def __init__(self) -> None:
+        self.tasks: list[list] = []
+
+    @contextmanager
+    def task(self, description, total):
+        record = [description, total, 0]
+        self.tasks.append(record)
+
+        class Handle:
+            def advance(self, amount=1):
+                record[2] += amount
+
+        yield Handle()
 
 
 def _kill_first_attempt(runs: Path, prefix: str, killed: list) -> None:
@@ -55,7 +75,8 @@ def test_a_killed_worker_is_retried_and_its_attempt_left_incomplete(tmp_path):
     killed: list = []
     killer = threading.Thread(target=_kill_first_attempt, args=(runs, "fcn_head-determinized", killed))
     killer.start()
-    result = run_nightly(config, executor=RAY)
+    progress = Recorder()
+    result = run_nightly(config, executor=RAY, progress=progress)
     killer.join()
     assert killed, "the worker was never killed"
     lost_entry, lost_pipeline, pid = killed[0]
@@ -85,6 +106,11 @@ def test_a_killed_worker_is_retried_and_its_attempt_left_incomplete(tmp_path):
     summary = json.loads((result.path / "summary.json").read_text())
     assert summary["retries"] == {"fcn_head-determinized": [f"attempt 1 lost during pipeline: {lost.reason}"]}
     assert "<h2>Retries</h2>" in (result.path / "report.html").read_text()
+    # progress: the night's line, and one line per running entry, its steps read from RUNNING.json
+    lines = {description: (total, done) for description, total, done in progress.tasks}
+    assert lines["nightly on Ray (1 entries)"] == (1, 1)
+    total, done = lines["fcn_head-determinized (attempt 2)"]
+    assert total == len(ENTRY_STEPS) and 0 <= done < total  # closed when its outcome arrives
 
 
 def test_an_entry_fans_out_over_gpu_types_and_compares_across_them(tmp_path):
