@@ -90,3 +90,29 @@ def test_rich_progress_keeps_overlapping_lines(monkeypatch):
     second.__exit__(None, None, None)
     night.__exit__(None, None, None)
     assert not progress._progress.live.is_started
+
+
+def test_the_baseline_is_like_with_like(tmp_path):
+    """Among a model's good nights the newest on the same GPU, driver and onnxruntime is the baseline; when none
+    is, the newest."""
+    import json as _json
+
+    from qconsist.nightly import run_nightly
+
+    config = load_nightly(derived_nightly(tmp_path, ["fcn_head"]))
+    first, second = run_nightly(config), run_nightly(config)
+    assert second.entries[0].baseline_night == first.night_id
+    manifest = tmp_path / "runs" / second.entries[0].entry_run / "manifest.json"
+    data = _json.loads(manifest.read_text())
+    data["environment"]["gpus"] = [{"name": "NVIDIA H200", "driver": "570.86", "memory": "", "compute_capability": "9.0"}]
+    manifest.write_text(_json.dumps(data))  # as if the second night had run on an H200 node
+    third = run_nightly(config)
+    assert (third.entries[0].baseline_night, third.entries[0].status) == (first.night_id, "pass")
+    for run in (first, third):  # neither like the second night now: the newest good night is the baseline
+        manifest = tmp_path / "runs" / run.entries[0].entry_run / "manifest.json"
+        data = _json.loads(manifest.read_text())
+        data["environment"]["packages"]["onnxruntime"] = "1.30.0"
+        data["environment"]["onnxruntime_module"] = "1.30.0"
+        manifest.write_text(_json.dumps(data))
+    fourth = run_nightly(config)
+    assert fourth.entries[0].baseline_night == third.night_id
