@@ -95,24 +95,29 @@ def test_rich_progress_keeps_overlapping_lines(monkeypatch):
 def test_the_baseline_is_like_with_like(tmp_path):
     """Among a model's good nights the newest on the same GPU, driver and onnxruntime is the baseline; when none
     is, the newest."""
+    import copy
     import json as _json
 
-    from qconsist.nightly import run_nightly
+    from qconsist.environment import fingerprint
+    from qconsist.history import History
+    from qconsist.nightly import night_tasks, run_nightly
+    from qconsist.nightly.entry import choose_baseline
 
     config = load_nightly(derived_nightly(tmp_path, ["fcn_head"]))
     first, second = run_nightly(config), run_nightly(config)
     assert second.entries[0].baseline_night == first.night_id
+    h200 = [{"name": "NVIDIA H200", "driver": "570.86", "memory": "", "compute_capability": "9.0"}]
     manifest = tmp_path / "runs" / second.entries[0].entry_run / "manifest.json"
     data = _json.loads(manifest.read_text())
-    data["environment"]["gpus"] = [{"name": "NVIDIA H200", "driver": "570.86", "memory": "", "compute_capability": "9.0"}]
+    data["environment"]["gpus"] = h200
     manifest.write_text(_json.dumps(data))  # as if the second night had run on an H200 node
-    third = run_nightly(config)
-    assert (third.entries[0].baseline_night, third.entries[0].status) == (first.night_id, "pass")
-    for run in (first, third):  # neither like the second night now: the newest good night is the baseline
-        manifest = tmp_path / "runs" / run.entries[0].entry_run / "manifest.json"
-        data = _json.loads(manifest.read_text())
-        data["environment"]["packages"]["onnxruntime"] = "1.30.0"
-        data["environment"]["onnxruntime_module"] = "1.30.0"
-        manifest.write_text(_json.dumps(data))
-    fourth = run_nightly(config)
-    assert fourth.entries[0].baseline_night == third.night_id
+
+    [task] = night_tasks(config, History(config.history), "next")
+    assert [night for night, _ in task.baselines] == [second.night_id, first.night_id]
+    here = fingerprint()
+    assert choose_baseline(task, here) == (first.entries[0].entry_run, first.night_id)  # older, but like this node
+    on_h200 = copy.deepcopy(here) | {"gpus": h200}
+    assert choose_baseline(task, on_h200) == (second.entries[0].entry_run, second.night_id)
+    upgraded = copy.deepcopy(here) | {"onnxruntime_module": "1.32.0"}
+    upgraded["packages"]["onnxruntime"] = "1.32.0"
+    assert choose_baseline(task, upgraded) == (second.entries[0].entry_run, second.night_id)  # none alike: the newest
