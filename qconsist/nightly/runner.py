@@ -168,6 +168,11 @@ def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only:
     stops the executor, records what finished, marks the night incomplete, and is raised again."""
     runner = executor if isinstance(executor, Executor) else make_executor(executor)
     check_only(config, only)
+    with runner:
+        return _night(config, runner, progress, only, across_gpus)
+
+
+def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Sequence[str], across_gpus: bool) -> NightlyResult:
     history = History(config.history)
     with RunDirectory.create(config.runs_dir, "nightly", NIGHT_KIND) as night:
         tasks = night_tasks(config, history, night.run_id, only)
@@ -191,7 +196,7 @@ def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only:
 
         try:
             runner.run(tasks, started, in_order.add, progress)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or an executor's failure: what finished is recorded, the night is incomplete
             in_order.flush()
             history.interrupt_night(night.run_id)
             raise

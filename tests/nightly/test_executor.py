@@ -47,6 +47,20 @@ def test_cli_names_the_flags(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_unreachable_cluster_is_exit_3_at_once(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = derived_nightly(tmp_path, ["fcn_head"])
+    result = CliRunner().invoke(app, ["nightly", str(config), "--executor", "ray", "--address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 3
+    assert result.stderr == (f"error: cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused; start it with "
+                             "`ray start --head` or check --address\n")
+    assert not (tmp_path / "runs").exists()  # no night was started: no run directory, no history
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("gpus", '"H100"', "'gpus' must be a list of GPU types such as [\"H100\", \"H200\"], got 'H100'"),
     ("gpus", '["H100", "H100"]', "GPU type 'H100' is listed twice in 'gpus'"),

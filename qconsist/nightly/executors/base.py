@@ -23,11 +23,17 @@ MAX_RETRIES = 10
 
 @runtime_checkable
 class Executor(Protocol):
-    """Runs the night's tasks. It calls ``started(task)`` when a task is handed out and ``done(task, outcome)``
-    with each outcome as it arrives, both in the head process (which records them in order). On Ctrl-C it
-    cancels what is outstanding and lets ``KeyboardInterrupt`` through."""
+    """Runs the night's tasks. Used as a context manager around the night: entering it gets what it needs
+    (a Ray connection), so that a missing one fails before the night starts; leaving it lets go. ``run`` calls
+    ``started(task)`` when a task is handed out and ``done(task, outcome)`` with each outcome as it arrives,
+    both in the head process (which records them in order). On Ctrl-C it cancels what is outstanding and lets
+    ``KeyboardInterrupt`` through."""
 
     name: str
+
+    def __enter__(self) -> "Executor": ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
     def run(self, tasks: Sequence[EntryTask], started: Callable[[EntryTask], None],
             done: Callable[[EntryTask, EntryOutcome], None], progress: Progress = NULL_PROGRESS) -> None: ...

@@ -22,6 +22,12 @@ class LocalExecutor:
     def __init__(self, options=None) -> None:  # ExecutorOptions: nothing to choose
         self.options = options
 
+    def __enter__(self) -> "LocalExecutor":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
     def run(self, tasks: Sequence[EntryTask], started: Callable[[EntryTask], None],
             done: Callable[[EntryTask, EntryOutcome], None], progress: Progress = NULL_PROGRESS) -> None:
         gpus = None

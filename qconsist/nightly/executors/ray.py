@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -35,6 +36,7 @@ from qconsist.store.rundir import RUNNING_NAME, new_run_id, run_state
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
+CONNECT_SECONDS = 5.0
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # outcomes are small: a local Ray needs no large object store
 
 
@@ -76,6 +78,17 @@ class RayExecutor:
 
     def __init__(self, options) -> None:  # ExecutorOptions
         self.options = options
+        self.ray: Any = None
+        self.owned = False
+
+    def __enter__(self) -> "RayExecutor":
+        self.ray, self.owned = self._connect()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.owned:
+            self.ray.shutdown()
+        self.ray, self.owned = None, False
 
     # -- connecting ----------------------------------------------------------------------------------------
     def _connect(self) -> tuple[Any, bool]:
@@ -88,6 +101,8 @@ class RayExecutor:
             return ray, False
         common = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
         address = self.options.address
+        if address:
+            _check_reachable(address)
         try:
             if address:
                 ray.init(address=address, **common)
@@ -101,12 +116,24 @@ class RayExecutor:
 
     def run(self, tasks: Sequence[EntryTask], started: Callable[[EntryTask], None],
             done: Callable[[EntryTask, EntryOutcome], None], progress: Progress = NULL_PROGRESS) -> None:
-        ray, owned = self._connect()
-        try:
-            _Night(ray, self.options.max_retries, started, done, progress).run(tasks)
-        finally:
-            if owned:
-                ray.shutdown()
+        if self.ray is None:
+            with self:
+                return self.run(tasks, started, done, progress)
+        _Night(self.ray, self.options.max_retries, started, done, progress).run(tasks)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once, not after Ray's minutes of retries, when nothing listens at ``host:port``
+    (``ray://host:port`` too; ``auto`` is Ray's to find)."""
+    text = address.removeprefix("ray://")
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise UnavailableError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; start it with "
+                               "`ray start --head` or check `address`") from None
 
 
 def needs(task: EntryTask, cluster: dict[str, float]) -> dict[str, Any] | str:
