@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from qconsist.diff import diff_runs
 from qconsist.errors import QconsistError
 from qconsist.nightly.entry import EntryOutcome
 
@@ -66,8 +67,6 @@ def _runs(outcome: EntryOutcome) -> dict[str, str]:
 
 def compare_across_gpus(entries: Sequence[EntryOutcome]) -> list[GpuComparison]:
     """Every model run on several GPU types: each type's dumps against the first type's."""
-    from qconsist.diff import diff_runs
-
     by_model: dict[str, list[EntryOutcome]] = {}
     for outcome in entries:
         if outcome.gpu_type is not None:

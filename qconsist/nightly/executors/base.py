@@ -12,6 +12,7 @@ import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from qconsist.errors import ConfigError
@@ -75,11 +76,10 @@ class ExecutorOptions:
 
 @functools.lru_cache(maxsize=1)
 def _registry() -> dict[str, type]:
-    import qconsist.nightly.executors as package
-
+    package = __name__.rpartition(".")[0]  # qconsist.nightly.executors
     found = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        module = importlib.import_module(f"{package}.{info.name}")
         executor = getattr(module, "EXECUTOR", None)
         if executor is not None:
             found[executor.name] = executor
