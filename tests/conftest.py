@@ -32,9 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # What third-party libraries leave in the temporary folder on their own (onnxruntime writes a session id file,
-# ``.ses``, when it is imported; the local Ray of the Ray executor's tests keeps its session logs in ``ray``):
-# not qconsist's to clean (the folder itself is removed after the check).
+# ``.ses``, when it is imported; the local Ray of the Ray executor's tests keeps its session logs in ``ray``; uv,
+# building the wheel in test_wheel.py, leaves its ``uv-*.lock`` files): not qconsist's to clean (the folder
+# itself is removed after the check).
 THIRD_PARTY_TEMPORARY = {".ses", "ray"}
+THIRD_PARTY_PREFIXES = ("uv-",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,7 +62,8 @@ def system_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = saved_env
-    left = sorted(p.name for p in folder.iterdir() if p.name not in THIRD_PARTY_TEMPORARY)
+    left = sorted(p.name for p in folder.iterdir()
+                  if p.name not in THIRD_PARTY_TEMPORARY and not p.name.startswith(THIRD_PARTY_PREFIXES))
     shutil.rmtree(folder, ignore_errors=True)
     assert left == [], f"the tests left temporary files behind: {left}"
 
