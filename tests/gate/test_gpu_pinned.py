@@ -64,6 +64,22 @@ def test_stable_but_slower_configs_are_judged_by_their_measured_cost(tmp_path, l
     assert result.status is CheckStatus.PASS and "1.07x the fastest" in result.message
 
 
+def test_a_slower_median_within_the_timing_noise_passes(tmp_path):
+    """Seen in a Ray night on an H100: a tiny model's pinned config "1.49x the fastest" while the other entry ran
+    beside it; when the quartiles overlap, the medians differ by less than the noise and the pin is accepted."""
+    report = json.loads(json.dumps(REPORT))
+    exhaustive = next(c for c in report["configs"] if c["label"] == "EXHAUSTIVE/tf32=0")
+    fastest = next(c for c in report["configs"] if c["label"] == "HEURISTIC/tf32=0")["latency"]
+    exhaustive["latency"].update(p25_ms=fastest["p75_ms"] * 0.99, median_ms=fastest["median_ms"] * 1.49,
+                                 p75_ms=fastest["median_ms"] * 2.5)
+    result = check_gpu(_side(tmp_path, _locate_run(tmp_path, report), "EXHAUSTIVE/tf32=0"), Policy())
+    assert result.status is CheckStatus.PASS
+    assert result.message == (
+        "pins EXHAUSTIVE/tf32=0: bit-stable, 1.49x the fastest (HEURISTIC/tf32=0) by median, above the accepted "
+        f"1.05x, but not measurably slower: its 25th percentile {fastest['p75_ms'] * 0.99:.3g} ms is within the "
+        f"fastest's quartiles (75th percentile {fastest['p75_ms']:.3g} ms)")
+
+
 def test_missing_or_invalid_pin_and_policy_off(tmp_path, locate_run):
     missing = check_gpu(_side(tmp_path, locate_run, None), Policy())
     assert missing.status is CheckStatus.FAIL
