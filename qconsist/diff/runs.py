@@ -10,11 +10,12 @@ from typing import Any
 from qconsist.compare import OutputEffect
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.tensors import TensorComparison, compare_tensors
-from qconsist.inference.reader import load_dump, load_outputs
+from qconsist.inference.reader import inference_section, load_dump, load_outputs
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import external_file
 from qconsist.store.serde import structure, to_jsonable
 from qconsist.inference.engines import EngineRecord
 from qconsist.inference.runner import PRODUCTION_REPEATS
@@ -203,9 +204,17 @@ def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> N
             )
 
 
+def _original(run_dir: Path, manifest: Manifest) -> Path | None:
+    """The model an inference run ran (outside the run: verified against its recorded size and sha256)."""
+    record = manifest.model.get("artifact")
+    if not isinstance(record, dict) or not manifest.model.get("path"):
+        return None
+    return external_file(run_dir, {**record, "path": manifest.model.get("path")}, "model path")
+
+
 def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> OutputEffect:
     effect = OutputEffect()
-    for step in range(int(a.sections["inference"]["samples"])):
+    for step in range(inference_section(path_a, a)["samples"]):
         effect.add(effect.samples, load_outputs(path_a, a, step), load_outputs(path_b, b, step))
     return effect
 
@@ -239,10 +248,9 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
                         f"the final outputs of {path}'s dump differ from production, whose own outputs vary from run "
                         f"to run ({distinct} distinct in {PRODUCTION_REPEATS} runs): a non-deterministic kernel" if distinct > 1 else
                         f"the dump of {path} is NOT faithful: its final outputs differ from production")
-            result.tensors = compare_tensors(
-                dump_a, dump_b, Path(a.model["path"]) if a.model.get("path") else None,
-                Path(b.model["path"]) if b.model.get("path") else None,
-            )
+            same_graph = dump_a.structure == dump_b.structure  # else the original models are compared: verified then
+            result.tensors = compare_tensors(dump_a, dump_b, None if same_graph else _original(path_a, a),
+                                             None if same_graph else _original(path_b, b))
             if result.tensors.raw_missing:
                 keys = result.tensors.raw_missing
                 result.capture = [capture_command(a, keys), capture_command(b, keys)]

@@ -95,7 +95,7 @@ def _load_model(path: Path, what: str) -> onnx.ModelProto:
     try:
         return onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {exc}") from None
+        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {' '.join(str(exc).split())[:160]}") from None
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> dict[str, bytes]:
@@ -222,22 +222,16 @@ def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_
             wanted.setdefault(sample, []).append(node)
     missing: set[str] = set()
     for sample in sorted(wanted):
-        path_a = a.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
-        path_b = b.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
-        archive_a = np.load(path_a, allow_pickle=False) if path_a.is_file() else None
-        archive_b = np.load(path_b, allow_pickle=False) if path_b.is_file() else None
-        try:
-            for node in wanted[sample]:
-                name_a, name_b = f"t{keys_a[node.key]}", f"t{keys_b[node.key]}"
-                if archive_a is None or archive_b is None or name_a not in archive_a.files or name_b not in archive_b.files:
-                    missing.add(node.key)
-                    continue
-                node.elements = node.elements or TensorStats(node.key)
-                node.elements.add(sample, archive_a[name_a], archive_b[name_b])
-        finally:
-            for archive in (archive_a, archive_b):
-                if archive is not None:
-                    archive.close()
+        nodes = wanted[sample]
+        arrays_a = a.raw_arrays(sample, [keys_a[n.key] for n in nodes])
+        arrays_b = b.raw_arrays(sample, [keys_b[n.key] for n in nodes])
+        for node in nodes:
+            col_a, col_b = keys_a[node.key], keys_b[node.key]
+            if col_a not in arrays_a or col_b not in arrays_b:
+                missing.add(node.key)
+                continue
+            node.elements = node.elements or TensorStats(node.key)
+            node.elements.add(sample, arrays_a[col_a], arrays_b[col_b])
     for node in result.nodes:
         if node.key in missing:
             node.elements = None

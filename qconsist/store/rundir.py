@@ -26,6 +26,7 @@ from types import TracebackType
 from qconsist.store.serde import loads
 from qconsist.errors import OutputError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
+from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.errors import QconsistError
 
@@ -92,6 +93,9 @@ class RunDirectory:
         manifest.started = manifest.started or self.started
         manifest.finished = utc_now()
         manifest.status = "complete"
+        from qconsist.store.verify import record_files
+
+        manifest.files = record_files(self.path)
         write_json_atomic(self.path / MANIFEST_NAME, manifest.to_json())
         (self.path / RUNNING_NAME).unlink(missing_ok=True)
         return self.path
@@ -116,8 +120,10 @@ def run_state(path: Path) -> str:
     if not path.is_dir():
         return "missing"
     manifest = path / MANIFEST_NAME
-    if manifest.is_file():
+    if manifest.is_file() and not manifest.is_symlink():
         try:
+            if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+                return "incomplete"
             data = loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "incomplete"
@@ -132,14 +138,16 @@ def open_run(path: Path) -> Manifest:
     state = run_state(path)
     if state == "missing":
         raise RunStoreError(f"run directory {path} does not exist")
+    if os.path.lexists(path / MANIFEST_NAME):
+        confined(path, MANIFEST_NAME, "manifest", limit=MAX_MANIFEST_BYTES)  # a link outside, a device: refused
     if state == "incomplete":
         where = ""
         marker = path / RUNNING_NAME
-        if marker.is_file():
+        if marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:
             try:
                 info = json.loads(marker.read_text())
                 where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):
                 pass
         raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
     return Manifest.load(path / MANIFEST_NAME)
