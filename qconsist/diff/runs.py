@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qconsist.compare import OutputEffect
+from qconsist.compare import OutputEffect, TensorStats
+from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.tensors import TensorComparison, compare_tensors
 from qconsist.inference.reader import inference_section, load_dump, load_outputs
@@ -93,14 +94,22 @@ class DiffResult:
     capture: list[str] = field(default_factory=list)  # commands that capture the missing raw tensors
     notes: list[str] = field(default_factory=list)
     engines: list[EngineChange] = field(default_factory=list)  # cuDNN kernels of conv nodes, when both runs recorded them
+    tolerance: Tolerance = field(default_factory=Tolerance)  # exact unless --atol/--rtol or a policy's [diff]
+    output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
 
     @property
     def passed(self) -> bool:
+        """Identical at every level compared; with a tolerance, tensors and final outputs only need to be
+        within it (artifacts and calibration stay exact)."""
+        if self.tolerance.exact:
+            outputs_ok = not (self.outputs and not self.outputs.identical)
+        else:
+            outputs_ok = all(s.passed for s in self.output_stats)
         return (
             self.artifacts.first_differing_stage is None
             and not self.calibration.changed
-            and not (self.tensors and self.tensors.nodes)
-            and not (self.outputs and not self.outputs.identical)
+            and not (self.tensors and self.tensors.beyond)
+            and outputs_ok
         )
 
     def __bool__(self) -> bool:
@@ -212,15 +221,28 @@ def _original(run_dir: Path, manifest: Manifest) -> Path | None:
     return external_file(run_dir, {**record, "path": manifest.model.get("path")}, "model path")
 
 
-def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> OutputEffect:
+def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest,
+             tolerance: Tolerance) -> tuple[OutputEffect, list[TensorStats]]:
     effect = OutputEffect()
-    for step in range(inference_section(path_a, a)["samples"]):
-        effect.add(effect.samples, load_outputs(path_a, a, step), load_outputs(path_b, b, step))
-    return effect
+    names = [str(n) for n in inference_section(path_a, a).get("outputs") or []]
+    stats = [TensorStats(name, *tolerance.for_node(name)) for name in names] if not tolerance.exact else []
+    samples = inference_section(path_a, a)["samples"]
+    if inference_section(path_b, b)["samples"] != samples:
+        raise RunStoreError(f"the runs hold {samples} and {inference_section(path_b, b)['samples']} samples; "
+                            "compare runs on the same input set")
+    for step in range(samples):
+        outputs_a, outputs_b = load_outputs(path_a, a, step), load_outputs(path_b, b, step)
+        for stat, x, y in zip(stats, outputs_a, outputs_b):
+            stat.add(step, x, y)
+        effect.add(effect.samples, outputs_a, outputs_b)
+    return effect, stats
 
 
-def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
-    """Compare two complete run directories in the order artifacts → calibration → tensors → outputs."""
+def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tolerance()) -> DiffResult:
+    """Compare two complete run directories in the order artifacts → calibration → tensors → outputs.
+
+    ``tolerance`` (default exact): tensors and final outputs are judged against ``atol + rtol·|a|`` (per
+    node where it says so) instead of bit for bit."""
     path_a, path_b = Path(path_a), Path(path_b)
     a, b = open_run(path_a), open_run(path_b)
     _check_comparable(a, b, path_a, path_b)
@@ -231,13 +253,14 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
         tensors=None, outputs=None,
         environment=describe_changes(a.environment, b.environment),
         versions=compare_environments(a.environment, b.environment),
+        tolerance=tolerance,
     )
     opts_a = a.sections.get("inference", {}).get("options")
     opts_b = b.sections.get("inference", {}).get("options")
     if isinstance(opts_a, dict) and isinstance(opts_b, dict):
         result.options = describe_changes(opts_a, opts_b)
     if a.kind == b.kind == "inference":
-        result.outputs = _outputs(path_a, a, path_b, b)
+        result.outputs, result.output_stats = _outputs(path_a, a, path_b, b, tolerance)
         has_a, has_b = "dump" in a.sections, "dump" in b.sections
         if has_a and has_b:
             dump_a, dump_b = load_dump(path_a, a), load_dump(path_b, b)
@@ -250,7 +273,7 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
                         f"the dump of {path} is NOT faithful: its final outputs differ from production")
             same_graph = dump_a.structure == dump_b.structure  # else the original models are compared: verified then
             result.tensors = compare_tensors(dump_a, dump_b, None if same_graph else _original(path_a, a),
-                                             None if same_graph else _original(path_b, b))
+                                             None if same_graph else _original(path_b, b), tolerance)
             if result.tensors.raw_missing:
                 keys = result.tensors.raw_missing
                 result.capture = [capture_command(a, keys), capture_command(b, keys)]
