@@ -140,6 +140,10 @@ def open_run(path: Path) -> Manifest:
         raise RunStoreError(f"run directory {path} does not exist")
     if os.path.lexists(path / MANIFEST_NAME):
         confined(path, MANIFEST_NAME, "manifest", limit=MAX_MANIFEST_BYTES)  # a link outside, a device: refused
+    if state == "incomplete" and (path / MANIFEST_NAME).is_file() and not (path / RUNNING_NAME).exists():
+        manifest = Manifest.load(path / MANIFEST_NAME)  # a damaged manifest says what is wrong with it
+        if manifest.status == "complete":
+            return manifest
     if state == "incomplete":
         where = ""
         marker = path / RUNNING_NAME

@@ -147,7 +147,10 @@ def stage_artifact(run_dir: Path, manifest: Manifest, stage: str) -> Path | None
     where = f"{stage} artifact path"
     path = artifact.get("path")
     if manifest.kind in _KINDS_HOLDING_STAGES or not (isinstance(path, str) and path.startswith("/")):
-        return run_file(run_dir, manifest, path, where)
+        found = run_file(run_dir, manifest, path, where)
+        if isinstance(artifact.get("sha256"), str):  # the stage's own record must tell the same
+            check_digest(run_dir, path, artifact["sha256"], file_hashes(found)[0])
+        return found
     return external_file(run_dir, artifact, where)
 
 
