@@ -67,14 +67,14 @@ def show(
 
     info, checked = describe_run(run)
     if json_output:
-        print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked else None})
+        print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
         return
     console = stdout_console()
     console.print(f"run {info.path}: {info.kind} run of {info.model}, {info.status}, started {info.started or '?'} "
                   f"({_age(info.age_seconds)} ago), {_size(info.size)}")
     if info.detail:
         console.print(f"  {info.detail}")
-    for entry in checked.files if checked else []:
+    for entry in checked.files if checked is not None else []:
         console.print(f"  {entry.status:<10} {entry.path}")
 
 
