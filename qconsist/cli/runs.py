@@ -43,10 +43,11 @@ def list_command(
 ) -> None:
     """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), age,
     size, and whether the history names it as a baseline. Every complete run's files are verified."""
+    from qconsist.history.db import baseline_runs
     from qconsist.store.runs import list_runs_dir
 
     root = _runs_dir(runs_dir)
-    listing = list_runs_dir(root, _history(root, history))
+    listing = list_runs_dir(root, baseline_runs(_history(root, history)))
     if json_output:
         print_json(listing)
         return
@@ -90,11 +91,12 @@ def rm(
 ) -> None:
     """Remove runs safely: only run directories inside --runs-dir, never one being written, never a baseline
     the history names unless --force."""
+    from qconsist.history.db import baseline_runs
     from qconsist.store.runs import parse_age, remove_runs
 
     root = _runs_dir(runs_dir)
     result = remove_runs(root, list(names or []), incomplete, parse_age(older_than) if older_than else None,
-                         _history(root, history), force, dry_run)
+                         baseline_runs(_history(root, history)), force, dry_run)
     if json_output:
         print_json(result)
         return

@@ -21,7 +21,7 @@ def verify(
 
     Exit 0 every run verified; 2 a run is incomplete, damaged or modified (the first problem on stderr).
     """
-    from qconsist.store.verify import verify_run
+    from qconsist.store.runs import verify_run
 
     results = [verify_run(run) for run in runs]
     if json_output:

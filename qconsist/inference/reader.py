@@ -13,7 +13,7 @@ from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import DTYPES, RECORD, read_table
 from qconsist.inference.graphmap import TensorOrigin
 from qconsist.store.manifest import Manifest
-from qconsist.store.confine import check_npy, load_npz
+from qconsist.store.confine import check_npy, check_npz, load_npz
 from qconsist.store.rundir import open_run
 from qconsist.store.verify import optional_run_file, run_file
 
@@ -54,8 +54,6 @@ class LoadedDump:
         if path is None:
             return {}
         where = f"run {self.run_dir}: dump/raw/{sample:06d}.npz"
-        from qconsist.store.confine import check_npz
-
         kept = check_npz(path, where)
         keys = [f"t{c}" for c in columns if f"t{c}" in kept]
         arrays = load_npz(path, where, keys)

@@ -15,6 +15,7 @@ from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
 from qconsist.store.manifest import Manifest
+from qconsist.gpu.run import load_report_data
 from qconsist.store.confine import linked_run
 from qconsist.store.rundir import open_run
 from qconsist.store.verify import verify_artifacts
@@ -26,8 +27,6 @@ def _locate_section(path: Path | None) -> dict[str, Any] | None:
     """The locate report of a locate run (verified); ``None`` when that run is gone."""
     if path is None or not path.is_dir():
         return None
-    from qconsist.gpu.run import load_report_data
-
     return load_report_data(path)
 
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qconsist.store.serde import loads
 from qconsist.errors import RunStoreError
+from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
+from qconsist.store.serde import loads
 
 SCHEMA = "qconsist.run/1"
 MANIFEST_NAME = "manifest.json"
@@ -115,8 +116,6 @@ class Manifest:
     @classmethod
     def load(cls, path: Path) -> "Manifest":
         path = Path(path)
-        from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
-
         confined(path.parent, path.name, "manifest", limit=MAX_MANIFEST_BYTES)
         try:
             text = path.read_text(encoding="utf-8")

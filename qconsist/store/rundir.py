@@ -28,6 +28,7 @@ from qconsist.errors import OutputError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
+from qconsist.store.verify import record_files
 from qconsist.errors import QconsistError
 
 RUNNING_NAME = "RUNNING.json"
@@ -93,8 +94,6 @@ class RunDirectory:
         manifest.started = manifest.started or self.started
         manifest.finished = utc_now()
         manifest.status = "complete"
-        from qconsist.store.verify import record_files
-
         manifest.files = record_files(self.path)
         write_json_atomic(self.path / MANIFEST_NAME, manifest.to_json())
         (self.path / RUNNING_NAME).unlink(missing_ok=True)

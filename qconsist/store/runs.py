@@ -18,16 +18,20 @@ import os
 import re
 import shutil
 import socket
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
-from qconsist.store.confine import check_relative
+from qconsist.store.confine import check_relative, confined
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
-from qconsist.store.verify import VerifyResult, verify_run
+from qconsist.store.manifest import Manifest
+from qconsist.store.verify import COST, check_digest, file_hashes, recorded_files
 
 SCHEMA = "qconsist.runs/1"
+VERIFY_SCHEMA = "qconsist.verify/1"
+_NOT_RECORDED = ("manifest.json", RUNNING_NAME)
 _AGE = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -38,6 +42,106 @@ def parse_age(text: str) -> float:
     if not match:
         raise ConfigError(f"`older_than` {text!r}: write a number and a unit (s, m, h, d, w), e.g. 30d")
     return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str
+    status: str  # ok | modified | missing | refused | unrecorded | unverified
+    detail: str = ""
+    size: int | None = None
+
+
+@dataclass
+class VerifyResult:
+    """Every file of one run directory with its status. ``passed``: nothing modified, missing or refused."""
+
+    run: str
+    state: str  # complete | incomplete | missing | invalid
+    files: list[FileStatus] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+    bytes: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.state == "complete" and not self.error and all(
+            f.status in ("ok", "unrecorded", "unverified") for f in self.files)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def problems(self) -> list[FileStatus]:
+        return [f for f in self.files if f.status in ("modified", "missing", "refused")]
+
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        if self.problems:
+            first = self.problems[0]
+            return first.detail
+        return f"run {self.run}: {sum(f.status == 'ok' for f in self.files)} file(s) verified"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": VERIFY_SCHEMA, "run": self.run, "state": self.state, "passed": self.passed, "error": self.error,
+            "seconds": self.seconds, "bytes": self.bytes,
+            "files": [{"path": f.path, "status": f.status, "detail": f.detail, "size": f.size} for f in self.files],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "VerifyResult":
+        if data.get("schema") != VERIFY_SCHEMA:
+            raise RunStoreError(f"verify result schema {data.get('schema')!r} is not {VERIFY_SCHEMA!r}")
+        return cls(run=data["run"], state=data["state"], error=data.get("error", ""), seconds=data.get("seconds", 0.0),
+                   bytes=data.get("bytes", 0), files=[FileStatus(f["path"], f["status"], f.get("detail", ""), f.get("size"))
+                                                      for f in data.get("files", [])])
+
+
+def _status(run_dir: Path, manifest: Manifest, relative: str, record: dict[str, Any]) -> FileStatus:
+    try:
+        check_relative(run_dir, relative, "file path")
+        if not os.path.lexists(run_dir / relative):
+            return FileStatus(relative, "missing", f"run {run_dir}: {relative} is missing", record.get("size"))
+        path = confined(run_dir, relative, "file path")
+        sha, _ = file_hashes(path)
+        check_digest(run_dir, relative, str(record.get("sha256")), sha)
+    except RunStoreError as exc:
+        status = "modified" if "modified after the run" in str(exc) else "refused"
+        return FileStatus(relative, status, str(exc), record.get("size"))
+    return FileStatus(relative, "ok", "", path.stat().st_size)
+
+
+def verify_run(path: Path | str) -> VerifyResult:
+    """Check every file a run directory recorded, and list the files it holds that it did not record."""
+    run_dir = Path(path)
+    start = time.perf_counter()
+    bytes_before = COST.bytes
+    state = run_state(run_dir)
+    result = VerifyResult(run=str(run_dir), state=state)
+    try:
+        manifest = open_run(run_dir)
+    except RunStoreError as exc:
+        result.error = str(exc)
+        if result.state == "complete":
+            result.state = "invalid"
+        return result
+    recorded = recorded_files(manifest)
+    for relative in sorted(recorded):
+        result.files.append(_status(run_dir, manifest, relative, recorded[relative]))
+    root = os.path.realpath(run_dir)
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            relative = Path(os.path.join(folder, name)).relative_to(root).as_posix()
+            if relative in recorded or relative in _NOT_RECORDED:
+                continue
+            status = "unrecorded" if manifest.files or name.startswith(".") else "unverified"
+            result.files.append(FileStatus(relative, status, "not recorded in the manifest"))
+    result.seconds = time.perf_counter() - start
+    result.bytes = COST.bytes - bytes_before
+    return result
 
 
 def _parse_time(text: Any) -> _dt.datetime | None:
@@ -141,26 +245,6 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
     return info, checked
 
 
-def baseline_runs(history: Path | None) -> set[str]:
-    """Names of the run directories the history names as baselines: each model's last night whose gate
-    passed, its entry run and every run that entry links. An absent database names none."""
-    if history is None or not Path(history).is_file():
-        return set()
-    from qconsist.history.db import History
-
-    db = History(history)
-    names: set[str] = set()
-    for model in db.models():
-        good = db.last_good(model)
-        if good is None:
-            continue
-        names.add(Path(good.entry_run).name)
-        for row in db.model_rows(model):
-            if row.get("night_id") == good.night_id:
-                names.update(Path(p).name for p in (row.get("runs") or {}).values() if p)
-    return names
-
-
 def _children(runs_root: Path) -> list[Path]:
     if not runs_root.is_dir():
         raise RunStoreError(f"runs directory {runs_root} does not exist")
@@ -176,9 +260,11 @@ class RunsListing:
         return {"schema": SCHEMA, "runs_dir": self.runs_dir, "runs": [r.to_json() for r in self.runs]}
 
 
-def list_runs_dir(runs_root: Path, history: Path | None = None, verify: bool = True) -> RunsListing:
+def list_runs_dir(runs_root: Path, baselines: set[str] = frozenset(), verify: bool = True) -> RunsListing:
+    """Every run of ``runs_root``; ``baselines``: the names the history holds as baselines
+    (``qconsist.history.baseline_runs``)."""
     runs_root = Path(runs_root)
-    protected = baseline_runs(history)
+    protected = set(baselines)
     listing = RunsListing(str(runs_root))
     for path in _children(runs_root):
         info, _ = describe_run(path, verify)
@@ -201,14 +287,14 @@ class Removal:
 
 
 def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, older_than: float | None = None,
-                history: Path | None = None, force: bool = False, dry_run: bool = False) -> Removal:
+                baselines: set[str] = frozenset(), force: bool = False, dry_run: bool = False) -> Removal:
     """Remove the runs ``names`` (directory names in ``runs_root``), or with ``incomplete`` every incomplete
     run, and/or with ``older_than`` (seconds) every run older than that. A run being written is never removed;
-    a baseline the history names only with ``force``."""
+    a baseline the history names (``baselines``) only with ``force``."""
     runs_root = Path(runs_root)
     if not names and not incomplete and older_than is None:
         raise ConfigError("say which runs to remove: names, `incomplete` or `older_than`")
-    protected = baseline_runs(history)
+    protected = set(baselines)
     candidates: list[Path] = []
     for name in names:
         check_relative(runs_root, name, "run name")

@@ -22,17 +22,16 @@ import logging
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qconsist.errors import RunStoreError
-from qconsist.store.confine import check_relative, confined, max_file_bytes
+from qconsist.store.confine import confined, max_file_bytes
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "qconsist.verify/1"
 _CHUNK = 1 << 20
 _NOT_RECORDED = (MANIFEST_NAME, "RUNNING.json")
 _KINDS_HOLDING_STAGES = ("pipeline",)  # runs whose stage artifacts are files of their own
@@ -185,7 +184,7 @@ def verify_artifacts(run_dir: Path, manifest: Manifest) -> None:
             stage_artifact(run_dir, manifest, stage["name"])
 
 
-# --- recording (at write time) and the on-demand check (``qconsist verify``) -----------------------------------
+# --- recording (at write time; ``qconsist.store.runs.verify_run`` is the on-demand check) -----------------------
 
 
 def record_files(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -207,108 +206,6 @@ def record_files(run_dir: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
-@dataclass(frozen=True)
-class FileStatus:
-    path: str
-    status: str  # ok | modified | missing | refused | unrecorded | unverified
-    detail: str = ""
-    size: int | None = None
-
-
-@dataclass
-class VerifyResult:
-    """Every file of one run directory with its status. ``passed``: nothing modified, missing or refused."""
-
-    run: str
-    state: str  # complete | incomplete | missing | invalid
-    files: list[FileStatus] = field(default_factory=list)
-    error: str = ""
-    seconds: float = 0.0
-    bytes: int = 0
-
-    @property
-    def passed(self) -> bool:
-        return self.state == "complete" and not self.error and all(
-            f.status in ("ok", "unrecorded", "unverified") for f in self.files)
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    @property
-    def problems(self) -> list[FileStatus]:
-        return [f for f in self.files if f.status in ("modified", "missing", "refused")]
-
-    def summary(self) -> str:
-        if self.error:
-            return self.error
-        if self.problems:
-            first = self.problems[0]
-            return first.detail
-        return f"run {self.run}: {sum(f.status == 'ok' for f in self.files)} file(s) verified"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "run": self.run, "state": self.state, "passed": self.passed, "error": self.error,
-            "seconds": self.seconds, "bytes": self.bytes,
-            "files": [{"path": f.path, "status": f.status, "detail": f.detail, "size": f.size} for f in self.files],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "VerifyResult":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"verify result schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return cls(run=data["run"], state=data["state"], error=data.get("error", ""), seconds=data.get("seconds", 0.0),
-                   bytes=data.get("bytes", 0), files=[FileStatus(f["path"], f["status"], f.get("detail", ""), f.get("size"))
-                                                      for f in data.get("files", [])])
-
-
-def _status(run_dir: Path, manifest: Manifest, relative: str, record: dict[str, Any]) -> FileStatus:
-    try:
-        check_relative(run_dir, relative, "file path")
-        if not os.path.lexists(run_dir / relative):
-            return FileStatus(relative, "missing", f"run {run_dir}: {relative} is missing", record.get("size"))
-        path = confined(run_dir, relative, "file path")
-        sha, _ = file_hashes(path)
-        check_digest(run_dir, relative, str(record.get("sha256")), sha)
-    except RunStoreError as exc:
-        status = "modified" if "modified after the run" in str(exc) else "refused"
-        return FileStatus(relative, status, str(exc), record.get("size"))
-    return FileStatus(relative, "ok", "", path.stat().st_size)
-
-
-def verify_run(path: Path | str) -> VerifyResult:
-    """Check every file a run directory recorded, and list the files it holds that it did not record."""
-    from qconsist.store.rundir import open_run, run_state
-
-    run_dir = Path(path)
-    start = time.perf_counter()
-    bytes_before = COST.bytes
-    state = run_state(run_dir)
-    result = VerifyResult(run=str(run_dir), state=state)
-    try:
-        manifest = open_run(run_dir)
-    except RunStoreError as exc:
-        result.error = str(exc)
-        if result.state == "complete":
-            result.state = "invalid"
-        return result
-    recorded = recorded_files(manifest)
-    for relative in sorted(recorded):
-        result.files.append(_status(run_dir, manifest, relative, recorded[relative]))
-    root = os.path.realpath(run_dir)
-    for folder, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in sorted(names):
-            relative = Path(os.path.join(folder, name)).relative_to(root).as_posix()
-            if relative in recorded or relative in _NOT_RECORDED:
-                continue
-            status = "unrecorded" if manifest.files or name.startswith(".") else "unverified"
-            result.files.append(FileStatus(relative, status, "not recorded in the manifest"))
-    result.seconds = time.perf_counter() - start
-    result.bytes = COST.bytes - bytes_before
-    return result
-
-
 def reset_cache() -> None:
     """Forget what was hashed (tests, and long-lived processes between commands)."""
     _CACHE.clear()
@@ -317,6 +214,6 @@ def reset_cache() -> None:
 
 
 __all__ = [
-    "COST", "FileStatus", "VerifyResult", "external_file", "file_hashes", "max_file_bytes", "optional_run_file",
-    "record_files", "reset_cache", "run_file", "stage_artifact", "verify_artifacts", "verify_run",
+    "COST", "external_file", "file_hashes", "max_file_bytes", "optional_run_file", "record_files", "reset_cache",
+    "run_file", "stage_artifact", "verify_artifacts",
 ]

@@ -16,7 +16,8 @@ from qconsist.store.confine import check_npy, check_npz, confined
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RUNNING_NAME, RunDirectory
 from qconsist.store.runs import parse_age, remove_runs
-from qconsist.store.verify import COST, file_hashes, reset_cache, run_file, verify_run
+from qconsist.store.runs import verify_run
+from qconsist.store.verify import COST, file_hashes, reset_cache, run_file
 
 runner = CliRunner()
 
@@ -143,8 +144,10 @@ def test_runs_rm_keeps_the_baseline_the_history_names(runs_copy):
     assert "kept pipeline: the history names it as a baseline (--force removes it)" in result.stdout
     assert "would remove pipeline2" in result.stdout and runs_copy["pipeline2"].is_dir()
     listing = json.loads(runner.invoke(app, ["runs", "list", "--runs-dir", str(runs), "--json"]).stdout)
-    assert [r["name"] for r in listing["runs"] if r["baseline"]] == ["pipeline"]
-    forced = remove_runs(runs, ["pipeline"], history=runs / "history.sqlite", force=True)
+    assert [r["name"] for r in listing["runs"] if r["baseline"]] == ["pipeline"], listing
+    from qconsist.history.db import baseline_runs
+
+    forced = remove_runs(runs, ["pipeline"], baselines=baseline_runs(runs / "history.sqlite"), force=True)
     assert forced.removed == ["pipeline"] and not runs_copy["pipeline"].exists()
 
 
