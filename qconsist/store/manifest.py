@@ -103,6 +103,9 @@ class Manifest:
                 raise RunStoreError(f"{source}: stages[{i}].artifact must be an object")
             if isinstance(artifact, dict) and not isinstance(artifact.get("path"), str):
                 raise RunStoreError(f"{source}: stages[{i}].artifact.path must be a string")
+        table = values["calibration"].get("table")
+        if table is not None and (not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values())):
+            raise RunStoreError(f"{source}: calibration.table must map each tensor to an object")
         for name, value in values["sections"].items():
             if not isinstance(value, (dict, list)):
                 raise RunStoreError(f"{source}: sections.{name} must be a JSON object")
