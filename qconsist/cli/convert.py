@@ -14,11 +14,11 @@ from qconsist.errors import EXIT_OK
 def convert(
     prototxt: Path = typer.Argument(..., help="The Caffe network (deploy .prototxt)."),
     caffemodel: Path = typer.Argument(..., help="Its weights (.caffemodel)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The ONNX file to write (written only once every check passed)."),
+    output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
     opset: int = typer.Option(17, "--opset", help="ai.onnx opset of the converted model (13-21)."),
-    dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="Let the model take any batch size."),
+    dynamic_batch: opt.DynamicBatch = False,
     check: bool = typer.Option(True, "--check/--no-check", help="Compare the converted model with the numpy Caffe reference on a seeded input."),
-    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
+    force: opt.Force = False,
     json_output: opt.Json = False,
 ) -> None:
     """Convert a Caffe model to ONNX with the pipeline's convert stage: caffe2onnx, qconsist's repairs,

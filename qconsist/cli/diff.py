@@ -124,7 +124,7 @@ def diff(
     explorer: Optional[Path] = typer.Option(None, "--explorer", help="Also write the per-node divergence as Google Model Explorer node data into this folder (status, mismatched, greatest_difference, origin .json)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="Policy file whose [diff] section gives atol, rtol and per-node tolerances ([diff.nodes]); --atol/--rtol override its defaults."),
+    policy: opt.PolicyFile = None,
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.

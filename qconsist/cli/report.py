@@ -7,12 +7,13 @@ from typing import List
 
 import typer
 
+from qconsist.cli import options as opt
 from qconsist.cli.app import stdout_console
 
 
 def report(
     items: List[Path] = typer.Argument(..., help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
-    output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
+    output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
 ) -> None:
     """Write one self-contained HTML report: verdict, artifacts table, per-node divergence along the
     topological order (inline SVG), origin nodes, GPU configuration matrix with latencies; for a diff, its

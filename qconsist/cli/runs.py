@@ -83,7 +83,7 @@ def rm(
     names: List[str] = typer.Argument(None, help="Run directory names inside --runs-dir (or use --incomplete / --older-than)."),
     incomplete: bool = typer.Option(False, "--incomplete", help="Remove every incomplete run (interrupted or killed; never one still being written)."),
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove runs older than this age: 30d, 12h, 2w…"),
-    force: bool = typer.Option(False, "--force", help="Also remove runs that the history names as a baseline."),
+    force: opt.Force = False,
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
     runs_dir: opt.RunsDir = None,
     history: opt.History = None,
