@@ -112,7 +112,7 @@ def _render(result) -> None:  # result: DiffResult
             f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
         )
     for stat in result.output_stats:
-        console.print(stat.message(f"output {stat.name}"))
+        console.print(f"output {stat.name}: {stat.message()}")
     for note in result.notes:
         console.print(f"note: {note}")
     console.print("verdict: identical" if result.passed else "verdict: diverged")
