@@ -27,7 +27,7 @@ from qconsist.errors import ConfigError, RunStoreError
 from qconsist.store.confine import check_relative, confined
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
 from qconsist.store.manifest import Manifest
-from qconsist.store.verify import COST, check_digest, file_hashes, recorded_files
+from qconsist.store.verify import COST, check_digest, file_sha256, recorded_files
 
 SCHEMA = "qconsist.runs/1"
 VERIFY_SCHEMA = "qconsist.verify/1"
@@ -105,8 +105,7 @@ def _status(run_dir: Path, manifest: Manifest, relative: str, record: dict[str, 
         if not os.path.lexists(run_dir / relative):
             return FileStatus(relative, "missing", f"run {run_dir}: {relative} is missing", record.get("size"))
         path = confined(run_dir, relative, "file path")
-        sha, _ = file_hashes(path)
-        check_digest(run_dir, relative, str(record.get("sha256")), sha)
+        check_digest(run_dir, relative, str(record.get("sha256")), file_sha256(path))
     except RunStoreError as exc:
         status = "modified" if "modified after the run" in str(exc) else "refused"
         return FileStatus(relative, status, str(exc), record.get("size"))

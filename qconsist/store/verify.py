@@ -28,14 +28,14 @@ from typing import Any
 
 from qconsist.errors import RunStoreError
 from qconsist.store.confine import confined, max_file_bytes
+from qconsist.store.hashing import hash_file
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 20
 _NOT_RECORDED = (MANIFEST_NAME, "RUNNING.json")
 _KINDS_HOLDING_STAGES = ("pipeline",)  # runs whose stage artifacts are files of their own
-_CACHE: dict[tuple[int, ...], tuple[str, str]] = {}
+_CACHE: dict[tuple[int, ...], str] = {}
 
 
 @dataclass
@@ -55,8 +55,8 @@ def _key(info: os.stat_result) -> tuple[int, ...]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def file_hashes(path: Path) -> tuple[str, str]:
-    """(sha256, md5) of a regular file, streamed; once per file per process unless the file changes."""
+def file_sha256(path: Path) -> str:
+    """sha256 of a regular file, streamed; once per file per process unless the file changes."""
     try:
         before = os.stat(path)
     except OSError as exc:
@@ -66,7 +66,6 @@ def file_hashes(path: Path) -> tuple[str, str]:
         COST.cached += 1
         return cached
     start = time.perf_counter()
-    sha, md5 = hashlib.sha256(), hashlib.md5()
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -75,15 +74,12 @@ def file_hashes(path: Path) -> tuple[str, str]:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise RunStoreError(f"{path} is not a regular file; refused")
-        while chunk := handle.read(_CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-    result = (sha.hexdigest(), md5.hexdigest())
-    _CACHE[_key(info)] = result
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    _CACHE[_key(info)] = digest
     COST.files += 1
     COST.bytes += info.st_size
     COST.seconds += time.perf_counter() - start
-    return result
+    return digest
 
 
 def _short(digest: str) -> str:
@@ -124,8 +120,7 @@ def run_file(run_dir: Path, manifest: Manifest, relative: Any, what: str = "path
                                 "run?); refused")
         log.info("run %s: %s has no recorded hash (a run written before qconsist recorded every file)", run_dir, relative)
         return path
-    sha, _ = file_hashes(path)
-    check_digest(run_dir, relative, str(record.get("sha256")), sha)
+    check_digest(run_dir, relative, str(record.get("sha256")), file_sha256(path))
     return path
 
 
@@ -148,7 +143,7 @@ def stage_artifact(run_dir: Path, manifest: Manifest, stage: str) -> Path | None
     if manifest.kind in _KINDS_HOLDING_STAGES or not (isinstance(path, str) and path.startswith("/")):
         found = run_file(run_dir, manifest, path, where)
         if isinstance(artifact.get("sha256"), str):  # the stage's own record must tell the same
-            check_digest(run_dir, path, artifact["sha256"], file_hashes(found)[0])
+            check_digest(run_dir, path, artifact["sha256"], file_sha256(found))
         return found
     return external_file(run_dir, artifact, where)
 
@@ -168,7 +163,7 @@ def external_file(run_dir: Path, record: dict[str, Any], what: str) -> Path | No
     if not stat.S_ISREG(info.st_mode) or info.st_size != size:
         raise RunStoreError(f"run {run_dir}: the model it ran, {path}, was modified after the run (size {size} recorded, "
                             f"{info.st_size if stat.S_ISREG(info.st_mode) else 'not a regular file'} found)")
-    found, _ = file_hashes(Path(path))
+    found = file_sha256(Path(path))
     if found != sha:
         raise RunStoreError(f"run {run_dir}: the model it ran, {path}, was modified after the run (sha256 {_short(sha)} "
                             f"recorded, {_short(found)} found)")
@@ -201,8 +196,8 @@ def record_files(run_dir: Path) -> dict[str, dict[str, Any]]:
                 continue
             if path.is_symlink() or not path.is_file():
                 continue
-            sha, md5 = file_hashes(path)
-            files[relative] = {"sha256": sha, "md5": md5, "size": path.stat().st_size}
+            hashes = hash_file(path)
+            files[relative] = {"sha256": hashes.sha256, "md5": hashes.md5, "size": hashes.size}
     return files
 
 
@@ -214,6 +209,6 @@ def reset_cache() -> None:
 
 
 __all__ = [
-    "COST", "external_file", "file_hashes", "max_file_bytes", "optional_run_file", "record_files", "reset_cache",
+    "COST", "external_file", "file_sha256", "max_file_bytes", "optional_run_file", "record_files", "reset_cache",
     "run_file", "stage_artifact", "verify_artifacts",
 ]

@@ -17,7 +17,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RUNNING_NAME, RunDirectory
 from qconsist.store.runs import parse_age, remove_runs
 from qconsist.store.runs import verify_run
-from qconsist.store.verify import COST, file_hashes, reset_cache, run_file
+from qconsist.store.verify import COST, file_sha256, reset_cache, run_file
 
 runner = CliRunner()
 
@@ -178,10 +178,10 @@ def test_npy_header_that_lies_is_refused_before_reading(tmp_path):
     assert check_npz(tmp_path / "a.npz", "a.npz") == {"o0": ("<i8", (3,))}
 
 
-def test_file_hashes_refuse_a_pipe(tmp_path):
+def test_file_sha256_refuse_a_pipe(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(RunStoreError, match="is not a regular file; refused"):
-        file_hashes(tmp_path / "pipe")
+        file_sha256(tmp_path / "pipe")
 
 
 def test_verify_run_on_an_old_run_without_files(runs_copy):
