@@ -81,7 +81,7 @@ def confined(run_dir: Path, relative: Any, what: str = "path", limit: int | None
     Raises ``FileNotFoundError``-free: a missing file is a ``RunStoreError`` too ("… is missing")."""
     parts = check_relative(run_dir, relative, what)
     root = os.path.realpath(run_dir)
-    current = root
+    current, linked = root, False
     for part in parts:
         current = os.path.join(current, part)
         try:
@@ -95,8 +95,8 @@ def confined(run_dir: Path, relative: Any, what: str = "path", limit: int | None
             if not _inside(target, root):
                 raise RunStoreError(f"run {run_dir}: {relative} is a symbolic link pointing outside the run directory "
                                     f"(to {target}); refused")
-            current = target
-    real = os.path.realpath(current)
+            current, linked = target, True
+    real = os.path.realpath(current) if linked else current
     if not _inside(real, root):  # pragma: no cover - every component was checked above
         raise RunStoreError(f"run {run_dir}: {relative} resolves outside the run directory; refused")
     try:

@@ -132,28 +132,31 @@ def run_state(path: Path) -> str:
 
 
 def open_run(path: Path) -> Manifest:
-    """Load a complete run's manifest, or raise a one-line ``RunStoreError`` saying why not."""
+    """Load a complete run's manifest (read once), or raise a one-line ``RunStoreError`` saying why not."""
     path = Path(path)
-    state = run_state(path)
-    if state == "missing":
+    if not path.is_dir():
         raise RunStoreError(f"run directory {path} does not exist")
-    if os.path.lexists(path / MANIFEST_NAME):
+    manifest_path = path / MANIFEST_NAME
+    running = (path / RUNNING_NAME).exists()
+    if os.path.lexists(manifest_path):
         confined(path, MANIFEST_NAME, "manifest", limit=MAX_MANIFEST_BYTES)  # a link outside, a device: refused
-    if state == "incomplete" and (path / MANIFEST_NAME).is_file() and not (path / RUNNING_NAME).exists():
-        manifest = Manifest.load(path / MANIFEST_NAME)  # a damaged manifest says what is wrong with it
-        if manifest.status == "complete":
+        try:
+            manifest = Manifest.load(manifest_path)
+        except RunStoreError:
+            if not running:
+                raise  # a damaged manifest says what is wrong with it
+            manifest = None  # being written
+        if manifest is not None and manifest.status == "complete":
             return manifest
-    if state == "incomplete":
-        where = ""
-        marker = path / RUNNING_NAME
-        if marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:
-            try:
-                info = json.loads(marker.read_text())
-                where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
-            except (OSError, ValueError, AttributeError):
-                pass
-        raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
-    return Manifest.load(path / MANIFEST_NAME)
+    where = ""
+    marker = path / RUNNING_NAME
+    if running and marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:
+        try:
+            info = json.loads(marker.read_text())
+            where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
+        except (OSError, ValueError, AttributeError):
+            pass
+    raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
 
 
 def list_runs(runs_root: Path) -> list[tuple[Path, str]]:

@@ -117,12 +117,12 @@ def verify_run(path: Path | str) -> VerifyResult:
     run_dir = Path(path)
     start = time.perf_counter()
     bytes_before = COST.bytes
-    state = run_state(run_dir)
-    result = VerifyResult(run=str(run_dir), state=state)
+    result = VerifyResult(run=str(run_dir), state="complete")
     try:
         manifest = open_run(run_dir)
     except RunStoreError as exc:
         result.error = str(exc)
+        result.state = run_state(run_dir)
         if result.state == "complete":
             result.state = "invalid"
         return result
