@@ -154,7 +154,13 @@ def _run_parts(path: Path) -> tuple[str, list[str]]:
         state, title = _title(name, manifest.sections.get("gate"))
         return name, [banner(state, title), "<main>", *body, "</main>"]
     if manifest.kind == "nightly":
-        data = manifest.sections.get("nightly") or {}
+        data = dict(manifest.sections.get("nightly") or {})
+        entries = data.get("entries")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise RunStoreError(f"run {path}: the manifest's nightly.entries must be a list of objects")
+        # the entries' runs are siblings in the night's runs directory, never elsewhere
+        data["entries"] = [{**e, "entry_run": str(linked_run(path, e["entry_run"], "entry run"))} if e.get("entry_run") else e
+                           for e in entries]
         html = render_nightly_report(data)
         return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
     _verified(path, manifest)
