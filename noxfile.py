@@ -37,7 +37,7 @@ def _locked(session: nox.Session) -> None:
     """The lock, installed into the session's venv (not the project's .venv)."""
     env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location, "UV_PYTHON_DOWNLOADS": "never"}
     session.run_install(
-        "uv", "sync", "--locked", "--extra", "cpu", "--extra", "caffe", "--group", "test",
+        "uv", "sync", "--locked", "--extra", "cpu", "--extra", "caffe", "--extra", "explorer", "--group", "test",
         env=env, external=True,
     )
 

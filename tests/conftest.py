@@ -31,6 +31,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs onnxruntime-gpu and a usable CUDA GPU"))
 
 
+# What third-party libraries leave in the temporary folder on their own (onnxruntime writes a session id file,
+# ``.ses``, when it is imported): not qconsist's to clean.
+THIRD_PARTY_TEMPORARY = {".ses"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def system_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
+    """The tests' own system temporary folder (``TMPDIR``, for this process and the commands it starts): at the
+    end of the session it must hold nothing qconsist made — ``make test`` leaves nothing in /tmp."""
+    import os
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("system-tmp")
+    saved_env, saved_default = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = saved_default
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+    left = sorted(p.name for p in folder.iterdir() if p.name not in THIRD_PARTY_TEMPORARY)
+    assert left == [], f"the tests left temporary files behind: {left}"
+
+
 @pytest.fixture(autouse=True)
 def cli_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test runs in its own temporary working directory, without colour, at a fixed width."""

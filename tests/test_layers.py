@@ -27,7 +27,8 @@ LAYERS = [
     {"cli"},
 ]
 RANK = {area: rank for rank, layer in enumerate(LAYERS) for area in layer}
-LAZY_ALLOWED = ("cli/", "stages/base.py")
+# inference/kernels.py: numba (1–3 s to import) is loaded on the first fingerprint, not by every command
+LAZY_ALLOWED = ("cli/", "stages/base.py", "inference/kernels.py")
 
 
 def _area(module: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +22,7 @@ from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions, QuantizeResult, quantize_model
 from qconsist.store.hashing import ArtifactHashes, hash_artifact
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def calibrate_each(
     """Calibrate and quantize ``model`` once per input set (``first``: an already made run 1 to reuse)."""
     # repeats compare parameters, so they keep models with invalid scales and skip the evaluation gates
     quant_options = dataclasses.replace(options, allow_invalid_scales=True, min_top1_agreement=None, max_abs_diff=None)
-    with tempfile.TemporaryDirectory(prefix="qconsist-repeat-") as tmp:
+    with scratch_dir("qconsist-repeat-") as tmp:
         folder = Path(workdir) if workdir is not None else Path(tmp)
         results: list[tuple[ArtifactHashes, CalibrationTable]] = []
         runs: list[RepeatRun] = []

@@ -80,6 +80,10 @@ class QconsistGroup(TyperGroup):
         return super().parse_args(ctx, rest)
 
     def invoke(self, ctx: Any) -> Any:
+        with _terminate_as_interrupt():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except QconsistError as exc:
@@ -98,6 +102,30 @@ class QconsistGroup(TyperGroup):
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             _fail(f"{detail} (at {os.path.basename(where.filename)}:{where.lineno}) — rerun with -v for the traceback",
                   EXIT_INTERNAL, prefix="internal error")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled, ``kill``): handled as Ctrl-C, so temporary files and half-written outputs
+    are cleaned up on the way out and the exit code is 130."""
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _alias(arg: str, aliases: dict[str, str]) -> str:

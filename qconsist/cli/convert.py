@@ -30,9 +30,12 @@ def convert(
     from qconsist.stages.convert import ConvertOptions, convert_file
     from qconsist.store.hashing import hash_file
 
+    from qconsist.store.outputs import check_output
+
     options = ConvertOptions(opset=opset, dynamic_batch=dynamic_batch, check=check)
     if output.exists() and not force:
         raise OutputError(f"{output} exists; choose another `output` or pass --force")
+    check_output(output, [prototxt, caffemodel], force)
     result = convert_file(prototxt, caffemodel, output, options)
     hashes = hash_file(output)
     if json_output:

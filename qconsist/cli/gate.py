@@ -31,6 +31,7 @@ def gate(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdict as JUnit XML to this file."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write a markdown summary to this file."),
     json_output: opt.Json = False,
+    force: opt.Force = False,
 ) -> None:
     """Judge RUN against --baseline under --policy: artifact hashes, repeated calibration and inference,
     output drift against the float model and the baseline, NaN/Inf, labels, the pinned GPU config.
@@ -38,13 +39,17 @@ def gate(
     Exit 0: pass; 1: fail (every reason listed); 2: error.
     """
     from qconsist.gate import evaluate_gate, load_policy
-    from qconsist.report.html import write_report
+    from qconsist.store.outputs import check_output, write_output
 
+    inputs = [p for p in (run, baseline, policy) if p is not None]
+    for output in (junit, markdown):  # refused before the gate runs
+        if output is not None:
+            check_output(output, inputs, force)
     verdict = evaluate_gate(run, baseline, load_policy(policy), progress=progress_for(json_output))
     if junit is not None:
-        write_report(verdict.to_junit(), junit)
+        write_output(junit, verdict.to_junit(), inputs, force)
     if markdown is not None:
-        write_report(verdict.to_markdown(), markdown)
+        write_output(markdown, verdict.to_markdown(), inputs, force)
     if json_output:
         print_json(verdict)
     else:

@@ -26,7 +26,7 @@ def history(
     database = history or Path("runs/history.sqlite")
     if not database.is_file():
         raise InputError(f"history database {database} does not exist; run qconsist nightly first (or give `history`)")
-    db = HistoryDB(database)
+    db = HistoryDB(database, read_only=True)
     timeline = model_timeline(db, model)
     if json_output:
         print_json(timeline)

@@ -16,6 +16,7 @@ import typer
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (schema-versioned; no progress, no colours).")]
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
 RunId = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run directory (default: <name>-<UTC time>-<random>).")]
+Force = Annotated[bool, typer.Option("--force", help="Do what is refused by default: write an output file over an existing file, an input or a file inside a run directory; remove a run the history names as a baseline (runs rm).")]
 History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
@@ -42,7 +43,6 @@ DeviceId = Annotated[Optional[int], typer.Option("--device-id", min=0, help="cud
 DisableOptimizers = Annotated[List[str], typer.Option("--disable-optimizer", help="Switch off one of onnxruntime's graph transformers by name, e.g. QDQSelectorActionTransformer (repeatable; qconsist explain names them).")]
 ProviderOptions = Annotated[List[str], typer.Option("--provider-option", help="Any option of the execution provider as KEY=VALUE (repeatable), e.g. use_tf32=0.")]
 OUTPUT_HELP = "The file to write (report: the HTML page; convert: the ONNX model, written only once every check passed)."
-Force = Annotated[bool, typer.Option("--force", help="Do what is refused by default: overwrite an existing output (convert), remove a run the history names as a baseline (runs rm).")]
 PolicyFile = Annotated[Optional[Path], typer.Option("--policy", help="Policy file (TOML; default: the built-in defaults, see policies/default.toml): gate checks and tolerances; diff takes its [diff] tolerances (atol, rtol, per node), --atol/--rtol override them.")]
 DynamicBatch = Annotated[bool, typer.Option("--dynamic-batch", help="Make the model take any batch size: its first input and output dimension becomes 'batch' (run: a model with a fixed batch is re-stamped and checked against the original on a real sample, then recorded; convert: the converted model, as [convert] dynamic_batch).")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Samples per step, stacked on the batch axis (default 1): run as the evaluation runs, since cuDNN picks algorithms per shape.")]

@@ -14,6 +14,7 @@ from qconsist.cli.app import stdout_console
 def report(
     items: List[Path] = typer.Argument(..., help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
     output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
+    force: opt.Force = False,
 ) -> None:
     """Write one self-contained HTML report: verdict, artifacts table, per-node divergence along the
     topological order (inline SVG), origin nodes, GPU configuration matrix with latencies; for a diff, its
@@ -21,10 +22,12 @@ def report(
 
     Exit 0: written; 2: an input is not a complete run or a diff result, or OUTPUT cannot be written.
     """
-    from qconsist.report import render_paths, write_report
+    from qconsist.report import render_paths
+    from qconsist.store.outputs import check_output, write_output
 
+    check_output(output, items, force)
     explorer = output.parent / f"{output.stem}.explorer"
-    write_report(render_paths(items, explorer, output.parent), output)
+    write_output(output, render_paths(items, explorer, output.parent), items, force)
     stdout_console().print(f"report: {output}")
     if explorer.is_dir():
         stdout_console().print(f"Model Explorer node data: {explorer}/")

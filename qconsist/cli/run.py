@@ -30,6 +30,7 @@ def run(
     disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
     dump: bool = typer.Option(False, "--dump", help="Fingerprint every tensor ORT computes, checked against production."),
     raw: str = typer.Option("none", "--raw", help="Raw tensors to keep with --dump: none, all, auto, or NODE,NODE,..."),
+    fingerprints: str = typer.Option("auto", "--fingerprints", help="Where --dump fingerprints tensors: device (CUDA EP: on the GPU, needs qconsist[gpu]), host, or auto (device on the CUDA EP)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --raw auto: keep the tensors that differ from this dump run."),
     offset: opt.Offset = 0,
     count: opt.Count = None,
@@ -52,7 +53,7 @@ def run(
                                       provider_option, disabled_optimizers)
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,
-                         engine_runs=engine_runs)
+                         engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
     input_set = opt.input_set(inputs, source, pipeline, offset, count, batch_size if not dynamic_batch else 1)
     result = run_inference(source, input_set, request, runs_dir or Path("runs"), run_id=run_id, command=sys.argv,
@@ -64,7 +65,8 @@ def run(
         console.print(f"run {result.run_dir}  ({result.samples} samples, {result.ms_per_sample:.1f} ms per sample)")
         if result.dump is not None:
             d = result.dump
-            console.print(f"dump: {d.tensors} tensors of ORT's optimized graph, {d.ms_per_sample:.1f} ms per sample")
+            console.print(f"dump: {d.tensors} tensors of ORT's optimized graph, {d.ms_per_sample:.1f} ms per sample "
+                          f"(fingerprints on the {d.fingerprints_on}, {d.hash_function})")
             if d.faithful:
                 console.print(f"dump faithful: final outputs bit-identical to production in {d.samples_checked} samples")
     if result.dump is not None and not result.dump.faithful:

@@ -142,7 +142,9 @@ class OutputComparison:
 
     @property
     def passed(self) -> bool:
-        return self.mismatched == 0
+        """No element beyond the tolerance, and, with or without one, never a non-finite difference (NaN or
+        Inf on one side only)."""
+        return self.mismatched == 0 and math.isfinite(self.max_abs_diff)
 
     def __bool__(self) -> bool:
         return self.passed

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from qconsist.compare import TensorStats, origins
 from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
+from qconsist.inference.fingerprint import check_hash_functions
 from qconsist.inference.graphmap import GraphIndex
 from qconsist.inference.reader import LoadedDump
 
@@ -163,10 +164,26 @@ def tensor_keys(dump: LoadedDump, space: str) -> dict[str, int]:
 
 
 def _differ(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int]) -> np.ndarray:
-    ta, tb = a.table[:, cols_a], b.table[:, cols_b]
-    shapes_a = np.array([repr(s) for s in a.shapes] or [""], dtype=object)[ta["shape"]]
-    shapes_b = np.array([repr(s) for s in b.shapes] or [""], dtype=object)[tb["shape"]]
-    return (ta["hash"] != tb["hash"]) | (ta["dtype"] != tb["dtype"]) | (shapes_a != shapes_b)
+    """``differ[sample, k]``: the k-th shared tensor's bytes, type or shape differ. Reads the tables a block of
+    samples at a time, field by field, so memory stays at a few bytes per compared record (50,000 samples ×
+    416 tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records were copied and shapes
+    compared as strings)."""
+    canonical: dict[tuple[int, ...], int] = {}
+    ids_a = np.array([canonical.setdefault(s, len(canonical)) for s in a.shapes] or [0], dtype=np.int64)
+    ids_b = np.array([canonical.setdefault(s, len(canonical)) for s in b.shapes] or [0], dtype=np.int64)
+    samples = a.table.shape[0]
+    differ = np.zeros((samples, len(cols_a)), dtype=bool)
+    ia, ib = np.asarray(cols_a), np.asarray(cols_b)
+    for start in range(0, samples, _DIFF_BLOCK):
+        ta, tb = a.table[start:start + _DIFF_BLOCK], b.table[start:start + _DIFF_BLOCK]
+        block = ta["hash"][:, ia] != tb["hash"][:, ib]
+        block |= ta["dtype"][:, ia] != tb["dtype"][:, ib]
+        block |= ids_a[ta["shape"][:, ia]] != ids_b[tb["shape"][:, ib]]
+        differ[start:start + _DIFF_BLOCK] = block
+    return differ
+
+
+_DIFF_BLOCK = 2048  # samples per block of _differ
 
 
 def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dict[str, Any]:
@@ -192,6 +209,7 @@ def compare_tensors(
     the greatest element difference), else ``unknown``."""
     if a.table.shape[0] != b.table.shape[0]:
         raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
+    check_hash_functions(a.table, b.table, f"run {a.run_dir}", f"run {b.run_dir}")
     if a.structure == b.structure:
         space = "optimized"
         graph_a, graph_b = _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")

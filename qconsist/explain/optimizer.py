@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
 from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 SCHEMA = "qconsist.explain/1"
@@ -268,7 +268,7 @@ def explain_optimization(
     result.candidates = [t for t in applied.transformers if t.modified and t.name not in baseline]
     names = [t.name for t in result.candidates]
     reference_dump, optimized_dump = load_dump(reference_path), load_dump(optimized_path)
-    with tempfile.TemporaryDirectory(prefix="qconsist-explain-") as scratch:
+    with scratch_dir("qconsist-explain-") as scratch:
         probe = _Prober(model, inputs, optimized, reference_dump, target.key, Path(scratch), progress)
         if not names:
             result.notes.append("onnxruntime applied no graph transformer in the optimized run that the reference run "

@@ -203,7 +203,9 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
         f"{comparison.top1_agreement:.1%} over {comparison.samples} samples"
     )
     failures = []
-    if limits.max_abs_diff is not None and comparison.max_abs_diff > limits.max_abs_diff:
+    if not math.isfinite(comparison.max_abs_diff):  # never passes, with or without a limit
+        failures.append("a non-finite difference (NaN or Inf on one side only)")
+    elif limits.max_abs_diff is not None and comparison.max_abs_diff > limits.max_abs_diff:
         failures.append(
             f"Mismatched elements: {comparison.mismatched} / {comparison.elements} ({pct:.1f}%) beyond {limits.max_abs_diff:g}"
         )

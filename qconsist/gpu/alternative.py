@@ -10,7 +10,6 @@ greatest difference and the top-1 agreement stated.
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,6 +22,7 @@ from qconsist.gpu.report import ConfigReport, NoAlternative, RewriteAlternative,
 from qconsist.inputs.inputset import InputSet
 from qconsist.inference.session import outputs_of
 from qconsist.stages.determinize import DeterminizeOptions, determinize
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def measure_alternative(
 ) -> RewriteAlternative | NoAlternative:
     """Rewrite ``model_path``'s unstable nodes, check the rewrite on the CPU, and measure it with
     ``explore_rewritten`` (the same configurations, repeats and latency as the original)."""
-    with tempfile.TemporaryDirectory(prefix="qconsist-rewrite-") as tmp:
+    with scratch_dir("qconsist-rewrite-") as tmp:
         target = Path(tmp) / "determinized.onnx"
         try:
             result = determinize(model_path, target, DeterminizeOptions(skip_unsupported=True), dict(samples[0]))

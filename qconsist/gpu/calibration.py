@@ -12,7 +12,6 @@ differences); the GPU sets are then compared with the CPU calibration tensor by 
 from __future__ import annotations
 
 import logging
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +27,7 @@ from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def gpu_calibration(
         raise ConfigError("GPU calibration needs at least one configuration")
     require_provider("cuda")
     cpu_options = replace(calibration, execution=ExecutionOptions())
-    with tempfile.TemporaryDirectory(prefix="qconsist-gpu-calib-") as tmp:
+    with scratch_dir("qconsist-gpu-calib-") as tmp:
         root = Path(tmp)
         (root / "cpu").mkdir()
         cpu = calibrate_each(model, [inputs], options, cpu_options, workdir=root / "cpu", progress=progress)

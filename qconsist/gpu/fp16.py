@@ -25,7 +25,6 @@ node to overflow is named exactly. A fused node (at higher levels) is reported w
 from __future__ import annotations
 
 import logging
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.compare import OutputEffect
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.serde import to_number
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def analyse_fp16(
     """Convert ``model_path`` to float16 and compare it with the float32 model on ``samples``."""
     if not samples:
         raise ConfigError("the fp16 analysis needs at least one input sample")
-    with tempfile.TemporaryDirectory(prefix="qconsist-fp16-") as tmp:
+    with scratch_dir("qconsist-fp16-") as tmp:
         fp16_path = Path(tmp) / "model.fp16.onnx"
         truncated = convert_to_fp16(Path(model_path), fp16_path, options)
         ref = Observer(Path(model_path), execution, Path(tmp) / "fp32")

@@ -22,6 +22,7 @@ from qconsist.errors import InputError
 from qconsist.inference.dump import expose_all, observed_graph, plan_dump
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.store.scratch import scratch_parent
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Observer:
     def __init__(self, model_path: Path, options: ExecutionOptions, workdir: Path | None = None) -> None:
         self.model_path = Path(model_path)
         self.options = options
-        self._tmp = tempfile.TemporaryDirectory(prefix="qconsist-observe-") if workdir is None else None
+        self._tmp = tempfile.TemporaryDirectory(prefix="qconsist-observe-", dir=scratch_parent()) if workdir is None else None
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
         self.plan = plan_dump(self.model_path, options, self.workdir)
         try:

@@ -22,7 +22,7 @@ import onnx
 
 from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, InputError, UnsupportedModelError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
@@ -38,6 +38,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
 from qconsist.gpu.calibration import gpu_calibration
+from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.errors import RunStoreError
 from qconsist.store.rundir import open_run
@@ -107,8 +108,26 @@ def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet,
 
 
 def _is_quantized(path: Path) -> bool:
-    model = onnx.load(str(path), load_external_data=False)
-    return any(node.op_type in ("QuantizeLinear", "QLinearConv", "DequantizeLinear") for node in model.graph.node)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
+        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    return bool(quantized_nodes(model))
+
+
+def _fp16_source(request: LocateRequest, source: ModelSource) -> ModelSource:
+    """The float model the fp16 analysis converts: a run's float stage before quantize when no `stage` was
+    given; a quantized model is refused (float16 Q/DQ scales do not load in onnxruntime)."""
+    if not _is_quantized(source.path):
+        return source
+    if source.run_dir is not None and request.stage is None and source.manifest is not None:
+        names = [s.get("name") for s in source.manifest.stages if isinstance(s, dict)]
+        if source.stage in names and names.index(source.stage) > 0:
+            return resolve_model(source.run_dir, names[names.index(source.stage) - 1])
+    hint = ": `stage` optimize" if source.run_dir is not None else ""
+    raise UnsupportedModelError(
+        f"`precision` fp16 converts a float model to float16; {source.path} is quantized; give the float model{hint}"
+    )
 
 
 def _float_source(request: LocateRequest, source: ModelSource) -> Path:
@@ -160,6 +179,8 @@ def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
 def build_report(request: LocateRequest, progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, ModelSource, InputSet]:
     """Everything ``qconsist locate`` measures, as a ``LocateReport`` (no run directory)."""
     source = resolve_model(request.model, request.stage)
+    if request.precision is Precision.FP16:
+        source = _fp16_source(request, source)
     input_set, samples = open_samples(request, source)
     if request.precision is Precision.FP16:
         report = _empty_report(source, input_set)
@@ -187,9 +208,12 @@ def summary(report: LocateReport) -> dict:
 def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = (), run_id: str | None = None,
                progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, Path]:
     """Measure, then write the run directory (``locate.json`` and the manifest, written last)."""
-    report, source, input_set = build_report(request, progress)
-    label = f"locate-{source.describe().get('name') or source.path.stem}"
-    with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir:
+    named = resolve_model(request.model, request.stage)
+    if request.precision is Precision.FP32 or request.fp16_ep == "cuda":
+        require_provider("cuda")  # no GPU: said before a run directory exists
+    label = f"locate-{named.describe().get('name') or named.path.stem}"
+    with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir:  # measured inside: its scratch space
+        report, source, input_set = build_report(request, progress)
         write_json_atomic(rundir.file(REPORT_FILE), report.to_json())
         manifest = Manifest(
             kind="locate", command=list(command), model=source.describe(),

@@ -73,15 +73,26 @@ class GoodRun:
     entry_run: str
 
 
-class History:
-    """The history database at ``path`` (created on first use)."""
+TABLES = ("entries", "environments", "hashes", "nights", "runs", "verdicts")
 
-    def __init__(self, path: Path | str) -> None:
+
+class History:
+    """The history database at ``path`` (created on first use). ``read_only``: opened for reading only (the
+    file, its mode and its journal are left as they are; a read-only file works), and it must already be a
+    qconsist history. A database of another application is refused either way, never altered."""
+
+    def __init__(self, path: Path | str, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            self._check_reader()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from None
+        if self.path.is_file() and self.path.stat().st_size:
+            self._check_reader(allow_empty=True)
         with self._connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, SCHEMA_VERSION):
@@ -92,17 +103,51 @@ class History:
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    def _check_reader(self, allow_empty: bool = False) -> None:
+        """The file is an SQLite database holding qconsist's tables at qconsist's schema version."""
+        try:
+            with open(self.path, "rb") as handle:
+                magic = handle.read(16)
+        except OSError as exc:
+            raise RunStoreError(f"cannot read history database {self.path}: {exc.strerror or exc}") from None
+        if magic != b"SQLite format 3\x00" and not allow_empty:  # the writer says "unusable: file is not a database"
+            raise RunStoreError(f"{self.path} is not a qconsist history database (not an SQLite file)")
+        with self._connect() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        if version not in (0, SCHEMA_VERSION):
+            raise RunStoreError(f"history {self.path} has schema version {version}; this qconsist reads {SCHEMA_VERSION}")
+        if allow_empty and version == 0 and not tables:
+            return
+        if version != SCHEMA_VERSION or not set(TABLES) <= set(tables) or set(tables) - set(TABLES):
+            raise RunStoreError(
+                f"{self.path} is not a qconsist history database (schema version {version}, tables: "
+                f"{', '.join(tables) or 'none'}); give the file that qconsist nightly writes"
+            )
+
     # -- connection handling -------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        if not self.read_only:
+            return sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            conn.execute("PRAGMA user_version").fetchone()
+            return conn
+        except sqlite3.OperationalError:  # a WAL database in a folder it cannot write: nobody writes it either
+            return sqlite3.connect(f"{uri}&immutable=1", uri=True, isolation_level=None)
+
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            conn = self._open()
         except sqlite3.Error as exc:
             raise OutputError(f"cannot open history database {self.path}: {exc}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            if not self.read_only:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
             conn.row_factory = sqlite3.Row
             yield conn
         except sqlite3.DatabaseError as exc:

@@ -225,7 +225,7 @@ class DumpRecorder:
     """Records each dumped sample: its fingerprint row, the faithfulness check, the raw tensors kept.
 
     With ``OVERLAP`` the work runs in one background thread, so fingerprinting a sample overlaps ONNX
-    Runtime computing the next one in the dump session (numpy's reductions and xxhash release the GIL;
+    Runtime computing the next one in the dump session (the numba kernels and numpy release the GIL;
     the runner waits for the worker before the production session runs). At most one sample waits, so
     memory holds two samples' tensors whatever the number of samples.
     """
@@ -270,6 +270,23 @@ class DumpRecorder:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+
+    def record_device(self, index: int, produced: list[np.ndarray], host: dict[int, np.ndarray], rows: np.ndarray) -> None:
+        """Record a step fingerprinted on the GPU (``device.DeviceDump``): its records ``rows``, and the
+        whole-step arrays of the final-output and raw columns copied to the host (``host``)."""
+        self.wait()
+        self.check.add(index, produced, [host[c] for c in self._final])
+        count = rows.shape[0]
+        for offset in range(count):
+            self.table.write_records(index + offset, rows[offset])
+            keep = set(self._raw)
+            if self._differing is not None:
+                keep |= self._differing(index + offset, rows[offset])
+            if keep:
+                self.raw_saved += len(keep)
+                split = {c: host[c][offset:offset + 1] if count > 1 and host[c].ndim and host[c].shape[0] == count else host[c]
+                         for c in keep}
+                save_npz(self._raw_path(index + offset), {f"t{c}": split[c] for c in sorted(keep)})
 
     def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
         self.check.add(index, produced, [arrays[c] for c in self._final])

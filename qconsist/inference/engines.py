@@ -32,7 +32,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, InputError, UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -621,7 +621,7 @@ def record_engines(request: EngineRequest, graph_model: onnx.ModelProto | Path, 
     each convolution of ``graph_model`` (the graph ONNX Runtime runs: its optimized model) used per run. The
     same child runs once more without the log, so the record says what the log cost."""
     model = graph_model if isinstance(graph_model, onnx.ModelProto) else onnx.load(str(graph_model), load_external_data=False)
-    with tempfile.TemporaryDirectory(prefix="qconsist-engines-") as tmp:
+    with scratch_dir("qconsist-engines-") as tmp:
         workdir = Path(tmp)
         log_path = workdir / "cudnn.log"
         start = time.perf_counter()

@@ -1,8 +1,11 @@
 """Fingerprints of tensors: 56 bytes per tensor per sample, streamed to a ``.npy`` table.
 
-A fingerprint holds the xxh3-64 hash of the tensor's exact bytes (C order), min, max and mean (float64;
-NaN for empty tensors; NaN and Inf excluded), the NaN and Inf counts, the element type and an index into
-the shape table. Two tensors with the same hash, dtype and shape are taken as bit-identical.
+A fingerprint holds the hash of the tensor's exact bytes (C order), min, max and mean (float64; NaN for
+empty tensors; NaN and Inf excluded), the NaN and Inf counts, the element type, an index into the shape
+table and the code of the hash function that made it (``HASH_FUNCTIONS``: 0 ``xxh3-64``, the tables written
+before qconsist 0.1's kernels; 1 ``qc-mix64/1``, ``kernels.py``, the same function on the CPU and on the
+GPU). Two tensors with the same hash, hash function, dtype and shape are taken as bit-identical; hashes of
+different functions are never compared (``check_hash_functions``).
 
 ``FingerprintTable`` writes a ``(samples × tensors)`` structured array through a memory map, one sample row
 at a time, so memory does not grow with the number of samples.
@@ -13,13 +16,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import xxhash
+
+from qconsist.errors import RunStoreError
+from qconsist.inference import kernels
 
 RECORD = np.dtype([
     ("hash", "<u8"), ("min", "<f8"), ("max", "<f8"), ("mean", "<f8"),
-    ("nan", "<u8"), ("inf", "<u8"), ("shape", "<u4"), ("dtype", "<u2"), ("present", "<u2"),
+    ("nan", "<u8"), ("inf", "<u8"), ("shape", "<u4"), ("dtype", "<u2"), ("present", "u1"), ("function", "u1"),
 ])
 assert RECORD.itemsize == 56
+# Tables written before the hash function was recorded: ``present`` was 2 bytes (1, 0): read as function 0.
+_LEGACY = np.dtype([
+    ("hash", "<u8"), ("min", "<f8"), ("max", "<f8"), ("mean", "<f8"),
+    ("nan", "<u8"), ("inf", "<u8"), ("shape", "<u4"), ("dtype", "<u2"), ("present", "<u2"),
+])
+
+HASH_FUNCTIONS: tuple[str, ...] = ("xxh3-64", kernels.HASH_NAME)
+HASH_FUNCTION = 1  # the code of the function qconsist writes: qc-mix64/1
 
 # Element types by code (0 = not recorded). Stored in the index so readers need no ONNX.
 DTYPES: tuple[str, ...] = (
@@ -34,28 +47,26 @@ def dtype_code(dtype: np.dtype) -> int:
 
 
 def tensor_hash(array: np.ndarray) -> int:
-    arr = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    return xxhash.xxh3_64_intdigest(arr.data.cast("B") if arr.size else b"")
+    """The ``qc-mix64/1`` hash of ``array``'s bytes (C order)."""
+    return kernels.mix64(np.asarray(array))
 
 
-_WIDTH = 4096  # elements per row of the blocked sums
-_ROWS = 256  # rows summed in a 16-bit accumulator: 256 × 255 < 2**16
+def hash_function_names(table: np.ndarray) -> set[str]:
+    """The hash functions whose hashes a fingerprint table holds (present records only)."""
+    codes = np.unique(table["function"][table["present"] != 0]) if table.size else ()
+    return {HASH_FUNCTIONS[int(c)] if int(c) < len(HASH_FUNCTIONS) else f"unknown #{int(c)}" for c in codes}
 
 
-def _sum(flat: np.ndarray) -> float:
-    """Sum of a 1-d array, fast: blocked SIMD-friendly reductions instead of a scalar float64 loop."""
-    full = flat.size // _WIDTH * _WIDTH
-    blocks, rest = flat[:full].reshape(-1, _WIDTH), flat[full:]
-    if flat.dtype.itemsize == 1 and flat.dtype.kind in "iu":
-        acc = np.int16 if flat.dtype.kind == "i" else np.uint16
-        total = sum(
-            int(np.add.reduce(blocks[i : i + _ROWS], axis=0, dtype=acc).sum(dtype=np.int64))
-            for i in range(0, blocks.shape[0], _ROWS)
+def check_hash_functions(a: np.ndarray, b: np.ndarray, what_a: str, what_b: str) -> str:
+    """The one hash function both tables were made with; ``RunStoreError`` when they differ."""
+    names_a, names_b = hash_function_names(a), hash_function_names(b)
+    if len(names_a | names_b) > 1:
+        raise RunStoreError(
+            f"{what_a} was fingerprinted with {', '.join(sorted(names_a)) or 'nothing'} and {what_b} with "
+            f"{', '.join(sorted(names_b)) or 'nothing'}: hashes of different functions cannot be compared; "
+            "dump both runs with this qconsist version"
         )
-        return float(total + int(rest.sum(dtype=np.int64)))
-    if flat.dtype == np.float32:
-        return float(blocks.sum(axis=0).sum(dtype=np.float64)) + float(rest.sum(dtype=np.float64))
-    return float(flat.sum(dtype=np.float64))
+    return next(iter(names_a | names_b), HASH_FUNCTIONS[HASH_FUNCTION])
 
 
 def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> tuple:
@@ -63,10 +74,11 @@ def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> 
     array = np.asarray(array)
     digest, code = tensor_hash(array) if digest is None else digest, dtype_code(array.dtype)
     if array.size == 0 or array.dtype.kind not in "fiub":
-        return (digest, np.nan, np.nan, np.nan, 0, 0, shape_id, code, 1)
-    if array.dtype.kind == "b":
-        array = array.view(np.uint8)
-    lo, hi = array.min(), array.max()
+        return (digest, np.nan, np.nan, np.nan, 0, 0, shape_id, code, 1, HASH_FUNCTION)
+    found = kernels.statistics(array)
+    if found is not None:
+        return (digest, *found, shape_id, code, 1, HASH_FUNCTION)
+    lo, hi = array.min(), array.max()  # float16 and other types the kernels do not read
     nan = inf = 0
     if array.dtype.kind == "f" and not (np.isfinite(lo) and np.isfinite(hi)):
         finite = np.isfinite(array)
@@ -74,11 +86,11 @@ def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> 
         inf = int(array.size - int(finite.sum()) - nan)
         values = array[finite]
         if values.size == 0:
-            return (digest, np.nan, np.nan, np.nan, nan, inf, shape_id, code, 1)
-        lo, hi, mean = values.min(), values.max(), _sum(values) / values.size
+            return (digest, np.nan, np.nan, np.nan, nan, inf, shape_id, code, 1, HASH_FUNCTION)
+        lo, hi, mean = values.min(), values.max(), float(values.sum(dtype=np.float64)) / values.size
     else:
-        mean = _sum(array.reshape(-1)) / array.size
-    return (digest, float(lo), float(hi), float(mean), nan, inf, shape_id, code, 1)
+        mean = float(array.sum(dtype=np.float64)) / array.size
+    return (digest, float(lo), float(hi), float(mean), nan, inf, shape_id, code, 1, HASH_FUNCTION)
 
 
 class ShapeTable:
@@ -130,6 +142,10 @@ class FingerprintTable:
         self._table[sample] = row
         return row
 
+    def write_records(self, sample: int, row: np.ndarray) -> None:
+        """Store a row of records computed elsewhere (on the GPU: ``qconsist.inference.device``)."""
+        self._table[sample] = row
+
     def close(self) -> None:
         self._table.flush()
         del self._table
@@ -138,6 +154,8 @@ class FingerprintTable:
 def read_table(path: Path) -> np.ndarray:
     """The fingerprint table of a dump, memory-mapped read-only."""
     table = np.load(Path(path), mmap_mode="r", allow_pickle=False)
+    if table.dtype == _LEGACY and table.ndim == 2:
+        return table.view(RECORD)  # present (1, 0) reads as present 1, function 0 (xxh3-64)
     if table.dtype != RECORD or table.ndim != 2:
         raise ValueError(f"{path} is not a qconsist fingerprint table")
     return table

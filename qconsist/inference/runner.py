@@ -26,8 +26,10 @@ from qconsist.inference import dump as dump_module
 from qconsist.inference.dump import (
     DumpPlan, DumpRecorder, RawMode, RawSelection, observed_graph, plan_dump, save_npz, select_raw,
 )
+from qconsist.inference.device import DeviceDump
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
-from qconsist.inference.fingerprint import RECORD, FingerprintTable
+from qconsist.inference.fingerprint import HASH_FUNCTION, RECORD, FingerprintTable, check_hash_functions
+from qconsist.inference.kernels import HASH_NAME
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
@@ -54,9 +56,16 @@ class RunRequest:
     dynamic_batch: bool = False  # re-stamp a model with a fixed batch of 1 to take any batch (checked)
     engines: bool = False  # record the cuDNN engine of every convolution per run (CUDA EP; a child session)
     engine_runs: int = 3
+    # where a dump's fingerprints are computed: "device" (CUDA EP: tensors stay on the GPU, CuPy kernels),
+    # "host" (copied to numpy, CPU kernels), "auto" (device on the CUDA EP, else host)
+    fingerprints: str = "auto"
 
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)
+        if self.fingerprints not in ("auto", "host", "device"):
+            raise ConfigError(f"`fingerprints` must be auto, host or device, got {self.fingerprints!r}")
+        if self.fingerprints == "device" and self.options.provider != "cuda":
+            raise ConfigError("`fingerprints` device keeps the tensors on the GPU: it needs `ep` cuda")
         if self.engines and self.options.provider != "cuda":
             raise ConfigError("`engines` records the kernels cuDNN runs: it needs `ep` cuda")
         if isinstance(self.engine_runs, bool) or not isinstance(self.engine_runs, int) or not 1 <= self.engine_runs <= 100:
@@ -89,6 +98,11 @@ class DumpSummary:
     fingerprints: str = "dump/fingerprints.npy"
     bytes_per_tensor_per_sample: int = RECORD.itemsize
     fingerprints_in_worker_thread: bool = True
+    fingerprints_on: str = "host"  # "device": computed on the GPU (qconsist.inference.device)
+    hash_function: str = HASH_NAME
+    # seconds per sample in the dump session's parts (device dumps): ORT with every output exposed,
+    # the fingerprint kernels, copies of final outputs and raw tensors to the host
+    seconds_per_sample: dict[str, float] = field(default_factory=dict)
     # when not faithful: does production itself give other outputs from run to run on the first mismatched
     # sample (distinct outputs in PRODUCTION_REPEATS runs)? Then no dump can match it bit for bit.
     production_distinct: int | None = None
@@ -126,12 +140,16 @@ class InferenceResult:
         }
 
 
+_CURRENT = (0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 1, HASH_FUNCTION)  # a record of the hash function this run writes
+
+
 class _Reference:
     """The fingerprints of a reference dump, looked up by the key two dumps share."""
 
     def __init__(self, run_dir: Path, plan: DumpPlan, samples: int) -> None:
 
         ref = load_dump(run_dir)
+        check_hash_functions(ref.table, np.array([[_CURRENT]], dtype=RECORD), f"`reference` {run_dir}", "this run")
         if ref.table.shape[0] != samples:
             raise ConfigError(f"`reference` {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
         same_graph = ref.structure == plan.structure
@@ -270,6 +288,13 @@ def run_inference(
             lambda index: run.file(f"dump/raw/{index:06d}.npz"), reference.differing if reference else None,
         ) if plan else None
         seconds = {"production": 0.0, "dump": 0.0}
+        on_device = plan is not None and (request.fingerprints == "device" or (
+            request.fingerprints == "auto" and options.provider == "cuda"))
+        device = None
+        if on_device:
+            device = DeviceDump(plan.session, names, plan.dtypes, plan.batched, recorder.table.shapes,  # type: ignore[union-attr]
+                                int(options.option("device_id") or 0))
+            host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
         try:
             with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
                 for index, step in inputs.batches(batch):
@@ -278,7 +303,11 @@ def run_inference(
                     count = _rows(step)
                     for row in range(count):
                         _digest_update(digest, {k: v[row:row + 1] for k, v in step.items()} if count > 1 else step)
-                    if recorder is not None:
+                    if device is not None:
+                        start = time.perf_counter()
+                        records, host = device.run(step, count, host_columns if host_columns is not None else range(len(names)))
+                        seconds["dump"] += time.perf_counter() - start
+                    elif recorder is not None:
                         start = time.perf_counter()
                         arrays = plan.session.run(names, step)  # type: ignore[union-attr]
                         recorder.wait()
@@ -290,7 +319,11 @@ def run_inference(
                         outputs = [o[row:row + 1] if count > 1 and o.ndim and o.shape[0] == count else o for o in produced]
                         outputs_table.write_row(index + row, outputs)
                         save_npz(run.file(f"outputs/{index + row:06d}.npz"), {f"o{i}": a for i, a in enumerate(outputs)})
-                    if recorder is not None:
+                    if device is not None:
+                        start = time.perf_counter()
+                        recorder.record_device(index, produced, host, records)  # type: ignore[union-attr]
+                        seconds["dump"] += time.perf_counter() - start
+                    elif recorder is not None:
                         start = time.perf_counter()
                         recorder.submit(index, produced, arrays, plan.rows(arrays, count))  # type: ignore[union-attr]
                         seconds["dump"] += time.perf_counter() - start
@@ -330,10 +363,13 @@ def run_inference(
                 level=options.graph_optimization_level.value,
                 raw={**request.raw.to_json(), "reference": str(request.reference) if request.reference else None,
                      "tensors_saved": recorder.raw_saved, "dir": "dump/raw"},  # type: ignore[union-attr]
-                fingerprints_in_worker_thread=dump_module.OVERLAP,
+                fingerprints_in_worker_thread=dump_module.OVERLAP and device is None,
+                fingerprints_on="device" if device is not None else "host",
+                seconds_per_sample={k: v / samples for k, v in device.seconds.items()} if device is not None else {},
             )
             index = {
                 "schema": "qconsist.dump/1",
+                "hash_function": HASH_NAME,
                 "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
                 "shapes": dump_table.shapes.to_json(),
                 "outputs": plan.outputs,

@@ -32,6 +32,7 @@ from qconsist.errors import ConfigError, UnavailableError, UnsupportedModelError
 from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, ProviderSpec, provider_spec
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +287,11 @@ def optimizer_log(
 
     The log is onnxruntime's own, read from its C++ logger (file descriptor 2, redirected while the session is
     made). Errors as ``create_session``'s."""
-    import tempfile
 
     import onnxruntime as ort
 
     require_provider(options.provider)
-    with tempfile.TemporaryDirectory(prefix="qconsist-ortlog-") as folder:
+    with scratch_dir("qconsist-ortlog-") as folder:
         path = Path(folder) / "ort.log"
         try:
             with _stderr_into(path):

@@ -3,6 +3,8 @@
 Sources:
 
 * ``package:photos`` — the photographs shipped in scikit-image and scikit-learn (``qconsist.inputs.photos``)
+* ``package:photos:augmented:COUNT[:SEED]`` — COUNT samples made from those photographs by seeded random
+  crops and flips (``qconsist.inputs.augment``), each made when read: an evaluation of any size
 * a folder of images (``.png .jpg .jpeg .bmp .tif .tiff .gif .webp``), sorted by file name
 * a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
 * a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
@@ -23,8 +25,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
+from qconsist.inputs import augment
 from qconsist.inputs.photos import package_photos
-from qconsist.inputs.preprocess import Preprocess
+from qconsist.inputs.preprocess import Preprocess, image_mode, mode_rule
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
 PACKAGE_PHOTOS = "package:photos"
@@ -48,6 +51,9 @@ class InputSet:
     names: list[str]  # one per sample
     _load: Callable[[int], Sample]
     preprocess: Preprocess | None = None
+    paths: list[Path] | None = None  # image sets: one file per sample (their modes are reported)
+    stored: dict[str, str] | None = None  # array sets: the dtype of each input as stored
+    cast: dict[str, str] | None = None  # set by ``checked``: inputs whose stored dtype is cast to the model's
 
     def __len__(self) -> int:
         return len(self.names)
@@ -68,7 +74,9 @@ class InputSet:
                 f"input set {self.source} has {len(self.names)} samples; asked for {offset}..{end - 1}"
             )
         base = self._load
-        return InputSet(self.source, self.kind, self.names[offset:end], lambda i: base(offset + i), self.preprocess)
+        paths = self.paths[offset:end] if self.paths is not None else None
+        return InputSet(self.source, self.kind, self.names[offset:end], lambda i: base(offset + i), self.preprocess,
+                        paths, self.stored, self.cast)
 
     def digest(self) -> str:
         """sha256 over every sample's input names, dtypes, shapes and bytes, in order."""
@@ -81,9 +89,18 @@ class InputSet:
         return h.hexdigest()
 
     def describe(self) -> dict:
-        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": list(self.names)}
+        # numbered sets (augmented photos) are named by their source: no list that grows with the count
+        names = [] if isinstance(self.names, _Numbered) else list(self.names)
+        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": names}
         if self.preprocess is not None:
             data["preprocess"] = self.preprocess.to_json()
+        if self.paths is not None:  # how each non-RGB image was converted (``mode_rule``)
+            rules = {name: mode_rule(image_mode(path)) for name, path in zip(self.names, self.paths)}
+            data["conversions"] = {name: rule for name, rule in rules.items() if rule is not None}
+        if self.stored is not None:
+            data["dtype"] = dict(self.stored)
+        if self.cast:
+            data["cast"] = dict(self.cast)
         return data
 
     def batches(self, size: int = 1) -> Iterator[tuple[int, Sample]]:
@@ -108,7 +125,12 @@ class InputSet:
             load(0)  # fail early with a clear message
         if batch_size != 1:
             check_batching(specs, batch_size, len(self.names))
-        return InputSet(self.source, self.kind, self.names, load, self.preprocess)
+        wanted = {spec.name: np.dtype(spec.dtype).name for spec in specs}
+        stored = self.stored or {}
+        if len(specs) == 1 and len(stored) == 1:
+            stored = {specs[0].name: next(iter(stored.values()))}
+        cast = {name: f"{stored[name]} -> {dtype}" for name, dtype in wanted.items() if name in stored and stored[name] != dtype}
+        return InputSet(self.source, self.kind, self.names, load, self.preprocess, self.paths, self.stored, cast or None)
 
 
 def check_batch_size(size: int) -> int:
@@ -155,6 +177,12 @@ def check_sample(sample: Sample, specs: Sequence[InputSpec], label: str) -> Samp
                 raise ShapeMismatchError(
                     f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
                 )
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            nan = int(np.isnan(arr).sum())
+            raise InputError(
+                f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "
+                "infinite value(s); every input must be finite"
+            )
         out[spec.name] = arr
     return out
 
@@ -167,7 +195,24 @@ def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, in
     def load(i: int) -> Sample:
         return {input_name: preprocess.apply(paths[i])}
 
-    return InputSet(source, "images", names, load, preprocess)
+    return InputSet(source, "images", names, load, preprocess, paths=list(paths))
+
+
+class _Numbered(Sequence[str]):
+    """Sample names 000000, 000001, … made when asked: a set of any size holds no list of names."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [f"{i:06d}" for i in range(*index.indices(self.count))]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        return f"{index % self.count:06d}"
 
 
 def _npy_load(path: Path) -> np.ndarray:
@@ -189,7 +234,7 @@ def _stacked_set(source: str, arrays: dict[str, np.ndarray]) -> InputSet:
     def load(i: int) -> Sample:
         return {name: np.ascontiguousarray(a[i : i + 1]) for name, a in arrays.items()}
 
-    return InputSet(source, "arrays", names, load)
+    return InputSet(source, "arrays", names, load, stored={name: a.dtype.name for name, a in arrays.items()})
 
 
 def open_input_set(
@@ -199,6 +244,11 @@ def open_input_set(
 ) -> InputSet:
     """Open an input set from a path or ``package:photos``. Raises ``InputError`` for anything unusable."""
     text = str(source)
+    if text.startswith(augment.PREFIX):
+        count, seed = augment.parse_source(text)
+        bases = augment.base_photos(package_photos(), preprocess)
+        make = augment.AugmentedPhotos(bases, preprocess.crop, seed, preprocess.layout.value == "NCHW")  # type: ignore[union-attr,arg-type]
+        return InputSet(text, "images", _Numbered(count), lambda i: {input_name: make(i)}, preprocess)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
     if text.startswith("package:"):

@@ -93,26 +93,17 @@ class Preprocess:
         return data
 
     def apply(self, path: Path) -> np.ndarray:
-        """Decode ``path`` and return a float32 array with a batch dimension of 1."""
-        from PIL import Image, UnidentifiedImageError
+        """Decode ``path`` (under ``MAX_IMAGE_PIXELS``, its mode converted by ``mode_rule``) and return a float32
+        array with a batch dimension of 1."""
+        from PIL import Image
 
-        try:
-            with Image.open(path) as image:
-                image.load()
-                rgb = image.convert("RGB")
-        except FileNotFoundError:
-            raise InputError(f"image {path} does not exist") from None
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            raise InputError(f"cannot read image {path}: {exc}") from None
-        if self.resize is not None:
-            height, width = self.resize
-            resample = {
-                Interpolation.BILINEAR: Image.Resampling.BILINEAR,
-                Interpolation.NEAREST: Image.Resampling.NEAREST,
-                Interpolation.BICUBIC: Image.Resampling.BICUBIC,
-            }[self.interpolation]
-            rgb = rgb.resize((width, height), resample=resample)
-        array = np.asarray(rgb, dtype=np.float32)  # H, W, 3 in [0, 255]
+        resample = {
+            Interpolation.BILINEAR: Image.Resampling.BILINEAR,
+            Interpolation.NEAREST: Image.Resampling.NEAREST,
+            Interpolation.BICUBIC: Image.Resampling.BICUBIC,
+        }[self.interpolation]
+        size = None if self.resize is None else (self.resize[1], self.resize[0])
+        array = read_image(path, size, resample)  # H, W, 3 in [0, 255]
         if self.crop is not None:
             ch, cw = self.crop
             h, w = array.shape[:2]
@@ -133,3 +124,97 @@ class Preprocess:
         if self.layout is Layout.NCHW:
             array = array.transpose(2, 0, 1)
         return np.ascontiguousarray(array[None], dtype=np.float32)
+
+
+# The largest image qconsist decodes (width x height): 50 megapixels, e.g. 8660 x 5773. A photograph for a
+# classifier is far smaller; a bigger one (or a decompression bomb) is refused in one line before it is decoded.
+MAX_IMAGE_PIXELS = 50_000_000
+
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def mode_rule(mode: str) -> str | None:
+    """How an image of PIL ``mode`` becomes 8-bit-range RGB (None: it already is). The one rule, documented in
+    the README: 16-bit samples are scaled by 255/65535 (never clipped), grayscale is replicated to three
+    channels, an alpha channel is dropped (not composited), a palette is expanded, CMYK and other colour spaces
+    are converted by Pillow; 32-bit float images are refused."""
+    if mode == "RGB":
+        return None
+    if mode in _SIXTEEN_BIT:
+        return f"{mode}: 16-bit grayscale scaled by 255/65535, replicated to 3 channels"
+    return {
+        "L": "L: grayscale replicated to 3 channels",
+        "1": "1: bilevel as 0/255, replicated to 3 channels",
+        "LA": "LA: alpha dropped, grayscale replicated to 3 channels",
+        "P": "P: palette expanded to RGB",
+        "PA": "PA: palette expanded to RGB, alpha dropped",
+        "RGBA": "RGBA: alpha dropped",
+        "RGBX": "RGBX: padding channel dropped",
+        "RGBa": "RGBa: alpha dropped",
+        "CMYK": "CMYK: converted to RGB by Pillow",
+        "YCbCr": "YCbCr: converted to RGB by Pillow",
+        "LAB": "LAB: converted to RGB by Pillow",
+        "HSV": "HSV: converted to RGB by Pillow",
+    }.get(mode, f"{mode}: converted to RGB by Pillow")
+
+
+def _open(path: Path):
+    """``PIL.Image.open`` (lazy: the header only) with the pixel limit applied; PIL's own bomb warning is not
+    printed (the limit is below it) and its bomb error becomes the same one-line refusal."""
+    import re
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(path)
+    except FileNotFoundError:
+        raise InputError(f"image {path} does not exist") from None
+    except Image.DecompressionBombError as exc:
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = found.group(1) if found else "too many"
+        raise InputError(f"image {path} has {pixels} pixels, above the limit of {MAX_IMAGE_PIXELS} (50 megapixels)") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"cannot read image {path}: {exc}") from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        image.close()
+        raise InputError(f"image {path} has {width * height} pixels ({width}x{height}), above the limit of "
+                         f"{MAX_IMAGE_PIXELS} (50 megapixels)")
+    if image.mode == "F":
+        image.close()
+        raise InputError(f"image {path} holds 32-bit float pixels (mode F); save such data as .npy instead")
+    return image
+
+
+def image_mode(path: Path) -> str:
+    """The PIL mode of ``path`` (its header only), as ``read_image`` will see it."""
+    with _open(path) as image:
+        return image.mode
+
+
+def read_image(path: Path, size: tuple[int, int] | None = None, resample: int = 2) -> np.ndarray:
+    """``path`` as float32 (H, W, 3) in [0, 255] under ``mode_rule``, resized to ``size`` (width, height)."""
+    from PIL import Image
+
+    try:
+        with _open(path) as image:
+            image.load()
+            if image.mode in _SIXTEEN_BIT:
+                gray = image.convert("F")
+                values = np.asarray(gray, dtype=np.float32)
+                if values.size and (values.min() < 0 or values.max() > 65535):
+                    raise InputError(f"image {path} (mode {image.mode}) has values outside 0..65535")
+                if size is not None:
+                    gray = Image.fromarray(values, "F").resize(size, resample=resample)
+                    values = np.asarray(gray, dtype=np.float32)
+                values = values * np.float32(255.0 / 65535.0)
+                return np.repeat(values[..., None], 3, axis=2)
+            rgb = image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"cannot read image {path}: {exc}") from None
+    if size is not None:
+        rgb = rgb.resize(size, resample=resample)
+    return np.asarray(rgb, dtype=np.float32)

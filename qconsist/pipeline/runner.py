@@ -36,6 +36,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import loads
 from qconsist.models import fetch_model
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: 
     return inputs.subset(data.offset, data.count)
 
 
-def _describe(inputs: InputSet) -> dict[str, Any]:
-    return {**inputs.describe(), "digest": inputs.digest()}
+def _describe(inputs: InputSet, model: Path) -> dict[str, Any]:
+    """The input set as the model sees it (conversions and casts reported), with the digest of its samples."""
+    return {**inputs.checked(input_specs(model)).describe(), "digest": inputs.digest()}
 
 
 def _model_record(config: PipelineConfig, files: dict[str, Path]) -> dict[str, Any]:
@@ -172,8 +174,8 @@ def run_pipeline(
                              run.mark_progress)
         first = records[0].path
         manifest.inputs = {
-            "calibration": _describe(context.calibration(first)),
-            "evaluation": _describe(context.evaluation(first)) if config.evaluation else {"same_as": "calibration"},
+            "calibration": _describe(context.calibration(first), first),
+            "evaluation": _describe(context.evaluation(first), first) if config.evaluation else {"same_as": "calibration"},
         }
         manifest.stages = [r.to_json() for r in records]
         for record in records:
@@ -210,11 +212,9 @@ def load_result(path: Path) -> PipelineResult:
 def repeat_from_pipeline(config: PipelineConfig, n: int, progress: Progress = NULL_PROGRESS) -> RepeatResult:
     """Run the stages before quantize as ``config`` says (in a temporary folder, unchecked), then calibrate
     ``n`` times."""
-    import tempfile
-
     files = _model_files(config)
     float_stages = [s for s in config.active_stages() if s.produces_float]
-    with tempfile.TemporaryDirectory(prefix="qconsist-calib-") as tmp:
+    with scratch_dir("qconsist-calib-") as tmp:
         folder = Path(tmp)
         context = _context(config, files, progress, None)
         context.evaluation = None  # no stage checks: only the model that calibration starts from is wanted

@@ -62,7 +62,7 @@ class Stage(Protocol):
     order: int  # position in the pipeline
     optional: bool  # runs only when the pipeline file has its [section]
     produces_float: bool  # its artifact is still a float model (calibration starts from the last of these)
-    options_type: type
+    options_type: type  # a frozen dataclass with ``to_json()`` (recorded in the manifest's pipeline section)
 
     def parse(self, table: Table | None, base: Path) -> Any:
         """Its options from its [section] (``None``: absent), unknown keys refused."""

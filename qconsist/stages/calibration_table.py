@@ -22,6 +22,13 @@ from qconsist.store.serde import to_number
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
+def quantized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes that make a model quantized: QuantizeLinear / DequantizeLinear and ONNX's or onnxruntime's
+    QLinear* / integer operators (``QLinearConv``, ``ConvInteger``, ``DynamicQuantizeLinear``…)."""
+    return [n for n in model.graph.node if n.op_type in _QDQ or n.op_type.startswith("QLinear")
+            or n.op_type.endswith("Integer") or n.op_type == "DynamicQuantizeLinear"]
+
+
 def _values(array: np.ndarray, integer: bool) -> Any:
     flat = array.reshape(-1)
     if integer:
@@ -155,13 +162,20 @@ def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: fr
 
     A graph output is listed as ``<output NAME>``.
     """
-    found = [f"<output {output}>"] if output in outputs else []
-    for node in users.get(output, []):
-        if node.op_type in _QDQ:
-            for next_output in node.output:
-                found.extend(_downstream(next_output, users, outputs))
-        else:
-            found.append(_node_label(node))
+    found: list[str] = []
+    pending, seen = [output], set()
+    while pending:  # iterative, and each tensor once: a graph ORT quantized twice chains Q/DQ pairs
+        tensor = pending.pop(0)
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        if tensor in outputs:
+            found.append(f"<output {tensor}>")
+        for node in users.get(tensor, []):
+            if node.op_type in _QDQ:
+                pending.extend(node.output)
+            else:
+                found.append(_node_label(node))
     return found
 
 

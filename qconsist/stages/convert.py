@@ -24,6 +24,7 @@ import onnx
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
+from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
 from qconsist.stages.caffe.geometry import onnx_pool_pads, pool_geometry, pooled_size
 from qconsist.stages.caffe.geometry import blob_array
@@ -312,6 +313,30 @@ def _run_caffe2onnx(net, weights, prototxt: Path, output: Path) -> onnx.ModelPro
         raise UnsupportedModelError(f"caffe2onnx cannot convert {prototxt}: {type(exc).__name__}: {exc}") from None
 
 
+def refuse_external_data(path: Path, model: onnx.ModelProto) -> None:
+    """qconsist hashes and copies one self-contained file per artifact: weights kept in external data files
+    (``onnx.save(..., save_as_external_data=True)``, models over 2 GB) are refused in one line."""
+    from onnx.external_data_helper import uses_external_data
+
+    files = sorted({entry.value for tensor in model.graph.initializer if uses_external_data(tensor)
+                    for entry in tensor.external_data if entry.key == "location"})
+    if files:
+        raise UnsupportedModelError(
+            f"{path} keeps its weights in external data file(s) {', '.join(files)}; qconsist needs a self-contained "
+            "model: save it with onnx.save(model, path, save_as_external_data=False)"
+        )
+
+
+def refuse_quantized(path: Path, model: onnx.ModelProto) -> None:
+    """A model a pipeline quantizes must be a float model."""
+    found = quantized_nodes(model)
+    if found:
+        kinds = ", ".join(sorted({n.op_type for n in found}))
+        raise UnsupportedModelError(
+            f"{path} is already quantized ({len(found)} {kinds} node(s)); give the float model it was made from"
+        )
+
+
 def check_onnx_entry(path: Path) -> onnx.ModelProto:
     """An ONNX model a pipeline starts from: readable, passes ``onnx.checker``, loads in onnxruntime."""
     import re
@@ -320,9 +345,11 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
 
 
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
         raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    refuse_external_data(path, model)
+    refuse_quantized(path, model)
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -451,9 +451,6 @@ class DeterminizeStage:
     def parse(self, table, base: Path) -> DeterminizeOptions:
         if table is None:
             return DeterminizeOptions()
-        from dataclasses import fields
-
-
         kinds = {bool: bool, int: int, float: float}
         values = {}
         for f in fields(DeterminizeOptions):
@@ -466,7 +463,6 @@ class DeterminizeStage:
         return options
 
     def run(self, source: Path | None, target: Path, options: DeterminizeOptions, context):  # -> StageRecord
-
         start = time.perf_counter()
         evaluation = context.evaluation(source) if context.evaluation else None
         first = evaluation.sample(0) if evaluation is not None and len(evaluation) else None

@@ -17,7 +17,6 @@ recorded, and a mismatch raises ``FidelityError``.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -35,6 +34,7 @@ from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def optimize_model(
     """
     source, output = Path(source), Path(output)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="qconsist-optimize-") as tmp:
+    with scratch_dir("qconsist-optimize-") as tmp:
         staged = Path(tmp) / "model.onnx"
         try:
             if options.method is OptimizeMethod.SESSION:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import tempfile
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from typing import Any
 
 import onnx
 
-from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table
+from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table, quantized_nodes
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, compare_outputs
@@ -40,7 +40,9 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
+from qconsist.stages.convert import refuse_quantized
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +271,17 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
         extra_options=calibration.resolved(),
     )
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
-    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter):
+    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN warnings: NaN ranges are refused below
         calibrator.collect_data(InputSetReader(checked, handle, calibration.batch_size))
         ranges = calibrator.compute_data()
+    nan = sorted(name for name, (low, high) in _ranges(ranges).items() if math.isnan(low) or math.isnan(high))
+    if nan:
+        shown = ", ".join(nan[:3]) + (f" and {len(nan) - 3} more" if len(nan) > 3 else "")
+        raise FidelityError(
+            f"calibration measured a NaN range for tensor(s) {shown}: the model computes NaN from the calibration "
+            f"inputs ({inputs.source}), so no scale can be chosen"
+        )
     if chatter.getvalue():
         log.debug("onnxruntime calibrator: %s", chatter.getvalue().strip())
     return ranges
@@ -301,10 +311,11 @@ def quantize_model(
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     source, output = Path(source), Path(output)
+    check_selection(source, options)
     quant_format, activation_type, weight_type = _ort_enums(options)
     method = _ort_method(calibration)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="qconsist-quantize-") as tmp:
+    with scratch_dir("qconsist-quantize-") as tmp:
         workdir = Path(tmp)
         tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
         calibration_seconds = time.perf_counter() - start
@@ -331,6 +342,8 @@ def quantize_model(
             write_atomic(Path(ranges_output), lambda target: target.write_bytes(cache.read_bytes()))
     seconds = time.perf_counter() - start
     quantized = onnx.load(str(output))
+    if not quantized_nodes(quantized):
+        raise ConfigError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
     table = build_table(quantized, _ranges(tensors_data))
     issues = table.issues()
     params = {
@@ -358,9 +371,60 @@ def quantize_model(
     return result
 
 
+def quantizable_op_types(options: QuantizeOptions) -> list[str]:
+    """The operators onnxruntime quantizes in ``options.format``."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    registry = QDQRegistry if options.format is QuantFormatChoice.QDQ else QLinearOpsRegistry
+    return sorted(registry)
+
+
+def check_selection(source: Path, options: QuantizeOptions) -> None:
+    """``op_types`` that onnxruntime cannot quantize, ``nodes_to_exclude`` that are not in the model, and a model
+    that is already quantized are refused before any calibration (ORT would silently quantize nothing)."""
+    unknown = sorted(set(options.op_types) - set(quantizable_op_types(options)))
+    if unknown:
+        raise ConfigError(
+            f"quantize.op_types: onnxruntime cannot quantize {', '.join(unknown)} in {options.format.value} format "
+            f"(it quantizes {', '.join(quantizable_op_types(options))})"
+        )
+    if not options.nodes_to_exclude:
+        refuse_quantized(source, onnx.load(str(source), load_external_data=False))
+        return
+    model = onnx.load(str(source), load_external_data=False)
+    refuse_quantized(source, model)
+    missing = sorted(set(options.nodes_to_exclude) - {n.name for n in model.graph.node})
+    if missing:
+        names = [n.name for n in model.graph.node if n.name]
+        shown = ", ".join(names[:8]) + (f", … ({len(names)} in all)" if len(names) > 8 else "")
+        raise ConfigError(f"quantize.nodes_to_exclude: the model to quantize has no node named {', '.join(missing)} "
+                          f"(its nodes: {shown or 'none named'})")
+
+
+def _why_nothing(source: Path, options: QuantizeOptions) -> str:
+    model = onnx.load(str(source), load_external_data=False)
+    present = {n.op_type for n in model.graph.node}
+    wanted = set(options.op_types) or set(quantizable_op_types(options))
+    selected = [n for n in model.graph.node if n.op_type in wanted and n.name not in set(options.nodes_to_exclude)]
+    if options.op_types and not present & set(options.op_types):
+        return (f"the model has no {', '.join(sorted(options.op_types))} node (quantize.op_types; its operators: "
+                f"{', '.join(sorted(present))})")
+    if not selected and options.nodes_to_exclude:
+        return "every node of a quantizable type is in quantize.nodes_to_exclude"
+    if not selected:
+        return f"the model has no operator onnxruntime quantizes (its operators: {', '.join(sorted(present))})"
+    return (f"none of the model's {len(selected)} quantizable node(s) ({', '.join(sorted({n.op_type for n in selected}))}) "
+            "could be quantized; check quantize.op_types and nodes_to_exclude")
+
+
 def check_quantized(source: Path, quantized: Path, evaluation: InputSet, options: QuantizeOptions) -> OutputComparison:
     """Quantized vs float outputs on ``evaluation``: greatest difference and top-1 agreement, gated if asked."""
     comparison = compare_outputs(outputs_of(source, evaluation), outputs_of(quantized, evaluation), atol=None, rtol=None)
+    if not math.isfinite(comparison.max_abs_diff) and not options.allow_invalid_scales:  # recorded as failed either way
+        raise FidelityError(
+            f"quantized model's outputs differ from the float model's by {comparison.max_abs_diff} (output "
+            f"{comparison.worst.name}, sample {comparison.worst.max_abs_at[0]}): NaN or Inf on one side only"
+        )
     if options.min_top1_agreement is not None and comparison.top1_agreement < options.min_top1_agreement:
         raise FidelityError(
             f"quantized model agrees with the float model on top-1 for {comparison.top1_agreement:.1%} of "

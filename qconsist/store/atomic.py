@@ -24,13 +24,34 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, writer: Callable[[Path], None]) -> None:
-    """Call ``writer(tmp)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+def _umask() -> int:
+    """The process's umask: read from /proc where it is shown (setting it to read it races with threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Path, writer: Callable[[Path], None], make_parents: bool = True) -> None:
+    """Call ``writer(tmp)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``. The file
+    gets the permissions a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    ``make_parents=False``: a missing parent folder is an error, not created (outputs outside the runs folder)."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            raise OutputError(f"cannot write {path}: folder {path.parent} does not exist")
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
     tmp = Path(tmp_name)

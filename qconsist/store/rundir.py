@@ -28,8 +28,8 @@ from qconsist.errors import OutputError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
+from qconsist.store.scratch import scratch_root
 from qconsist.store.verify import record_files
-from qconsist.errors import QconsistError
 
 RUNNING_NAME = "RUNNING.json"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -103,13 +103,17 @@ class RunDirectory:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> "RunDirectory":
+        self._scratch = scratch_root(self.path)
+        self._scratch.__enter__()
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            scratch.__exit__(exc_type, exc, tb)  # temporary files go, whatever happened
         if exc is None or self.keep_on_error:
             return
-
-        if isinstance(exc, QconsistError):
+        if isinstance(exc, Exception):  # a user error or a bug: nothing half-written stays; an interrupt keeps it
             self.abandon()
 
 

@@ -103,3 +103,47 @@ def test_pipelines_of_one_model_under_two_names_are_compared(nsfw_run, tmp_path)
     other = _renamed_copy(nsfw_run.path, tmp_path / "other", "another-net", caffemodel_sha256="0" * 64)
     with pytest.raises(RunStoreError, match=r"runs of different models: .* is 'open_nsfw', .*other is 'another-net'"):
         diff_runs(nsfw_run.path, other)
+
+
+def _make_legacy(run: Path) -> None:
+    """Rewrite a run's fingerprint table as qconsist wrote it before hash functions were recorded."""
+    table_path = run / "dump" / "fingerprints.npy"
+    table = np.load(table_path)
+    legacy = np.dtype([(n, "<u2" if n == "present" else table.dtype[n]) for n in table.dtype.names if n != "function"])
+    old = np.zeros(table.shape, dtype=legacy)
+    for name in legacy.names:
+        old[name] = table[name]
+    np.save(table_path, old)
+
+
+def test_hashes_of_different_functions_are_refused_in_one_line(setup):
+    """A dump written before qc-mix64/1 (xxh3-64 hashes, 2-byte `present`) is not compared with a new one."""
+    a = _run(setup["relu"], setup["a"], "a")
+    b = _run(setup["relu"], setup["a"], "b")
+    _make_legacy(b)
+    with pytest.raises(RunStoreError, match=r"fingerprinted with qc-mix64/1 and run runs/b with xxh3-64"):
+        diff_runs(a, b)
+    out = CliRunner().invoke(app, ["diff", str(a), str(b)])
+    assert out.exit_code == 2
+    assert out.output == (
+        "error: run runs/a was fingerprinted with qc-mix64/1 and run runs/b with xxh3-64: hashes of different "
+        "functions cannot be compared; dump both runs with this qconsist version\n"
+    )
+
+
+def test_raw_auto_keeps_what_differs_from_a_reference_of_the_same_hash_function(setup):
+    a = _run(setup["relu"], setup["a"], "a")
+    out = CliRunner().invoke(app, ["run", str(setup["relu"]), "--inputs", str(setup["a"]), "--dump", "--raw", "auto",
+                                   "--reference", str(a), "--runs-dir", "runs", "--run-id", "b", "--json"])
+    assert out.exit_code == 0, out.output
+    assert sorted(p.name for p in (Path("runs/b/dump/raw")).iterdir()) == ["000000.npz", "000001.npz"]
+    with np.load("runs/b/dump/raw/000000.npz") as saved:
+        assert saved.files == ["t1"]  # identical runs: only the final output (column 1) is kept
+    _make_legacy(a)
+    out = CliRunner().invoke(app, ["run", str(setup["relu"]), "--inputs", str(setup["a"]), "--dump", "--raw", "auto",
+                                   "--reference", str(a), "--runs-dir", "runs", "--run-id", "c"])
+    assert out.exit_code == 2
+    assert out.output == (
+        "error: --reference runs/a was fingerprinted with xxh3-64 and this run with qc-mix64/1: hashes of different "
+        "functions cannot be compared; dump both runs with this qconsist version\n"
+    )

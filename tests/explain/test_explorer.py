@@ -63,6 +63,7 @@ def test_diff_writes_the_files_and_the_report_links_them(tmp_path):
                                                                  "status.json"]
     assert json.loads(Path("overlay/status.json").read_text())["qdq_conv"]["results"]["conv"] == {"value": 2}
     Path("d.json").write_text(CliRunner().invoke(app, ["diff", "runs/disable", "runs/all", "--json"]).output)
+    Path("out").mkdir()  # qconsist creates no folder for an output file
     result = CliRunner().invoke(app, ["report", "d.json", "-o", "out/r.html"])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == ["report: out/r.html", "Model Explorer node data: out/r.explorer/"]

@@ -6,19 +6,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import xxhash
 
 from qconsist.inference import dump as dump_module
 from qconsist.inference.dump import DumpRecorder
-from qconsist.inference.fingerprint import DTYPES, FingerprintTable, read_table
+from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTIONS, FingerprintTable, read_table
+from mix64_reference import reference_mix64
 
 
 def _expected(array: np.ndarray) -> dict:
-    """Fingerprint fields computed directly with numpy and xxhash."""
+    """Fingerprint fields computed directly with numpy and qc-mix64/1 from its definition."""
     values = array.astype(np.float64).ravel()
     finite = values[np.isfinite(values)]
     return {
-        "hash": xxhash.xxh3_64_intdigest(np.ascontiguousarray(array).tobytes()),
+        "hash": reference_mix64(np.ascontiguousarray(array).tobytes()),
         "min": finite.min(), "max": finite.max(), "mean": finite.mean(),
         "nan": int(np.isnan(values).sum()), "inf": int(np.isinf(values).sum()), "dtype": array.dtype.name,
     }
@@ -46,6 +46,7 @@ def test_rows_reuse_statistics_only_for_identical_columns(tmp_path):
         for column, array in enumerate(arrays):
             record, expected = saved[sample, column], _expected(array)
             assert int(record["hash"]) == expected["hash"]
+            assert HASH_FUNCTIONS[int(record["function"])] == "qc-mix64/1" and record["present"] == 1
             assert DTYPES[int(record["dtype"])] == expected["dtype"]
             assert shapes[int(record["shape"])] == array.shape
             assert (int(record["nan"]), int(record["inf"])) == (expected["nan"], expected["inf"])

@@ -98,3 +98,18 @@ def test_preprocess_validation():
         Preprocess.from_dict({"resize": [0, 3]})
     p = Preprocess.from_dict({"resize": [8, 8], "channel_order": "bgr", "mean": [1, 2, 3]})
     assert p.channel_order is ChannelOrder.BGR and p.to_json()["mean"] == [1.0, 2.0, 3.0]
+
+
+def test_augmented_photos_are_seeded_made_when_read_and_named_by_number():
+
+    preprocess = Preprocess(resize=(64, 64), crop=(48, 48), mean=(104.0, 117.0, 123.0))
+    a = open_input_set("package:photos:augmented:50000:3", preprocess, "data")
+    b = open_input_set("package:photos:augmented:50000:3", preprocess, "data")
+    other = open_input_set("package:photos:augmented:50000:4", preprocess, "data")
+    assert len(a) == 50000 and a.names[49999] == "049999" and a.describe()["names"] == []
+    assert a.sample(12345)["data"].shape == (1, 3, 48, 48)
+    assert a.sample(12345)["data"].tobytes() == b.sample(12345)["data"].tobytes()
+    assert any(a.sample(i)["data"].tobytes() != other.sample(i)["data"].tobytes() for i in range(4))
+    assert a.subset(10, 3).digest() == b.subset(10, 3).digest()
+    with pytest.raises(ConfigError, match=r"write package:photos:augmented:COUNT\[:SEED\] with COUNT >= 1"):
+        open_input_set("package:photos:augmented:many", preprocess, "data")

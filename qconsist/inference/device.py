@@ -1,0 +1,307 @@
+"""On-device dumps on the CUDA execution provider: every dumped tensor stays in GPU memory, fingerprinted there.
+
+``DeviceDump`` binds every output of the exposed graph (``dump.DumpPlan``) with ONNX Runtime's IOBinding to
+one preallocated CUDA buffer (1 KiB-aligned slices; reused by every step of the same size), runs the step,
+and fingerprints every tensor — every sample of a batched tensor — with two CuPy ``RawKernel`` launches:
+
+1. ``chunk_stats``: one block per chunk of 32 KiB of a tensor: the ``qc-mix64/1`` terms of its words
+   (``kernels.py``; added modulo 2**64), min, max and sum of its values in float64 (a fixed reduction tree),
+   NaN and Inf counts; one partial record per chunk (no atomics at all);
+2. ``segment_reduce``: one thread per (tensor, sample) adds its chunks' partials in chunk order and
+   finalizes the hash with the byte count.
+
+Integer arithmetic for the hash and a fixed order for the float sums: the same bytes give the same record on
+every run, whatever the scheduling. The hash is the CPU's (``kernels.mix64``), so a GPU dump and a CPU dump
+compare hash for hash; min, max, NaN and Inf are exact; the mean of a float tensor may differ from the CPU's in
+the last bits (summation order), that of an integer tensor is exact. Only the records (56 bytes per tensor per
+sample), the final outputs (for the faithfulness check) and raw tensors asked for come back to the host.
+
+CuPy (``cupy-cuda13x``, extra ``gpu``) is imported when a CUDA dump starts, never before.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from qconsist.errors import UnavailableError
+from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTION, RECORD, ShapeTable
+
+log = logging.getLogger(__name__)
+
+ALIGN = 1024  # bytes between the start of two tensors in the shared buffer
+CHUNK_WORDS = 4096  # 32 KiB of a tensor per block
+THREADS = 256
+
+_SOURCE = r"""
+typedef unsigned long long u64;
+#define K1 0x9E3779B97F4A7C15ULL
+#define K2 0xC2B2AE3D27D4EB4FULL
+__device__ __forceinline__ u64 fmix(u64 x) {
+  x ^= x >> 33; x *= 0xFF51AFD7ED558CCDULL; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53ULL; x ^= x >> 33; return x;
+}
+__device__ __forceinline__ float half_to_float(unsigned int h) {
+  unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+  if (exp == 0) {
+    if (man == 0) { bits = sign; }
+    else { int e = -1; do { e++; man <<= 1; } while (!(man & 0x400u)); bits = sign | ((112 - e) << 23) | ((man & 0x3FFu) << 13); }
+  } else if (exp == 31) { bits = sign | 0x7F800000u | (man << 13); }
+  else { bits = sign | ((exp + 112) << 23) | (man << 13); }
+  return __uint_as_float(bits);
+}
+// kind: the element type code of qconsist.inference.fingerprint.DTYPES
+__device__ __forceinline__ double value_at(u64 word, int k, int kind, int* isfloat) {
+  *isfloat = 0;
+  switch (kind) {
+    case 1: { *isfloat = 1; return (double)__uint_as_float((unsigned int)(word >> (32 * k))); }
+    case 2: { *isfloat = 1; return __longlong_as_double((long long)word); }
+    case 3: { *isfloat = 1; return (double)half_to_float((unsigned int)(word >> (16 * k)) & 0xFFFFu); }
+    case 4: { *isfloat = 1; return (double)__uint_as_float(((unsigned int)(word >> (16 * k)) & 0xFFFFu) << 16); }
+    case 5: return (double)(signed char)(word >> (8 * k));
+    case 6: case 13: return (double)(unsigned char)(word >> (8 * k));
+    case 7: return (double)(short)(word >> (16 * k));
+    case 8: return (double)(unsigned short)(word >> (16 * k));
+    case 9: return (double)(int)(word >> (32 * k));
+    case 10: return (double)(unsigned int)(word >> (32 * k));
+    case 11: return (double)(long long)word;
+    case 12: return (double)word;
+  }
+  return 0.0;
+}
+__device__ __forceinline__ int item_size(int kind) {
+  switch (kind) { case 1: case 9: case 10: return 4; case 2: case 11: case 12: return 8;
+                  case 3: case 4: case 7: case 8: return 2; default: return 1; }
+}
+__device__ __forceinline__ int has_stats(int kind) { return kind >= 1 && kind <= 13; }
+
+extern "C" __global__ void chunk_stats(
+    const unsigned char* base, const long long* seg_offset, const long long* seg_bytes, const int* seg_kind,
+    const int* chunk_segment, const long long* chunk_word, int words_per_chunk,
+    u64* p_hash, double* p_lo, double* p_hi, double* p_sum, u64* p_nan, u64* p_inf) {
+  __shared__ u64 s_hash[32]; __shared__ double s_lo[32]; __shared__ double s_hi[32]; __shared__ double s_sum[32];
+  __shared__ u64 s_nan[32]; __shared__ u64 s_inf[32];
+  int chunk = blockIdx.x, seg = chunk_segment[chunk], kind = seg_kind[seg];
+  long long nbytes = seg_bytes[seg], nwords = (nbytes + 7) / 8;
+  const unsigned char* p = base + seg_offset[seg];
+  int aligned = (((unsigned long long)p) & 7) == 0;
+  int size = item_size(kind), per = 8 / size, stats = has_stats(kind);
+  long long first = chunk_word[chunk], last = min(first + (long long)words_per_chunk, nwords);
+  u64 h = 0, nan = 0, inf = 0; double lo = 1.0 / 0.0, hi = -1.0 / 0.0, sum = 0.0;
+  for (long long w = first + threadIdx.x; w < last; w += blockDim.x) {
+    u64 word = 0;
+    long long at = w * 8;
+    if (aligned && at + 8 <= nbytes) { word = *(const u64*)(p + at); }
+    else { for (int b = 0; b < 8 && at + b < nbytes; b++) word |= ((u64)p[at + b]) << (8 * b); }
+    h += fmix(word ^ ((u64)(w + 1) * K1));
+    if (stats) {
+      int count = (int)min((long long)per, (nbytes - at) / size);
+      for (int k = 0; k < count; k++) {
+        int isfloat; double v = value_at(word, k, kind, &isfloat);
+        if (isfloat && v != v) { nan++; }
+        else if (isfloat && isinf(v)) { inf++; }
+        else { lo = fmin(lo, v); hi = fmax(hi, v); sum += v; }
+      }
+    }
+  }
+  // warp, then block: a fixed tree, so the float sum is the same on every run
+  for (int o = 16; o > 0; o >>= 1) {
+    h += __shfl_down_sync(0xffffffffu, h, o); nan += __shfl_down_sync(0xffffffffu, nan, o);
+    inf += __shfl_down_sync(0xffffffffu, inf, o); sum += __shfl_down_sync(0xffffffffu, sum, o);
+    lo = fmin(lo, __shfl_down_sync(0xffffffffu, lo, o)); hi = fmax(hi, __shfl_down_sync(0xffffffffu, hi, o));
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) { s_hash[warp] = h; s_lo[warp] = lo; s_hi[warp] = hi; s_sum[warp] = sum; s_nan[warp] = nan; s_inf[warp] = inf; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < warps; i++) {
+      h += s_hash[i]; lo = fmin(lo, s_lo[i]); hi = fmax(hi, s_hi[i]); sum += s_sum[i]; nan += s_nan[i]; inf += s_inf[i];
+    }
+    p_hash[chunk] = h; p_lo[chunk] = lo; p_hi[chunk] = hi; p_sum[chunk] = sum; p_nan[chunk] = nan; p_inf[chunk] = inf;
+  }
+}
+
+extern "C" __global__ void segment_reduce(
+    int segments, const long long* seg_bytes, const int* seg_kind, const int* seg_first_chunk,
+    const u64* p_hash, const double* p_lo, const double* p_hi, const double* p_sum, const u64* p_nan, const u64* p_inf,
+    u64* o_hash, double* o_lo, double* o_hi, double* o_mean, u64* o_nan, u64* o_inf) {
+  int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= segments) return;
+  u64 h = 0, nan = 0, inf = 0; double lo = 1.0 / 0.0, hi = -1.0 / 0.0, sum = 0.0;
+  for (int c = seg_first_chunk[s]; c < seg_first_chunk[s + 1]; c++) {
+    h += p_hash[c]; lo = fmin(lo, p_lo[c]); hi = fmax(hi, p_hi[c]); sum += p_sum[c]; nan += p_nan[c]; inf += p_inf[c];
+  }
+  long long nbytes = seg_bytes[s];
+  o_hash[s] = fmix(h ^ ((u64)nbytes * K2));
+  long long finite = nbytes / item_size(seg_kind[s]) - (long long)(nan + inf);
+  double nothing = __longlong_as_double(0x7FF8000000000000LL);
+  int stats = has_stats(seg_kind[s]) && finite > 0;
+  o_lo[s] = stats ? lo : nothing; o_hi[s] = stats ? hi : nothing; o_mean[s] = stats ? sum / (double)finite : nothing;
+  o_nan[s] = nan; o_inf[s] = inf;
+}
+"""
+
+_module: dict[str, Any] = {}
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise UnavailableError(f"on-device dumps need CuPy for CUDA 13: install qconsist[gpu] (cupy-cuda13x) ({exc})") from None
+    if not _module:
+        raw = cupy.RawModule(code=_SOURCE, options=("-std=c++14",))
+        _module.update(chunk_stats=raw.get_function("chunk_stats"), segment_reduce=raw.get_function("segment_reduce"))
+    return cupy
+
+
+@dataclass
+class _Layout:
+    """The buffer, bindings and work tables of steps of one size."""
+
+    count: int
+    binding: Any
+    buffer: Any  # cupy uint8 array
+    shapes: list[tuple[int, ...]]  # per column, the whole step
+    offsets: list[int]
+    nbytes: list[int]
+    segments: list[tuple[int, int]]  # per column: (first segment, segments: count or 1)
+    tables: dict[str, Any]  # device arrays of the kernels
+    row_shapes: list[int]  # per column: shape id of one sample's tensor
+    chunks: int
+
+
+class DeviceDump:
+    """Runs the exposed graph with every output bound to CUDA memory and fingerprints it there."""
+
+    def __init__(self, session: Any, names: Sequence[str], dtypes: Sequence[str], batched: Sequence[bool],
+                 shapes: ShapeTable, device_id: int = 0) -> None:
+        self.cp = _cupy()
+        self.session, self.names, self.batched = session, list(names), list(batched)
+        self.codes = [DTYPES.index(d) if d in DTYPES else 0 for d in dtypes]
+        self.numpy_types = [np.dtype(d) if d in DTYPES[1:] and d not in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else None
+                            for d in dtypes]
+        self.device_id, self.shape_table = device_id, shapes
+        self._layouts: dict[int, _Layout] = {}
+        self.seconds = {"exposure": 0.0, "fingerprints": 0.0, "transfers": 0.0}
+
+    # ------------------------------------------------------------------ layout
+    def _learn(self, step: dict[str, np.ndarray], count: int) -> _Layout:
+        cp = self.cp
+        probe = self.session.io_binding()
+        for name, array in step.items():
+            probe.bind_cpu_input(name, array)
+        for name in self.names:
+            probe.bind_output(name, "cuda", self.device_id)
+        self.session.run_with_iobinding(probe)
+        shapes = [tuple(int(d) for d in v.shape()) for v in probe.get_outputs()]
+        del probe
+        offsets, nbytes, total = [], [], 0
+        for shape, code in zip(shapes, self.codes):
+            size = int(np.prod(shape, dtype=np.int64)) * _itemsize(code)
+            offsets.append(total)
+            nbytes.append(size)
+            total += (size + ALIGN - 1) // ALIGN * ALIGN
+        buffer = cp.empty(max(total, ALIGN), dtype=cp.uint8)
+        binding = self.session.io_binding()
+        for name, shape, code, offset, numpy_type in zip(self.names, shapes, self.codes, offsets, self.numpy_types):
+            if numpy_type is None:
+                binding.bind_output(name, "cuda", self.device_id)  # a type numpy cannot name: ORT allocates
+            else:
+                binding.bind_output(name, "cuda", self.device_id, numpy_type, list(shape), buffer.data.ptr + offset)
+        seg_offset, seg_bytes, seg_kind, segments, row_shapes = [], [], [], [], []
+        for column, (shape, offset, size) in enumerate(zip(shapes, offsets, nbytes)):
+            split = count > 1 and self.batched[column] and len(shape) > 0 and shape[0] == count
+            rows = count if split else 1
+            segments.append((len(seg_offset), rows))
+            row_shapes.append(self.shape_table.id((1, *shape[1:]) if split else shape))
+            for r in range(rows):
+                seg_offset.append(offset + r * (size // rows))
+                seg_bytes.append(size // rows)
+                seg_kind.append(self.codes[column])
+        first_chunk, chunk_segment, chunk_word = [0], [], []
+        for s, size in enumerate(seg_bytes):
+            words = (size + 7) // 8
+            for w in range(0, words, CHUNK_WORDS):
+                chunk_segment.append(s)
+                chunk_word.append(w)
+            first_chunk.append(len(chunk_segment))
+        chunks, n = len(chunk_segment), len(seg_offset)
+        tables = {
+            "seg_offset": cp.asarray(np.array(seg_offset, dtype=np.int64)),
+            "seg_bytes": cp.asarray(np.array(seg_bytes, dtype=np.int64)),
+            "seg_kind": cp.asarray(np.array(seg_kind, dtype=np.int32)),
+            "first_chunk": cp.asarray(np.array(first_chunk, dtype=np.int32)),
+            "chunk_segment": cp.asarray(np.array(chunk_segment or [0], dtype=np.int32)),
+            "chunk_word": cp.asarray(np.array(chunk_word or [0], dtype=np.int64)),
+            "p_hash": cp.empty(max(chunks, 1), cp.uint64), "p_lo": cp.empty(max(chunks, 1), cp.float64),
+            "p_hi": cp.empty(max(chunks, 1), cp.float64), "p_sum": cp.empty(max(chunks, 1), cp.float64),
+            "p_nan": cp.empty(max(chunks, 1), cp.uint64), "p_inf": cp.empty(max(chunks, 1), cp.uint64),
+            "out": cp.empty((6, n), cp.uint64),  # hash, lo, hi, mean (float64 bits), nan, inf
+        }
+        log.info("device dump: %d tensors, %.1f MB per step of %d, %d segments, %d chunks", len(shapes), total / 1e6, count, n, chunks)
+        return _Layout(count, binding, buffer, shapes, offsets, nbytes, segments, tables, row_shapes, chunks)
+
+    # ------------------------------------------------------------------ one step
+    def run(self, step: dict[str, np.ndarray], count: int, host_columns: Sequence[int] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """Run one step: its records ``RECORD[count, tensors]`` and the whole-step arrays of ``host_columns``."""
+        import time
+
+        cp = self.cp
+        layout = self._layouts.get(count)
+        if layout is None:
+            layout = self._layouts[count] = self._learn(step, count)
+        start = time.perf_counter()
+        for name, array in step.items():
+            layout.binding.bind_cpu_input(name, array)
+        self.session.run_with_iobinding(layout.binding)
+        layout.binding.synchronize_outputs()
+        middle = time.perf_counter()
+        t = layout.tables
+        segments = int(t["seg_bytes"].size)
+        if layout.chunks:
+            _module["chunk_stats"]((layout.chunks,), (THREADS,), (
+                layout.buffer, t["seg_offset"], t["seg_bytes"], t["seg_kind"], t["chunk_segment"], t["chunk_word"],
+                np.int32(CHUNK_WORDS), t["p_hash"], t["p_lo"], t["p_hi"], t["p_sum"], t["p_nan"], t["p_inf"]))
+        out = t["out"]
+        _module["segment_reduce"](((segments + 127) // 128,), (128,), (
+            np.int32(segments), t["seg_bytes"], t["seg_kind"], t["first_chunk"],
+            t["p_hash"], t["p_lo"], t["p_hi"], t["p_sum"], t["p_nan"], t["p_inf"],
+            out[0], out[1].view(cp.float64), out[2].view(cp.float64), out[3].view(cp.float64), out[4], out[5]))
+        result = out.get()
+        finished = time.perf_counter()
+        host = {c: self._host(layout, c) for c in host_columns}
+        done = time.perf_counter()
+        self.seconds["exposure"] += middle - start
+        self.seconds["fingerprints"] += finished - middle
+        self.seconds["transfers"] += done - finished
+        return self._records(layout, result, count), host
+
+    def _host(self, layout: _Layout, column: int) -> np.ndarray:
+        numpy_type = self.numpy_types[column]
+        if numpy_type is None:
+            return layout.binding.get_outputs()[column].numpy()
+        size = layout.nbytes[column]
+        raw = layout.buffer[layout.offsets[column]:layout.offsets[column] + size].get()
+        return raw.view(numpy_type).reshape(layout.shapes[column])
+
+    def _records(self, layout: _Layout, result: np.ndarray, count: int) -> np.ndarray:
+        rows = np.zeros((count, len(self.names)), dtype=RECORD)
+        floats = result[1:4].view(np.float64)
+        for column, (first, parts) in enumerate(layout.segments):
+            index = np.arange(first, first + parts) if parts == count else np.full(count, first)
+            target = rows[:, column]
+            target["hash"] = result[0, index]
+            target["min"], target["max"], target["mean"] = floats[0, index], floats[1, index], floats[2, index]
+            target["nan"], target["inf"] = result[4, index], result[5, index]
+            target["shape"], target["dtype"] = layout.row_shapes[column], self.codes[column]
+        rows["present"], rows["function"] = 1, HASH_FUNCTION
+        return rows
+
+
+def _itemsize(code: int) -> int:
+    name = DTYPES[code] if 0 < code < len(DTYPES) else ""
+    return {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(name) or (np.dtype(name).itemsize if name else 1)
+

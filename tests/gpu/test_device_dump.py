@@ -1,0 +1,96 @@
+"""On-device dumps (CUDA EP, fingerprints computed on the GPU) against host fingerprints of the same tensors,
+and a batch-32 dump diffed against a batch-1 dump. Run on the GPU machine: ``pytest -m gpu tests/gpu``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_builders import conv_transpose_model
+from qconsist.diff import diff_runs
+from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
+from qconsist.inference.fingerprint import HASH_FUNCTIONS, fingerprint, read_table
+from qconsist.inference.reader import load_dump
+from qconsist.inference.runner import PRODUCTION_REPEATS
+from qconsist.inputs import open_input_set
+
+pytestmark = pytest.mark.gpu
+
+
+def _deconv(tmp_path, batch):
+    # a ConvTranspose with overlapping windows: cuDNN's HEURISTIC choice gives other last bits run after run
+    # (../shared/MEASURED.md); a Relu after it keeps one exposed tensor downstream
+    model = conv_transpose_model(64, 32, (56, 56), batch=batch, seed=4)
+    model.graph.node[0].output[0] = "up"
+    model.graph.node.append(onnx.helper.make_node("Relu", ["up"], ["y"], name="relu"))
+    path = tmp_path / "deconv.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _inputs(tmp_path, count):
+    rng = np.random.default_rng(9)
+    np.save(tmp_path / "x.npy", rng.standard_normal((count, 64, 56, 56)).astype(np.float32))
+    return open_input_set(tmp_path / "x.npy", None, "x")
+
+
+def _dump(model, inputs, tmp_path, run_id, search, batch=1, fingerprints="device", raw="all"):
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": search, "use_tf32": False})
+    request = RunRequest(options, dump=True, raw=RawSelection.parse(raw), batch_size=batch, fingerprints=fingerprints)
+    return run_inference(resolve_model(model), inputs, request, tmp_path / "runs", run_id=run_id)
+
+
+def _differs(a, b):
+    ta, tb = read_table(a.run_dir / "dump" / "fingerprints.npy"), read_table(b.run_dir / "dump" / "fingerprints.npy")
+    return ta["hash"] != tb["hash"]
+
+
+def test_device_and_host_fingerprints_agree_on_what_is_equal_and_what_differs(tmp_path):
+    model, inputs = _deconv(tmp_path, 1), _inputs(tmp_path, 4)
+    a = _dump(model, inputs, tmp_path, "a", "HEURISTIC")
+    b = _dump(model, inputs, tmp_path, "b", "HEURISTIC")
+    for run in (a, b):
+        # production itself gives other outputs run after run (the deconvolution): no dump can match it bit
+        # for bit, and the runner says so instead of blaming the dump
+        assert run.dump.fingerprints_on == "device" and not run.dump.faithful
+        assert run.dump.production_distinct == PRODUCTION_REPEATS
+        table = read_table(run.run_dir / "dump" / "fingerprints.npy")
+        assert {HASH_FUNCTIONS[int(f)] for f in table["function"].ravel()} == {"qc-mix64/1"}
+        dump = load_dump(run.run_dir)
+        for sample in range(table.shape[0]):
+            for column in range(table.shape[1]):
+                host = fingerprint(dump.raw(sample, column), 0)  # the host kernels on the raw tensor the GPU hashed
+                record = table[sample, column]
+                assert int(record["hash"]) == host[0]
+                assert (record["min"], record["max"], int(record["nan"]), int(record["inf"])) == (host[1], host[2], host[4], host[5])
+                assert record["mean"] == pytest.approx(host[3], rel=1e-9, abs=1e-12)
+    # the same pair of runs, fingerprinted on the host from copies: the same verdict, tensor by tensor
+    host_a = _dump(model, inputs, tmp_path, "ha", "HEURISTIC", fingerprints="host", raw="none")
+    host_b = _dump(model, inputs, tmp_path, "hb", "HEURISTIC", fingerprints="host", raw="none")
+    device_differs, host_differs = _differs(a, b), _differs(host_a, host_b)
+    assert device_differs.any() and host_differs.any()  # the deconvolution is not run-to-run stable
+    assert (device_differs.all(axis=0) == host_differs.all(axis=0)).all()
+    result = diff_runs(a.run_dir, b.run_dir)
+    assert [n.label for n in result.tensors.origins] == ["up"]
+    # device and host hashes are one function: a device dump compares with a host dump of the same run kind
+    stable_device = _dump(model, inputs, tmp_path, "sd", "DEFAULT")
+    stable_host = _dump(model, inputs, tmp_path, "sh", "DEFAULT", fingerprints="host", raw="none")
+    assert not _differs(stable_device, stable_host).any()
+    assert diff_runs(stable_device.run_dir, stable_host.run_dir).tensors.nodes == []
+
+
+def test_batch_32_against_batch_1_names_the_batch_dependent_nodes(tmp_path):
+    model, inputs = _deconv(tmp_path, None), _inputs(tmp_path, 64)
+    one = _dump(model, inputs, tmp_path, "b1", "DEFAULT", batch=1)
+    again = _dump(model, inputs, tmp_path, "b1again", "DEFAULT", batch=1)
+    many = _dump(model, inputs, tmp_path, "b32", "DEFAULT", batch=32)
+    assert one.dump.faithful and many.dump.faithful
+    assert diff_runs(one.run_dir, again.run_dir).tensors.nodes == []  # DEFAULT is stable run to run
+    named = {n.label for n in diff_runs(one.run_dir, many.run_dir).tensors.nodes}
+    # evidence: the raw tensors of each sample, batch 1 vs its row of batch 32, byte for byte
+    d1, d32 = load_dump(one.run_dir), load_dump(many.run_dir)
+    differ = {d1.tensors[c].label for c in range(len(d1.tensors)) for s in range(64)
+              if d1.raw(s, c).tobytes() != d32.raw(s, c).tobytes()}
+    assert named == differ
+    print(f"batch 32 vs batch 1, cuDNN DEFAULT: nodes whose outputs depend on the batch: {sorted(named) or 'none'}")
