@@ -18,7 +18,7 @@ LAYERS = [
     {"stages"},
     {"calibration"},
     {"pipeline"},
-    {"diff"},
+    {"diff", "inspect"},
     {"explain"},
     {"gpu"},
     {"gate"},

@@ -13,12 +13,16 @@ of a module (``tests/test_layers.py`` checks it).
 
 from __future__ import annotations
 
-from qconsist.cli import calib, convert, diff, env, explain, gate, history, locate, models, nightly, pipeline, report, run, runs, upgrade, verify
+from qconsist.cli import (
+    calib, convert, diff, env, explain, gate, history, inspect, locate, models, nightly, pipeline, quant_error, report, run,
+    runs, upgrade, verify,
+)
 from qconsist.cli.app import app
 
 COMMANDS = {
     "run": run.run,
     "diff": diff.diff,
+    "quant-error": quant_error.quant_error,
     "explain": explain.explain,
     "locate": locate.locate_command,
     "gate": gate.gate,
@@ -26,6 +30,7 @@ COMMANDS = {
     "history": history.history,
     "report": report.report,
     "env": env.env,
+    "inspect": inspect.inspect,
     "upgrade-check": upgrade.upgrade_check,
     "verify": verify.verify,
     "convert": convert.convert,

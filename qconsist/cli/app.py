@@ -174,6 +174,13 @@ def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
+def note_ort_log(log: Any) -> None:
+    """One line on stderr for onnxruntime's own log lines, which the run directory keeps (``OrtLog``)."""
+    line = log.summary() if log is not None else None
+    if line:
+        stderr_console().print(f"note: {line}")
+
+
 def print_json(data: Any) -> None:
     from qconsist.store.serde import dumps
 

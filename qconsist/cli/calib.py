@@ -26,7 +26,7 @@ def render_repeat(result) -> None:  # RepeatResult
 
 
 def repeat(
-    source: Path = typer.Argument(..., help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
+    source: Path = typer.Argument(..., parser=opt.read_path, help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
     repeats: opt.Repeats = 3,
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
     offset: opt.Offset = 0,

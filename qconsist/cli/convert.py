@@ -12,8 +12,8 @@ from qconsist.errors import EXIT_OK
 
 
 def convert(
-    prototxt: Path = typer.Argument(..., help="The Caffe network (deploy .prototxt)."),
-    caffemodel: Path = typer.Argument(..., help="Its weights (.caffemodel)."),
+    prototxt: Path = typer.Argument(..., parser=opt.read_path, help="The Caffe network (deploy .prototxt)." + opt.PACKAGE_PATHS),
+    caffemodel: Path = typer.Argument(..., parser=opt.read_path, help="Its weights (.caffemodel)."),
     output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
     opset: int = typer.Option(17, "--opset", help="ai.onnx opset of the converted model (13-21)."),
     dynamic_batch: opt.DynamicBatch = False,

@@ -29,7 +29,7 @@ def render_night(result) -> None:  # NightlyResult
 
 
 def nightly(
-    file: Path = typer.Argument(..., help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
+    file: Path = typer.Argument(..., parser=opt.read_path, help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model (repeatable)."),
     runs_dir: opt.RunsDir = None,
     history: opt.History = None,

@@ -12,6 +12,19 @@ from typing import Annotated, List, Optional
 
 import typer
 
+# --- paths ----------------------------------------------------------------------------------------------------
+
+
+def read_path(text: str) -> Path:
+    """A path a command reads, as given, or the file a ``package:<module>/<file>`` path names (the one resolver:
+    ``qconsist.inputs.package``)."""
+    from qconsist.inputs.package import resolve_path
+
+    return resolve_path(text)
+
+
+PACKAGE_PATHS = " A file inside an installed package can be given as package:<module>/<file>."
+
 # --- output ---------------------------------------------------------------------------------------------------
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (schema-versioned; no progress, no colours).")]
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
@@ -20,13 +33,13 @@ Force = Annotated[bool, typer.Option("--force", help="Do what is refused by defa
 History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
-ModelArg = Annotated[Path, typer.Argument(help="An .onnx file, or a run directory (its --stage artifact).")]
+ModelArg = Annotated[Path, typer.Argument(parser=read_path, help="An .onnx file, or a run directory (its --stage artifact)." + PACKAGE_PATHS)]
 Stage = Annotated[Optional[str], typer.Option("--stage", help="Which stage's artifact of a run directory (default: quantize).")]
 INPUTS_HELP = "The input set: package:photos, a folder of images, a .npy/.npz file, a folder of .npy, or package:<module>/<path>."
 Inputs = Annotated[str, typer.Option("--inputs", help=INPUTS_HELP)]
 Offset = Annotated[int, typer.Option("--offset", help="First sample of the input set.")]
 Count = Annotated[Optional[int], typer.Option("--count", help="How many samples from --offset (default: all; locate: 8).")]
-PipelineFile = Annotated[Optional[Path], typer.Option("--pipeline", help="Pipeline file whose [preprocess] prepares images (and, for locate, whose [quantize] and [calibration] serve --calibration-repeats).")]
+PipelineFile = Annotated[Optional[Path], typer.Option("--pipeline", parser=read_path, help="Pipeline file whose [preprocess] prepares images (and, for locate, whose [quantize] and [calibration] serve --calibration-repeats).")]
 
 # --- execution ------------------------------------------------------------------------------------------------
 Ep = Annotated[str, typer.Option("--ep", help="Execution provider: cpu or cuda.")]
@@ -43,7 +56,7 @@ DeviceId = Annotated[Optional[int], typer.Option("--device-id", min=0, help="cud
 DisableOptimizers = Annotated[List[str], typer.Option("--disable-optimizer", help="Switch off one of onnxruntime's graph transformers by name, e.g. QDQSelectorActionTransformer (repeatable; qconsist explain names them).")]
 ProviderOptions = Annotated[List[str], typer.Option("--provider-option", help="Any option of the execution provider as KEY=VALUE (repeatable), e.g. use_tf32=0.")]
 OUTPUT_HELP = "The file to write (report: the HTML page; convert: the ONNX model, written only once every check passed)."
-PolicyFile = Annotated[Optional[Path], typer.Option("--policy", help="Policy file (TOML; default: the built-in defaults, see policies/default.toml): gate checks and tolerances; diff takes its [diff] tolerances (atol, rtol, per node), --atol/--rtol override them.")]
+PolicyFile = Annotated[Optional[Path], typer.Option("--policy", parser=read_path, help="Policy file (TOML; default: the built-in defaults, see policies/default.toml): gate checks and tolerances; diff takes its [diff] tolerances (atol, rtol, per node), --atol/--rtol override them.")]
 DynamicBatch = Annotated[bool, typer.Option("--dynamic-batch", help="Make the model take any batch size: its first input and output dimension becomes 'batch' (run: a model with a fixed batch is re-stamped and checked against the original on a real sample, then recorded; convert: the converted model, as [convert] dynamic_batch).")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Samples per step, stacked on the batch axis (default 1): run as the evaluation runs, since cuDNN picks algorithms per shape.")]
 Engines = Annotated[bool, typer.Option("--engines/--no-engines", help="cuda: record the cuDNN engine of every convolution per run, from cuDNN's API log in a child session of the same model, options and input (run: off by default, diff shows them; locate: on, per config).")]

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from qconsist.cli import options as opt
-from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.app import note_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED
 
 pipeline_app = typer.Typer(help="Run a pipeline file: Caffe → ONNX → optimized → quantized, every artifact hashed.", no_args_is_help=True)
@@ -44,7 +44,7 @@ def render_result(result) -> None:  # PipelineResult
 
 
 def run(
-    file: Path = typer.Argument(..., help="Pipeline file (TOML), e.g. pipelines/open_nsfw.toml."),
+    file: Path = typer.Argument(..., parser=opt.read_path, help="Pipeline file (TOML), e.g. pipelines/open_nsfw.toml."),
     runs_dir: opt.RunsDir = None,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
@@ -63,5 +63,6 @@ def run(
         print_json(result)
     else:
         render_result(result)
+        note_ort_log(result.onnxruntime_log)
     if not result.passed:
         raise typer.Exit(EXIT_DIVERGED)

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from qconsist.cli import options as opt
-from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.app import note_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED
 
 
@@ -69,6 +69,7 @@ def run(
                           f"(fingerprints on the {d.fingerprints_on}, {d.hash_function})")
             if d.faithful:
                 console.print(f"dump faithful: final outputs bit-identical to production in {d.samples_checked} samples")
+        note_ort_log(result.onnxruntime_log)
     if result.dump is not None and not result.dump.faithful:
         d = result.dump
         if d.production_distinct and d.production_distinct > 1:

@@ -12,6 +12,7 @@ from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.tensors import TensorComparison, compare_tensors
 from qconsist.inference.reader import inference_section, load_dump, load_outputs
+from qconsist.inputs.recorded import recorded_subset
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
 from qconsist.store.manifest import Manifest
@@ -134,18 +135,26 @@ _FLAGS = {
 
 
 def capture_command(manifest: Manifest, keys: list[str] | None, disable: tuple[str, ...] = (),
-                    subset: tuple[int, int] | None = None) -> str:
+                    subset: tuple[int, int] | None = None, run_dir: Path | None = None) -> str:
     """The ``qconsist run`` command that repeats ``manifest``'s run with a dump keeping the raw tensors of
     ``keys`` (``None``: no raw tensors), with the graph transformers ``disable`` switched off besides its own,
-    on the samples ``subset`` (offset, count) of its input set when known."""
+    on the samples ``subset`` (offset, count) of its input set (default: where the run's samples lie in it,
+    when it can be opened again). It runs as printed: paths absolute and shell-quoted, every recorded
+    execution option, the batch size, and — for images given to a model file — the run directory ``run_dir``
+    itself as the model (``--stage model``), which brings the run's preprocessing."""
     import shlex
 
-
     model = manifest.model
-    parts = ["qconsist", "run", model.get("run") or model.get("path", "MODEL")]
-    if model.get("run") and model.get("stage"):
-        parts += ["--stage", model["stage"]]
-    parts += ["--inputs", str(manifest.inputs.get("source", "INPUTS"))]
+    if model.get("run"):
+        parts = ["qconsist", "run", str(Path(model["run"]).resolve())]
+        if model.get("stage"):
+            parts += ["--stage", model["stage"]]
+    elif manifest.inputs.get("kind") == "images" and run_dir is not None:
+        parts = ["qconsist", "run", str(Path(run_dir).resolve()), "--stage", _model_stages(manifest)[-1]]
+    else:
+        parts = ["qconsist", "run", model.get("path", "MODEL")]
+    source = str(manifest.inputs.get("source", "INPUTS"))
+    parts += ["--inputs", source if source.startswith("package:") or not Path(source).exists() else str(Path(source).resolve())]
     recorded = manifest.sections.get("inference", {}).get("options")
     if isinstance(recorded, dict):
         options = ExecutionOptions.from_json(recorded)
@@ -156,16 +165,26 @@ def capture_command(manifest: Manifest, keys: list[str] | None, disable: tuple[s
                 for name in value:
                     parts += ["--disable-optimizer", name]
                 continue
-            if value is None or key not in _FLAGS:
+            if value is None or key in ("provider", "provider_options"):
+                continue
+            if key not in _FLAGS:
+                if key in options["provider_options"]:
+                    parts += ["--provider-option", f"{key}={value}"]
                 continue
             if isinstance(value, bool):
                 stem = _FLAGS[key][2:]
                 parts.append(f"--{stem}" if value else f"--no-{stem}")
             else:
                 parts += [_FLAGS[key], str(value)]
+    batch = manifest.sections.get("inference", {}).get("batch_size")
+    if isinstance(batch, int) and batch != 1:
+        parts += ["--batch-size", str(batch)]
+        if model.get("dynamic_batch"):
+            parts.append("--dynamic-batch")
+    subset = subset if subset is not None else recorded_subset(manifest.inputs)
     if subset is not None:
         parts += ["--offset", str(subset[0]), "--count", str(subset[1])]
-    if manifest.inputs.get("kind") == "images" and not model.get("run"):  # a run directory brings its preprocessing
+    if manifest.inputs.get("kind") == "images" and not model.get("run") and run_dir is None:
         parts += ["--pipeline", "PIPELINE.toml"]
     parts += ["--dump", *(["--raw", ",".join(keys)] if keys is not None else [])]
     return " ".join(shlex.quote(p) for p in parts)
@@ -276,7 +295,7 @@ def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tol
                                              None if same_graph else _original(path_b, b), tolerance)
             if result.tensors.raw_missing:
                 keys = result.tensors.raw_missing
-                result.capture = [capture_command(a, keys), capture_command(b, keys)]
+                result.capture = [capture_command(a, keys, run_dir=path_a), capture_command(b, keys, run_dir=path_b)]
         elif has_a or has_b:
             result.notes.append("only one run has a tensor dump; rerun the other with --dump to compare tensors")
         else:

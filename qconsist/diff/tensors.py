@@ -221,7 +221,8 @@ def compare_tensors(
     else:
         raise RunStoreError(
             "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
-            "cannot be compared node by node; compare runs of the same model"
+            "cannot be compared node by node; compare runs of the same model (a float model against its "
+            "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)"
         )
     keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
     shared = [k for k in keys_a if k in keys_b]

@@ -285,7 +285,7 @@ def explain_optimization(
                     result.responsible = [n for n in names if n in chosen]
                     result.verification = probe(tuple(result.responsible))
                     result.explained = result.verification.vanished
-                    result.reproduce = capture_command(b, None, tuple(result.responsible), subset)
+                    result.reproduce = capture_command(b, None, tuple(result.responsible), subset, optimized_path)
                     without = probe.dumps[tuple(sorted(result.responsible))]
                     result.rewrites = graph_rewrites(
                         load_graph(without.optimized_path, "optimized graph"),

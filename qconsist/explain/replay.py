@@ -6,7 +6,8 @@ from pathlib import Path
 
 from qconsist.errors import InputError, RunStoreError
 from qconsist.inference.model import input_specs
-from qconsist.inputs import InputSet, Preprocess, open_input_set
+from qconsist.inputs import InputSet
+from qconsist.inputs.recorded import reopen_recorded, stretch
 from qconsist.store.manifest import Manifest
 
 
@@ -18,11 +19,9 @@ def replay_inputs(manifest: Manifest, model: Path, run_dir: Path) -> tuple[Input
     source, names, digest = recorded.get("source"), recorded.get("names"), recorded.get("digest")
     if not source or not isinstance(names, list) or not digest:
         raise RunStoreError(f"run {run_dir} does not record its input set; give `inputs`")
-    preprocess = recorded.get("preprocess")
     specs = input_specs(model)
     try:
-        opened = open_input_set(source, Preprocess.from_dict(preprocess, where="run manifest preprocess")
-                                if isinstance(preprocess, dict) else None, specs[0].name if specs else "input")
+        opened = reopen_recorded(recorded, specs[0].name if specs else "input")
     except InputError as exc:
         raise RunStoreError(f"cannot open the input set of run {run_dir} again ({exc.message}); give `inputs`") from None
     position = {name: index for index, name in enumerate(opened.names)}
@@ -33,6 +32,4 @@ def replay_inputs(manifest: Manifest, model: Path, run_dir: Path) -> tuple[Input
     chosen = chosen.checked(specs)
     if chosen.digest() != digest:
         raise RunStoreError(f"the input set {source} of run {run_dir} has other bytes now (its digest differs); give `inputs`")
-    first = position[names[0]] if names else 0
-    stretch = [position[n] for n in names] == list(range(first, first + len(names)))
-    return chosen, (first, len(names)) if stretch else None
+    return chosen, stretch(list(opened.names), names)

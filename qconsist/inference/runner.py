@@ -38,6 +38,8 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_bytes_atomic, write_json_atomic
 from qconsist.store.hashing import hash_artifact
 from qconsist.store.manifest import Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG
+from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import structure, to_jsonable
 from qconsist.inference.reader import load_dump
@@ -123,6 +125,7 @@ class InferenceResult:
     ms_per_sample: float  # production session
     outputs: list[str]
     dump: DumpSummary | None = None
+    onnxruntime_log: OrtLog | None = None  # onnxruntime's own log lines, kept in the run directory
 
     @property
     def passed(self) -> bool:
@@ -137,6 +140,7 @@ class InferenceResult:
             "run_dir": str(self.run_dir), "run_id": self.run_id, "samples": self.samples,
             "ms_per_sample": self.ms_per_sample, "outputs": self.outputs,
             "dump": self.dump.to_json() if self.dump is not None else None, "passed": self.passed,
+            "onnxruntime_log": self.onnxruntime_log.to_json() if self.onnxruntime_log else None,
         }
 
 
@@ -262,7 +266,8 @@ def run_inference(
         raise InputError(f"input set {inputs.source} is empty")
     options, batch = request.options, request.batch_size
     label = f"run-{source.describe().get('name') or source.path.stem}"
-    with RunDirectory.create(runs_root, label, KIND, run_id) as run:
+    with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
         model_record, stages, structure = _model_record(source)
         model_path = source.path
         if request.dynamic_batch:
@@ -399,5 +404,8 @@ def run_inference(
             environment=environment_fingerprint(),
             sections=sections,
         )
+        if ort_log.refresh():
+            manifest.sections["onnxruntime_log"] = ort_log.to_json()
         path = run.finish(manifest)
-    return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump)
+    return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump,
+                           ort_log if ort_log.lines else None)

@@ -27,6 +27,7 @@ import numpy as np
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs import augment
 from qconsist.inputs.photos import package_photos
+from qconsist.inputs.package import is_package_path, resolve_package_path
 from qconsist.inputs.preprocess import Preprocess, image_mode, mode_rule
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
@@ -242,7 +243,8 @@ def open_input_set(
     preprocess: Preprocess | None = None,
     input_name: str = "input",
 ) -> InputSet:
-    """Open an input set from a path or ``package:photos``. Raises ``InputError`` for anything unusable."""
+    """Open an input set from a path, ``package:photos`` or a ``package:<module>/<path>`` file or folder.
+    Raises ``InputError`` for anything unusable."""
     text = str(source)
     if text.startswith(augment.PREFIX):
         count, seed = augment.parse_source(text)
@@ -251,9 +253,10 @@ def open_input_set(
         return InputSet(text, "images", _Numbered(count), lambda i: {input_name: make(i)}, preprocess)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
-    if text.startswith("package:"):
-        raise InputError(f"unknown bundled input set {text!r}; the one bundled set is {PACKAGE_PHOTOS!r}")
-    path = Path(text)
+    if text.startswith("package:") and not is_package_path(text):
+        raise InputError(f"unknown bundled input set {text!r}; the one bundled set is {PACKAGE_PHOTOS!r} "
+                         "(a file of an installed package: package:<module>/<file>)")
+    path = resolve_package_path(text) if text.startswith("package:") else Path(text)  # package:<module>/<file>
     if not path.exists():
         raise InputError(f"input set {path} does not exist")
     if path.is_dir():

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import sysconfig
 import tarfile
 import tempfile
 import urllib.parse
@@ -65,9 +66,19 @@ class ModelDescription:
         raise ConfigError(f"model {self.name} has no file '{role}'")
 
 
+def _installed_models() -> Path:
+    """Where a wheel installs ``models/`` (pyproject's ``data-files``): ``<prefix>/share/qconsist/models``."""
+    return Path(sysconfig.get_path("data")) / "share" / "qconsist" / "models"
+
+
 def _description_paths() -> list[Path]:
-    """``models/*.toml`` of the source tree (qconsist is installed editable), or of $QCONSIST_MODELS."""
-    folder = Path(os.environ.get("QCONSIST_MODELS", _SOURCE_TREE_MODELS))
+    """``models/*.toml`` of $QCONSIST_MODELS, else of the source tree (qconsist installed editable or run from a
+    checkout), else of the installed package's data (a wheel)."""
+    if os.environ.get("QCONSIST_MODELS"):
+        folder = Path(os.environ["QCONSIST_MODELS"])
+    else:
+        source_tree = (_SOURCE_TREE_MODELS.parent / "pyproject.toml").is_file() and _SOURCE_TREE_MODELS.is_dir()
+        folder = _SOURCE_TREE_MODELS if source_tree else _installed_models()
     return sorted(folder.glob("*.toml")) if folder.is_dir() else []
 
 

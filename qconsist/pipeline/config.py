@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from qconsist.errors import ConfigError
 from qconsist.inference.provider import PROVIDERS, provider_spec
 from qconsist.inference.session import ExecutionOptions
+from qconsist.inputs.package import PREFIX as PACKAGE_PREFIX
+from qconsist.inputs.package import resolve_package_path
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.stages.base import Stage
 from qconsist.stages.base import stages as registered_stages
@@ -123,6 +125,8 @@ class PipelineConfig:
 
 
 def _resolve(base: Path, text: str) -> Path:
+    if text.startswith(PACKAGE_PREFIX):
+        return resolve_package_path(text)
     path = Path(text).expanduser()
     return path if path.is_absolute() else base / path
 

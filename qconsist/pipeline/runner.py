@@ -33,6 +33,8 @@ from qconsist.stages.convert import check_onnx_entry
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.store.hashing import ArtifactHashes, hash_file
 from qconsist.store.manifest import Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG
+from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import loads
 from qconsist.models import fetch_model
@@ -55,6 +57,7 @@ class PipelineResult:
     seconds: dict[str, float]
     issues: list[dict[str, Any]] = field(default_factory=list)
     repeat: RepeatResult | None = None
+    onnxruntime_log: OrtLog | None = None  # onnxruntime's own log lines, kept in the run directory
 
     @property
     def passed(self) -> bool:
@@ -69,6 +72,7 @@ class PipelineResult:
             "schema": RESULT_SCHEMA, "run_id": self.run_id, "path": str(self.path), "name": self.name,
             "passed": self.passed, "artifacts": {k: v.to_json() for k, v in self.artifacts.items()},
             "checks": self.checks, "seconds": self.seconds, "issues": self.issues,
+            "onnxruntime_log": self.onnxruntime_log.to_json() if self.onnxruntime_log else None,
             "calib_repeat": self.repeat.to_json() if self.repeat is not None else None,
         }
 
@@ -81,6 +85,7 @@ class PipelineResult:
             artifacts={k: ArtifactHashes.from_json(v) for k, v in data["artifacts"].items()},
             checks=dict(data["checks"]), seconds=dict(data["seconds"]), issues=list(data.get("issues", [])),
             repeat=RepeatResult.from_json(data["calib_repeat"]) if data.get("calib_repeat") else None,
+            onnxruntime_log=OrtLog.from_json(data["onnxruntime_log"]) if data.get("onnxruntime_log") else None,
         )
 
 
@@ -167,7 +172,8 @@ def run_pipeline(
     if config.evaluation:
         _input_set(config.evaluation, config, "input", "evaluation")
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
-    with RunDirectory.create(root, config.name, "pipeline", run_id) as run:
+    with RunDirectory.create(root, config.name, "pipeline", run_id) as run, \
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
         manifest = Manifest(kind="pipeline", command=list(sys.argv), model=_model_record(config, files))
         context = _context(config, files, progress, run)
         records = run_stages(config.active_stages(), config, context, lambda name: run.file(f"{name}/model.onnx"),
@@ -193,11 +199,13 @@ def run_pipeline(
             manifest.sections["calib_repeat"] = repeat.to_json()
         manifest.sections["pipeline"] = config.to_json()
         manifest.environment = fingerprint()
+        if ort_log.refresh():
+            manifest.sections["onnxruntime_log"] = ort_log.to_json()
         run.finish(manifest)
     return PipelineResult(
         run_id=run.run_id, path=run.path, name=config.name, artifacts={r.name: r.artifact for r in records},
         checks={r.name: r.checks for r in records}, seconds={r.name: r.seconds for r in records},
-        issues=[i.to_json() for i in issues], repeat=repeat,
+        issues=[i.to_json() for i in issues], repeat=repeat, onnxruntime_log=ort_log if ort_log.lines else None,
     )
 
 

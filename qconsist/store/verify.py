@@ -30,10 +30,13 @@ from qconsist.errors import RunStoreError
 from qconsist.store.confine import confined, max_file_bytes
 from qconsist.store.hashing import hash_file
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG_NAME
 
 log = logging.getLogger(__name__)
 
-_NOT_RECORDED = (MANIFEST_NAME, "RUNNING.json")
+# not recorded: the manifest itself, the running marker, and onnxruntime's log (descriptor 2 still points at it
+# while the run finishes, and it is removed when empty): a diagnostic no reader relies on
+_NOT_RECORDED = (MANIFEST_NAME, "RUNNING.json", ORT_LOG_NAME)
 _KINDS_HOLDING_STAGES = ("pipeline",)  # runs whose stage artifacts are files of their own
 _CACHE: dict[tuple[int, ...], str] = {}
 

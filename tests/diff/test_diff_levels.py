@@ -143,8 +143,8 @@ def test_missing_raw_tensors_name_the_capture_command(level_runs, nsfw_run, nsfw
     assert result.tensors.raw_missing == [] and result.capture == []  # the first conv's raw tensors were kept
     command = capture_command(open_run(level_runs["disable"]), ["relu_1_QuantizeLinear_Output", "prob"])
     assert command == (
-        f"qconsist run {nsfw_run.path} --stage quantize --inputs {nsfw_inputs} --ep cpu --level disable "
-        "--dump --raw relu_1_QuantizeLinear_Output,prob"
+        f"qconsist run {nsfw_run.path.resolve()} --stage quantize --inputs {nsfw_inputs.resolve()} --ep cpu --level disable "
+        "--offset 0 --count 4 --dump --raw relu_1_QuantizeLinear_Output,prob"
     )
 
 

@@ -70,7 +70,8 @@ def test_different_models_are_refused_for_tensor_comparison(setup):
     assert out.exit_code == 2
     assert out.output == (
         "error: runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
-        "cannot be compared node by node; compare runs of the same model\n"
+        "cannot be compared node by node; compare runs of the same model (a float model against its "
+        "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)\n"
     )
 
 

@@ -1,0 +1,90 @@
+"""``qconsist quant-error RUN``: where a quantized model departs from its float model, node by node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+
+def _db(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
+    console = stdout_console()
+    q, f = result.quantized_options, result.float_options
+    console.print(
+        f"{result.run}: {result.quantized_stage} ({q['provider']}, level {q['graph_optimization_level']}) against "
+        f"{result.float_stage} ({f['provider']}, level {f['graph_optimization_level']}), {result.samples} samples"
+    )
+    console.print(f"tensors: {len(result.tensors) + len(result.outputs)} matched to the float model; left out: "
+                  f"{result.constants} constants (dequantized weights and biases), {len(result.internal)} with no float twin")
+    ranked = result.tensors if sort == "sqnr" else sorted(result.tensors, key=lambda e: -(e.added_db or 0.0))
+    table = Table("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
+    for e in ranked[:top]:
+        table.add_row(e.node, e.op_type, _db(e.sqnr_db), _db(e.added_db), f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
+                      f"{e.cosine:.5f}", e.observed, e.how)
+    console.print(table)
+    if len(ranked) > top:
+        console.print(f"... {len(ranked) - top} more (--top N, --json)")
+    for e in result.outputs:
+        console.print(f"final output {e.tensor}: SQNR {_db(e.sqnr_db)} dB, greatest abs difference {e.max_abs:.4g}, cosine {e.cosine:.6f}")
+    if result.weights:
+        shown = ", ".join(f"{w.tensor} ({w.node}) {_db(w.sqnr_db)} dB" for w in result.weights[:3])
+        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}")
+    for line in result.mismatched:
+        console.print(f"WARNING: observation NOT faithful: {line}")
+    console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
+
+
+def quant_error(
+    run: Path = typer.Argument(..., help="A pipeline run directory (its float and quantized stages)."),
+    inputs: opt.Inputs = "package:photos",
+    stage: opt.Stage = None,
+    float_stage: str = typer.Option("optimize", "--float-stage", help="The stage whose float model is the reference (default: optimize)."),
+    float_level: str = typer.Option("disable", "--float-level", help="Optimization level the float model is observed at (default: disable, where every float tensor exists)."),
+    pipeline: opt.PipelineFile = None,
+    offset: opt.Offset = 0,
+    count: opt.Count = None,
+    ep: opt.Ep = "cpu",
+    level: opt.Level = "all",
+    threads: opt.Threads = None,
+    deterministic: opt.Deterministic = None,
+    algo_search: opt.AlgoSearch = None,
+    tf32: opt.Tf32 = None,
+    max_workspace: opt.MaxWorkspace = None,
+    device_id: opt.DeviceId = None,
+    provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
+    disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
+    top: int = typer.Option(20, "--top", min=1, help="How many nodes to print (--json has all)."),
+    sort: str = typer.Option("sqnr", "--sort", help="sqnr: lowest SQNR first; added: the nodes that lose the most SQNR first."),
+    json_output: opt.Json = False,
+) -> None:
+    """Rank the nodes of a quantized model by their error against the float model (SQNR, greatest and mean
+    difference, cosine), the quantized model observed as ORT runs it in production, one sample at a time.
+
+    Exit 0 done, 1 an observation was not faithful (its final outputs differ from production), 2 error.
+    """
+    from qconsist.diff.quantization import quantization_error
+    from qconsist.errors import ConfigError
+    from qconsist.inference import resolve_model
+
+    if sort not in ("sqnr", "added"):
+        raise ConfigError(f"`sort` must be sqnr or added, got {sort!r}")
+    execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
+                                      provider_option, disabled_optimizers)
+    source = resolve_model(run, stage)
+    input_set = opt.input_set(inputs, source, pipeline, offset, count)
+    result = quantization_error(run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
+                                float_level=float_level, progress=progress_for(json_output))
+    if json_output:
+        print_json(result)
+    else:
+        _render(result, top, sort)
+    raise typer.Exit(EXIT_OK if result.passed else EXIT_DIVERGED)

@@ -1,0 +1,151 @@
+"""A run directory at a glance: what ran (stages and their hashes, or the model), on what, where, how, and what
+it kept (dumps, raw tensors, files)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qconsist.errors import ConfigError, RunStoreError
+from qconsist.inspect.model import ModelSummary, summarize_model
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import open_run
+from qconsist.store.serde import structure, to_jsonable
+
+SCHEMA = "qconsist.inspect.run/1"
+# what decides numerics and what a reader asks first; the manifest keeps the rest
+_ENVIRONMENT = ("onnxruntime_module", "python", "os", "machine", "cpu", "cpu_count", "gpus")
+_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "protobuf", "qconsist")
+
+
+@dataclass
+class StageSummary:
+    name: str
+    path: str | None  # the artifact, relative to the run directory when inside it
+    md5: str | None
+    sha256: str | None
+    content: str | None  # content hash (ignores metadata)
+    seconds: float | None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DumpSummary:
+    tensors: int
+    level: str | None
+    faithful: bool | None
+    samples_checked: int | None
+    raw_mode: str | None
+    raw_tensors: int  # raw tensors kept, over every sample
+    bytes: int  # size of dump/
+
+
+@dataclass
+class RunSummary:
+    """What a run directory holds."""
+
+    path: str
+    kind: str
+    run_id: str
+    status: str
+    started: str
+    finished: str
+    command: str  # as it was typed, shell-quoted
+    model: dict[str, Any]
+    stages: list[StageSummary]
+    inputs: dict[str, Any]  # per input set: source, kind, count, digest
+    environment: dict[str, Any]
+    options: dict[str, Any]  # the execution options of an inference run
+    sections: list[str]
+    dump: DumpSummary | None
+    files: int
+    bytes: int
+    stage_model: ModelSummary | None = None  # with ``stage``: that stage's model
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **to_jsonable(self.__dict__)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunSummary":
+        if data.get("schema") != SCHEMA:
+            raise RunStoreError(f"run summary schema {data.get('schema')!r} is not {SCHEMA!r}")
+        return structure(cls, {k: v for k, v in data.items() if k != "schema"})
+
+
+def _size(folder: Path) -> tuple[int, int]:
+    files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def _stage(run_dir: Path, record: dict[str, Any]) -> StageSummary:
+    artifact = record.get("artifact") if isinstance(record.get("artifact"), dict) else {}
+    params = record.get("params") if isinstance(record.get("params"), dict) else {}
+    return StageSummary(
+        name=str(record.get("name")), path=artifact.get("path"), md5=artifact.get("md5"), sha256=artifact.get("sha256"),
+        content=artifact.get("content"), seconds=record.get("seconds"),
+        params={k: v for k, v in params.items() if k not in ("repairs", "ort_arguments")},
+    )
+
+
+def _inputs(manifest: Manifest) -> dict[str, Any]:
+    keep = ("source", "kind", "count", "digest")
+    recorded = manifest.inputs
+    if "source" in recorded:
+        return {"inputs": {k: recorded.get(k) for k in keep}}
+    return {name: {k: value.get(k) for k in keep} for name, value in recorded.items() if isinstance(value, dict)}
+
+
+def _dump(run_dir: Path, manifest: Manifest) -> DumpSummary | None:
+    dump = manifest.sections.get("dump")
+    if not isinstance(dump, dict):
+        return None
+    raw = dump.get("raw") if isinstance(dump.get("raw"), dict) else {}
+    folder = run_dir / "dump"
+    return DumpSummary(
+        tensors=int(dump.get("tensors") or 0), level=dump.get("level"), faithful=dump.get("faithful"),
+        samples_checked=dump.get("samples_checked"), raw_mode=raw.get("mode"), raw_tensors=int(raw.get("tensors_saved") or 0),
+        bytes=_size(folder)[1] if folder.is_dir() else 0,
+    )
+
+
+def summarize_run(run_dir: Path | str, stage: str | None = None) -> RunSummary:
+    """The summary of a complete run directory; with ``stage``, also that stage's model."""
+    run_dir = Path(run_dir)
+    manifest = open_run(run_dir)
+    environment = {k: manifest.environment.get(k) for k in _ENVIRONMENT if k in manifest.environment}
+    packages = manifest.environment.get("packages") if isinstance(manifest.environment.get("packages"), dict) else {}
+    environment["packages"] = {k: packages[k] for k in _PACKAGES if packages.get(k)}
+    cuda = manifest.environment.get("cuda")
+    if isinstance(cuda, dict) and any(cuda.values()):
+        environment["cuda"] = cuda
+    inference = manifest.sections.get("inference") if isinstance(manifest.sections.get("inference"), dict) else {}
+    files, size = _size(run_dir)
+    summary = RunSummary(
+        path=str(run_dir), kind=manifest.kind, run_id=manifest.run_id, status=manifest.status, started=manifest.started,
+        finished=manifest.finished, command=" ".join(shlex.quote(str(a)) for a in manifest.command),
+        model={k: v for k, v in manifest.model.items() if k in ("name", "kind", "source", "path", "run", "stage")},
+        stages=[_stage(run_dir, s) for s in manifest.stages if isinstance(s, dict)], inputs=_inputs(manifest),
+        environment=environment, options=dict(inference.get("options") or {}), sections=sorted(manifest.sections),
+        dump=_dump(run_dir, manifest), files=files, bytes=size,
+    )
+    if stage is not None:
+        record = manifest.stage(stage)
+        artifact = record.get("artifact") if isinstance(record, dict) else None
+        if not isinstance(artifact, dict):
+            names = ", ".join(s.name for s in summary.stages if s.path) or "none"
+            raise ConfigError(f"run {run_dir} has no stage {stage!r} with a model; stages: {names}")
+        path = Path(artifact["path"])
+        summary.stage_model = summarize_model(path if path.is_absolute() else run_dir / path)
+    return summary
+
+
+def inspect_path(path: Path | str, stage: str | None = None) -> RunSummary | ModelSummary:
+    """A run directory's summary, or an ONNX model's."""
+    path = Path(path)
+    if path.is_dir():
+        return summarize_run(path, stage)
+    if stage is not None:
+        raise ConfigError("`stage` applies to a run directory, not to a model file")
+    return summarize_model(path)
