@@ -191,7 +191,7 @@ def record_files(run_dir: Path) -> dict[str, dict[str, Any]]:
     run_dir = Path(run_dir)
     files: dict[str, dict[str, Any]] = {}
     for folder, dirs, names in os.walk(run_dir):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .scratch and other temporary folders
         for name in sorted(names):
             path = Path(folder) / name
             relative = path.relative_to(run_dir).as_posix()
