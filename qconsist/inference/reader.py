@@ -10,7 +10,7 @@ import numpy as np
 
 from qconsist.store.serde import loads
 from qconsist.errors import RunStoreError
-from qconsist.inference.fingerprint import DTYPES, RECORD, read_table
+from qconsist.inference.fingerprint import DTYPES, read_table
 from qconsist.inference.graphmap import TensorOrigin
 from qconsist.store.manifest import Manifest
 from qconsist.store.confine import check_npy, check_npz, load_npz
@@ -103,11 +103,11 @@ def load_dump(run_dir: Path, manifest: Manifest | None = None) -> LoadedDump:
     records, shapes = _index(run_dir, _read_json(index_path))
     table_name = _section(run_dir, section, "fingerprints")
     table_path = run_file(run_dir, manifest, table_name, "dump fingerprints path")
-    check_npy(table_path, f"run {run_dir}: {table_name}", dtype=RECORD, ndim=2)
+    check_npy(table_path, f"run {run_dir}: {table_name}", ndim=2)  # read_table checks the record type
     try:
         table = read_table(table_path)
     except (OSError, ValueError) as exc:
-        raise RunStoreError(f"run {run_dir}: cannot read the dump's fingerprints ({exc})") from None
+        raise RunStoreError(f"run {run_dir}: cannot read the dump's fingerprints ({' '.join(str(exc).split())[:200]})") from None
     try:
         tensors = [TensorOrigin.from_json(t) for t in records]
     except (KeyError, TypeError, ValueError, AttributeError):
