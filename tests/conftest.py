@@ -32,8 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # What third-party libraries leave in the temporary folder on their own (onnxruntime writes a session id file,
-# ``.ses``, when it is imported): not qconsist's to clean.
-THIRD_PARTY_TEMPORARY = {".ses"}
+# ``.ses``, when it is imported; the local Ray of the Ray executor's tests keeps its session logs in ``ray``; uv,
+# building the wheel in test_wheel.py, leaves its ``uv-*.lock`` files): not qconsist's to clean (the folder
+# itself is removed after the check).
+THIRD_PARTY_TEMPORARY = {".ses", "ray"}
+THIRD_PARTY_PREFIXES = ("uv-",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,9 +44,13 @@ def system_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
     """The tests' own system temporary folder (``TMPDIR``, for this process and the commands it starts): at the
     end of the session it must hold nothing qconsist made — ``make test`` leaves nothing in /tmp."""
     import os
+    import shutil
     import tempfile
+    from pathlib import Path
 
-    folder = tmp_path_factory.mktemp("system-tmp")
+    tmp_path_factory.getbasetemp()  # pytest's own folders stay where pytest puts them
+    # a short path: Ray puts AF_UNIX sockets (at most 107 bytes) under it
+    folder = Path(tempfile.mkdtemp(prefix="qconsist-tests-"))
     saved_env, saved_default = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = str(folder)
@@ -55,7 +62,9 @@ def system_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = saved_env
-    left = sorted(p.name for p in folder.iterdir() if p.name not in THIRD_PARTY_TEMPORARY)
+    left = sorted(p.name for p in folder.iterdir()
+                  if p.name not in THIRD_PARTY_TEMPORARY and not p.name.startswith(THIRD_PARTY_PREFIXES))
+    shutil.rmtree(folder, ignore_errors=True)
     assert left == [], f"the tests left temporary files behind: {left}"
 
 

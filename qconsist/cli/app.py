@@ -202,6 +202,7 @@ class RichProgress:
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=stderr_console(), transient=True,
         )
+        self._open = 0
 
     @contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Any]:
@@ -212,11 +213,17 @@ class RichProgress:
             def advance(self, amount: int = 1) -> None:
                 progress.advance(task_id, amount)
 
-        with progress:
-            try:
-                yield Handle()
-            finally:
-                progress.remove_task(task_id)
+        # Tasks nest and overlap (the nightly on Ray: one line per running entry): the display lives while any does.
+        if not self._open:
+            progress.start()
+        self._open += 1
+        try:
+            yield Handle()
+        finally:
+            progress.remove_task(task_id)
+            self._open -= 1
+            if not self._open:
+                progress.stop()
 
 
 def progress_for(json_output: bool):  # -> Progress

@@ -14,9 +14,11 @@ from qconsist.cli.app import print_json, progress_for, stdout_console
 def render_night(result) -> None:  # NightlyResult
     console = stdout_console()
     counts = result.summary()
-    console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error")
+    console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error"
+                  + (f" ({result.executor} executor)" if result.executor != "local" else ""))
     for entry in result.entries:
-        console.print(f"  {entry.status.upper():<5} {entry.model}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
+        gpu = f"  [{entry.gpu_label}]" if entry.gpu_type or entry.gpus else ""
+        console.print(f"  {entry.status.upper():<5} {entry.model}{gpu}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
         if entry.error:
             console.print(f"        error: {entry.error}")
         if entry.verdict is not None:
@@ -24,32 +26,48 @@ def render_night(result) -> None:  # NightlyResult
                 console.print(f"        {reason}")
         if entry.locate_skipped:
             console.print(f"        locate skipped: {entry.locate_skipped}")
+        for attempt in entry.attempts:
+            console.print(f"        retried: {attempt} (left incomplete: {attempt.entry_run})")
+    retried = result.retries()
+    if retried:
+        console.print(f"retries: {len(retried)} entr{'y' if len(retried) == 1 else 'ies'} needed a retry: {', '.join(retried)}")
+    for comparison in result.across_gpus:
+        console.print(f"across GPU types: {comparison}")
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
 
 
 def nightly(
     file: Path = typer.Argument(..., parser=opt.read_path, help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model (repeatable)."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model, or one GPU type of it as NAME@TYPE (repeatable)."),
     runs_dir: opt.RunsDir = None,
     history: opt.History = None,
+    executor: str = typer.Option("local", "--executor", help="Where the entries run: local (one after another, in this process) or ray (as Ray tasks; needs qconsist[ray])."),
+    address: Optional[str] = typer.Option(None, "--address", help="ray: an existing Ray cluster (auto, HEAD:6379 or ray://HEAD:10001); default: a local Ray started in this process."),
+    max_retries: int = typer.Option(2, "--max-retries", help="ray: how many times an entry whose worker was lost (killed, out of memory, node gone) runs again."),
+    across_gpus: bool = typer.Option(False, "--across-gpus", help="Also compare each model run on several GPU types (gpus = [...]) across them, naming the nodes whose results depend on the GPU."),
     json_output: opt.Json = False,
 ) -> None:
     """Run every model of FILE: pipeline, inference dumps, locate (where a GPU exists), the diff against the
-    last good night and the gate; record everything in the history; write one HTML report.
+    last good night on the same GPU type, driver and onnxruntime, and the gate; record everything in the
+    history; write one HTML report. With --executor ray the entries (one per GPU type of an entry with
+    gpus = [...]) run in parallel as Ray tasks; runs_dir must be a path every Ray node can reach.
 
-    Exit 0: every gate passed; 1: a gate failed; 2: a model could not be judged or FILE is invalid.
+    Exit 0: every gate passed; 1: a gate failed; 2: a model could not be judged or FILE is invalid;
+    3: Ray is not installed or the cluster cannot be reached; 130: interrupted (the history stays consistent).
     """
     from dataclasses import replace
 
-    from qconsist.nightly import load_nightly, run_nightly
+    from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
 
+    options = ExecutorOptions(name=executor, address=address, max_retries=max_retries)
     config = load_nightly(file)
     if runs_dir is not None:
         config = replace(config, runs_dir=runs_dir.resolve(), history=(history or runs_dir / "history.sqlite").resolve())
     elif history is not None:
         config = replace(config, history=history.resolve())
-    result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()))
+    result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()), executor=options,
+                         across_gpus=across_gpus)
     if json_output:
         print_json(result)
     else:

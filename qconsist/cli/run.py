@@ -30,7 +30,7 @@ def run(
     disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
     dump: bool = typer.Option(False, "--dump", help="Fingerprint every tensor ORT computes, checked against production."),
     raw: str = typer.Option("none", "--raw", help="Raw tensors to keep with --dump: none, all, auto, or NODE,NODE,..."),
-    fingerprints: str = typer.Option("auto", "--fingerprints", help="Where --dump fingerprints tensors: device (CUDA EP: on the GPU, needs qconsist[gpu]), host, or auto (device on the CUDA EP)."),
+    fingerprints: str = typer.Option("auto", "--fingerprints", help="Where --dump fingerprints tensors: device (CUDA EP: on the GPU, needs qconsist[gpu]), host, or auto (device on the CUDA EP when CuPy is installed, else host with a warning)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --raw auto: keep the tensors that differ from this dump run."),
     offset: opt.Offset = 0,
     count: opt.Count = None,

@@ -198,12 +198,15 @@ class History:
         dead = self.abandoned()
         statements = []
         for night in dead:
-            statements.append(("UPDATE nights SET status = 'incomplete', finished = ? WHERE night_id = ?", (utc_now(), night)))
-            statements.append(("UPDATE entries SET status = 'error', error = 'night interrupted', finished = ? "
-                               "WHERE night_id = ? AND status = 'running'", (utc_now(), night)))
+            statements += _incomplete(night)
         if statements:
             self._execute(statements)
         return dead
+
+    def interrupt_night(self, night_id: str) -> None:
+        """Mark a night its own process stops (Ctrl-C) ``incomplete`` now, its unfinished entries ``night
+        interrupted``, exactly as the next nightly would mark it had the process been killed."""
+        self._execute(_incomplete(night_id))
 
     def start_entry(self, night_id: str, model: str) -> None:
         self._execute([(
@@ -250,15 +253,21 @@ class History:
     # two nights can start within the same second (a killed night and its rerun).
     def last_good(self, model: str, before: str | None = None) -> GoodRun | None:
         """The most recent complete entry of ``model`` whose gate passed (excluding night ``before``)."""
+        runs = self.good_runs(model, before, limit=1)
+        return runs[0] if runs else None
+
+    def good_runs(self, model: str, before: str | None = None, limit: int = 20) -> list[GoodRun]:
+        """The ``limit`` most recent complete entries of ``model`` whose gate passed, newest first (excluding
+        night ``before``): the baselines a nightly entry chooses from (like with like: ``qconsist.nightly``)."""
         with self._connect() as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 "SELECT e.night_id, e.entry_run FROM entries e JOIN verdicts v USING (night_id, model) "
                 "JOIN nights n USING (night_id) "
                 "WHERE e.model = ? AND e.status = 'done' AND v.passed = 1 AND e.night_id != ? "
-                "ORDER BY n.rowid DESC LIMIT 1",
-                (model, before or ""),
-            ).fetchone()
-        return GoodRun(row["night_id"], row["entry_run"]) if row else None
+                "ORDER BY n.rowid DESC LIMIT ?",
+                (model, before or "", limit),
+            ).fetchall()
+        return [GoodRun(row["night_id"], row["entry_run"]) for row in rows]
 
     def nights(self) -> list[dict[str, Any]]:
         with self._connect() as conn:
@@ -297,6 +306,12 @@ class History:
                 }
                 rows.append(row)
         return rows
+
+
+def _incomplete(night_id: str) -> list[tuple[str, tuple]]:
+    return [("UPDATE nights SET status = 'incomplete', finished = ? WHERE night_id = ?", (utc_now(), night_id)),
+            ("UPDATE entries SET status = 'error', error = 'night interrupted', finished = ? "
+             "WHERE night_id = ? AND status = 'running'", (utc_now(), night_id))]
 
 
 def _alive(pid: int | None) -> bool:

@@ -10,6 +10,7 @@ Files written (besides ``manifest.json``)::
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass, field
@@ -294,7 +295,10 @@ def run_inference(
         ) if plan else None
         seconds = {"production": 0.0, "dump": 0.0}
         on_device = plan is not None and (request.fingerprints == "device" or (
-            request.fingerprints == "auto" and options.provider == "cuda"))
+            request.fingerprints == "auto" and options.provider == "cuda" and _cupy_installed()))
+        if plan is not None and request.fingerprints == "auto" and options.provider == "cuda" and not on_device:
+            log.warning("CuPy is not installed (qconsist[gpu] brings cupy-cuda13x): fingerprinting on the host, "
+                        "which copies every tensor off the GPU; the hashes are the same function (qc-mix64/1)")
         device = None
         if on_device:
             device = DeviceDump(plan.session, names, plan.dtypes, plan.batched, recorder.table.shapes,  # type: ignore[union-attr]
@@ -409,3 +413,8 @@ def run_inference(
         path = run.finish(manifest)
     return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump,
                            ort_log if ort_log.lines else None)
+
+
+def _cupy_installed() -> bool:
+    """Whether CuPy can be imported (without importing it: a CUDA context is only made when a dump starts)."""
+    return importlib.util.find_spec("cupy") is not None

@@ -18,6 +18,10 @@ Relative paths start at the nightly file's folder. Format::
     gpu_config = "HEURISTIC/tf32=0"            # the GPU config the deployment pins (checked against locate)
     labels = "labels.json"                     # {sample name: class index} of the evaluation inputs
     locate = true                              # run qconsist locate where a GPU exists (default true)
+    gpus = ["H100", "H200"]                    # run this entry once on each GPU type (history key name@TYPE)
+    cpus = 1                                   # what one run of the entry needs: CPU cores (default 1) …
+    memory_gb = 8                              # … and memory (default: not declared); the Ray executor
+                                               # schedules by them (GPU types: Ray's accelerator_type)
     [models.pipeline]                          # … or a pipeline written inline
     [models.pipeline.model]
     source = "nudenet_320n"                    # a bundled model (models/*.toml), or onnx = "<file>"
@@ -40,7 +44,8 @@ from qconsist.gpu.config import GpuConfig
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
-_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate"}
+_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate", "gpus", "cpus", "memory_gb"}
+_GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,40}$")
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,21 @@ class ModelEntry:
     gpu_config: str | None = None
     labels: dict[str, int] | None = None
     locate: bool = True
+    gpus: tuple[str, ...] = ()  # GPU types (Ray accelerator types: "H100", "H200", "A10G"); one run on each
+    cpus: float = 1.0
+    memory_gb: float | None = None
+
+    def keys(self) -> tuple[tuple[str, str | None], ...]:
+        """(history key, GPU type) of each run of this entry: ``name`` alone, or ``name@TYPE`` per GPU type."""
+        if not self.gpus:
+            return ((self.name, None),)
+        return tuple((f"{self.name}@{gpu}", gpu) for gpu in self.gpus)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "policy": str(self.policy) if self.policy else None, "gpu_config": self.gpu_config,
-            "labels": self.labels, "locate": self.locate, "pipeline": self.pipeline.to_json(),
+            "labels": self.labels, "locate": self.locate, "gpus": list(self.gpus), "cpus": self.cpus,
+            "memory_gb": self.memory_gb, "pipeline": self.pipeline.to_json(),
         }
 
 
@@ -155,7 +170,27 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
     return ModelEntry(
         name=name, pipeline=pipeline, policy=(base / policy).resolve() if policy else default_policy,
         gpu_config=gpu_config, labels=_labels(base, labels, where) if labels else None, locate=locate,
+        gpus=_gpus(data.get("gpus", []), where), cpus=_amount(data, "cpus", where, 1.0),
+        memory_gb=_amount(data, "memory_gb", where, None),
     )
+
+
+def _gpus(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and _GPU_TYPE_RE.match(v) for v in value):
+        raise ConfigError(f"{where}: 'gpus' must be a list of GPU types such as [\"H100\", \"H200\"], got {value!r}")
+    duplicates = sorted({v for v in value if value.count(v) > 1})
+    if duplicates:
+        raise ConfigError(f"{where}: GPU type '{duplicates[0]}' is listed twice in 'gpus'")
+    return tuple(value)
+
+
+def _amount(table: dict[str, Any], key: str, where: str, default: float | None) -> float | None:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 4096:
+        raise ConfigError(f"{where}: '{key}' must be a number greater than 0, got {value!r}")
+    return float(value)
 
 
 def parse_nightly(data: Any, path: Path) -> NightlyConfig:

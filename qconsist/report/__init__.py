@@ -84,11 +84,27 @@ def render_nightly_report(result: Any) -> str:
         detail = entry.get("error") or "; ".join(verdict.get("reasons") or []) or "all checks passed"
         rows.append(f"<tr><td><a href=\"#model-{entry['model']}\">{entry['model']}</a></td>"
                     f"<td class=\"status-{'pass' if entry['status'] == 'pass' else 'fail'}\">{entry['status']}</td>"
+                    f"<td>{_esc(entry.get('gpu_label') or '—')}</td>"
                     f"<td>{_esc(detail)}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
                     f"<td>{entry.get('seconds', 0):.1f}</td></tr>")
     body = [banner(state, title, f"config {data.get('config')}"), "<main>", "<h2>Summary</h2>",
-            "<table><tr><th>model</th><th>status</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
+            "<table><tr><th>model</th><th>status</th><th>GPU type</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
             + "".join(rows) + "</table>"]
+    retries = data.get("retries") or {}
+    if retries:
+        body.append("<h2>Retries</h2><p>Entries whose worker was lost, run again; each lost attempt's run directory is "
+                    "left incomplete.</p><ul>" + "".join(
+                        f"<li><code>{_esc(model)}</code>: {_esc('; '.join(reasons))}</li>" for model, reasons in retries.items()) + "</ul>")
+    across = data.get("across_gpus") or []
+    if across:
+        rows = "".join(
+            f"<tr><td>{_esc(c['model'])}</td><td>{_esc(c['gpu_a'])} vs {_esc(c['gpu_b'])}</td>"
+            f"<td>{'CUDA EP' if c['role'] == 'gpu' else 'CPU EP'}</td>"
+            f"<td class=\"status-{'pass' if c['identical'] else 'fail'}\">{_esc(_across_result(c))}</td>"
+            f"<td>{_esc(', '.join(c['nodes']) or '—')}</td></tr>" for c in across)
+        body.append("<h2>Across GPU types</h2><p>The same model's dumps on each GPU type against the first type's: the nodes "
+                    "listed depend on the GPU.</p><table><tr><th>model</th><th>GPU types</th><th>dumps</th><th>result</th>"
+                    "<th>nodes that differ</th></tr>" + rows + "</table>")
     for entry in entries:
         if entry.get("entry_run"):
             path = Path(entry["entry_run"])  # the night's own record, written by this qconsist
@@ -102,6 +118,12 @@ def render_nightly_report(result: Any) -> str:
             body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p class=\"reasons\">error: {_esc(entry.get('error'))}</p>")
     body.append("</main>")
     return page(f"qconsist nightly {data['night_id']}", body)
+
+
+def _across_result(comparison: dict[str, Any]) -> str:
+    if comparison.get("error"):
+        return f"not compared: {comparison['error']}"
+    return "identical" if comparison["identical"] else f"{len(comparison['nodes'])} node(s) differ, first {comparison.get('first')}"
 
 
 def _esc(text: Any) -> str:

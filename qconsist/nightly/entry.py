@@ -1,0 +1,295 @@
+"""One model's night as a pure task: ``run_entry(EntryTask) -> EntryOutcome``.
+
+For each model, in order: the pipeline (a pipeline run), two inference runs of the quantized model with
+fingerprint dumps on the evaluation inputs (the second checks that inference repeats bit for bit), the
+locate step where a GPU exists (otherwise skipped with the reason recorded), the gate against the baseline
+(the diff to the first diverging node happens inside the gate). The model's evidence is a run directory of
+kind ``nightly-entry`` whose ``RUNNING.json`` names the step under way (``ENTRY_STEPS``) until it is complete.
+
+A task reads no history and writes nothing but run directories: the head process (``qconsist.nightly.runner``)
+decides the baseline candidates, and an executor (``qconsist.nightly.executors``) runs the task where it likes.
+Baselines are like with like: among the candidates (the history key's good nights, newest first) the task
+takes the newest whose GPU, driver and onnxruntime are its own, else the newest (the gate's environment
+check then says what changed).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from qconsist.environment import compare_environments, fingerprint
+from qconsist.errors import QconsistError, RunStoreError, UnavailableError
+from qconsist.gate import GateVerdict, evaluate_gate, load_policy
+from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, Side, evaluation_inputs
+from qconsist.gpu.config import GpuConfig
+from qconsist.gpu.run import LocateRequest, run_locate
+from qconsist.inference.model import resolve_model
+from qconsist.inference.runner import RunRequest, run_inference
+from qconsist.inference.session import require_provider
+from qconsist.nightly.config import ModelEntry
+from qconsist.pipeline.runner import run_pipeline
+from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.report import render_entry_report
+from qconsist.store.atomic import write_atomic
+from qconsist.store.manifest import Manifest
+from qconsist.store.rundir import RunDirectory, open_run
+from qconsist.store.serde import dumps
+
+log = logging.getLogger(__name__)
+
+# The steps of an entry, as its RUNNING.json names them while it runs (executors show them as progress).
+ENTRY_STEPS = ("pipeline", "inference:quantized", "inference:repeat", "locate", "inference:gpu", "gate", "report")
+# What makes two environments "like" for a baseline (names of ``qconsist.environment.NUMERICS``).
+LIKE_WITH_LIKE = ("gpu", "driver", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class EntryTask:
+    """Everything one run of a model's night needs, decided by the head process: the entry, where runs go,
+    the night, the baseline candidates (the key's good nights, newest first: ``(night_id, entry_run)``) and,
+    where the executor decides it, the entry run's id and the attempt (a retry after a lost worker)."""
+
+    entry: ModelEntry
+    runs_dir: Path
+    night_id: str
+    baselines: tuple[tuple[str, str], ...] = ()
+    key: str = ""  # the history key: the entry's name, or name@GPU-type
+    gpu_type: str | None = None
+    entry_run_id: str | None = None
+    attempt: int = 1
+    command: tuple[str, ...] = ()  # the head process's command line, recorded in the manifests (not a worker's)
+    numerics_env: tuple[tuple[str, str | None], ...] = ()  # the head process's numerics environment variables
+    device_assigned: bool = False  # a scheduler chose the GPU (CUDA_VISIBLE_DEVICES): its index may change nightly
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", self.entry.name)
+
+    @property
+    def entry_run(self) -> Path | None:
+        return self.runs_dir / self.entry_run_id if self.entry_run_id else None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run directory a task made, for the history."""
+
+    role: str  # entry, pipeline, quantized, repeat, locate
+    run_id: str
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt of an entry lost with its worker (killed, out of memory, node gone): its entry run directory,
+    left incomplete (``RUNNING.json``, no manifest) as a killed local run is, the step it reached and why."""
+
+    attempt: int
+    entry_run: str
+    state: str  # run_state of the entry run: incomplete (started) or missing (lost before it started)
+    stage: str | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        where = f" during {self.stage}" if self.stage else (" before it started" if self.state == "missing" else "")
+        return f"attempt {self.attempt} lost{where}: {self.reason}"
+
+
+@dataclass
+class EntryOutcome:
+    """One model's night: ``pass``, ``fail`` (the gate said no) or ``error`` (it could not be judged), with
+    the runs it made and its stages' hashes (what the head process writes into the history)."""
+
+    model: str  # the history key: name, or name@GPU-type
+    status: str
+    entry_run: str | None = None
+    pipeline_run: str | None = None
+    baseline: str | None = None
+    baseline_night: str | None = None
+    locate_skipped: str | None = None
+    verdict: GateVerdict | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    runs: list[RunRecord] = field(default_factory=list)
+    hashes: list[dict[str, Any]] = field(default_factory=list)  # the pipeline's stage entries
+    gpu_type: str | None = None  # the GPU type the entry asked for
+    gpus: list[str] = field(default_factory=list)  # the GPUs it ran on (names), as its node reported them
+    attempts: list[Attempt] = field(default_factory=list)  # earlier attempts lost with their worker
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "status": self.status, "entry_run": self.entry_run, "pipeline_run": self.pipeline_run,
+            "baseline": self.baseline, "baseline_night": self.baseline_night, "locate_skipped": self.locate_skipped, "error": self.error,
+            "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
+            "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "EntryOutcome":
+        values = {k: data.get(k) for k in ("model", "status", "entry_run", "pipeline_run", "baseline", "baseline_night", "locate_skipped", "error",
+                                           "gpu_type")}
+        verdict = GateVerdict.from_json(data["verdict"]) if data.get("verdict") else None
+        return cls(**values, verdict=verdict, seconds=float(data.get("seconds", 0.0)),
+                   runs=[RunRecord(**r) for r in data.get("runs", [])], gpus=list(data.get("gpus") or []),
+                   attempts=[Attempt(**a) for a in data.get("attempts") or []])
+
+    @property
+    def gpu_label(self) -> str:
+        """The GPU-type column of reports: the type asked for, else the GPUs the entry's node has, else none."""
+        return self.gpu_type or ", ".join(sorted(set(self.gpus))) or "none (CPU)"
+
+
+def _locate(entry: ModelEntry, pipeline_run: Path, runs_dir: Path, progress: Progress) -> tuple[Path | None, str | None]:
+    """The locate run of the quantized model where a GPU exists; otherwise why it was skipped."""
+    if not entry.locate:
+        return None, "locate = false in the nightly file"
+
+    try:
+        require_provider("cuda")
+    except UnavailableError as exc:
+        return None, exc.message
+
+    evaluation = entry.pipeline.evaluation or entry.pipeline.calibration.inputs
+    request = LocateRequest(model=pipeline_run, inputs=evaluation.data, stage="quantize", offset=evaluation.offset,
+                            count=min(evaluation.count or 8, 256))
+    _, path = run_locate(request, runs_dir, command=["qconsist", "nightly"], progress=progress)
+    return path, None
+
+
+def _gpu_dump(entry: ModelEntry, pipeline_run: Path, side: Side, runs_dir: Path, progress: Progress) -> tuple[Path | None, str | None]:
+    """The quantized model's dumps on the CUDA EP under the entry's pinned GPU config (else ORT's default);
+    where CUDA is missing, why not."""
+    try:
+        require_provider("cuda")
+    except UnavailableError as exc:
+        return None, exc.message
+    config = GpuConfig.parse(entry.gpu_config) if entry.gpu_config else GpuConfig()
+    result = run_inference(resolve_model(pipeline_run, "quantize"), evaluation_inputs(side),
+                           RunRequest(options=config.execution_options(), dump=True), runs_dir,
+                           command=["qconsist", "nightly"], progress=progress)
+    return result.run_dir, None
+
+
+def write_text(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _inference(pipeline_run: Path, side: Side, runs_dir: Path, progress: Progress) -> Path:
+
+    source = resolve_model(pipeline_run, "quantize")
+    result = run_inference(source, evaluation_inputs(side), RunRequest(dump=True), runs_dir,
+                           command=["qconsist", "nightly"], progress=progress)
+    return result.run_dir
+
+
+def choose_baseline(task: EntryTask, environment: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(entry_run, night_id)`` of the baseline: the newest candidate whose GPU, driver and onnxruntime are those
+    of ``environment`` (like with like), else the newest (its environment differences are then the gate's to
+    judge), else none."""
+    for night, run in task.baselines:
+        try:
+            manifest = open_run(Path(run))
+        except RunStoreError:
+            continue
+        changes = compare_environments(manifest.environment, environment).numerics
+        if not any(change.name in LIKE_WITH_LIKE for change in changes):
+            return run, night
+    if task.baselines:
+        night, run = task.baselines[0]
+        return run, night
+    return None, None
+
+
+def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutcome:
+    """One model's night, a pure task: no history, no state outside the run directories it writes.
+    Errors propagate; ``guarded_entry`` turns them into an ``error`` outcome."""
+
+    entry, runs_dir, night_id = task.entry, task.runs_dir, task.night_id
+    policy = load_policy(entry.policy)
+    if task.device_assigned:  # which GPU of its type a scheduler gave the entry is no change of environment
+        allowed = tuple(sorted({*policy.environment.allow_changed, "CUDA_VISIBLE_DEVICES"}))
+        policy = replace(policy, environment=replace(policy.environment, allow_changed=allowed))
+    environment = fingerprint()
+    baseline_run, baseline_night = choose_baseline(task, environment)
+    runs: list[RunRecord] = []
+    with RunDirectory.create(runs_dir, f"{task.key}-entry", ENTRY_KIND, run_id=task.entry_run_id) as run:
+        record: dict[str, Any] = {
+            "model": task.key, "night_id": night_id, "pinned_gpu": entry.gpu_config, "labels": entry.labels,
+            "baseline": baseline_run, "baseline_night": baseline_night, "gpu_type": task.gpu_type,
+        }
+        runs.append(RunRecord("entry", run.run_id, ENTRY_KIND, str(run.path)))
+        run.mark_progress(ENTRY_STEPS[0])
+        result = run_pipeline(entry.pipeline, runs_dir, progress=progress)
+        pipeline_manifest = open_run(result.path)
+        runs.append(RunRecord("pipeline", result.run_id, "pipeline", str(result.path)))
+        record["pipeline_run"] = result.run_id
+        side = Side(path=run.path, manifest=Manifest(kind=ENTRY_KIND, sections={ENTRY_SECTION: record}),
+                    pipeline_path=result.path, pipeline=pipeline_manifest, pinned_gpu=entry.gpu_config, labels=entry.labels)
+        inference_runs: dict[str, str] = {}
+        for role in ("quantized", "repeat"):
+            run.mark_progress(f"inference:{role}")  # ENTRY_STEPS
+            path = _inference(result.path, side, runs_dir, progress)
+            runs.append(RunRecord(role, path.name, "inference", str(path)))
+            inference_runs[role] = path.name
+            side.inference[role] = path
+        record["inference_runs"] = inference_runs
+        run.mark_progress("locate")
+        locate_run, skipped = _locate(entry, result.path, runs_dir, progress)
+        record["locate_run"] = locate_run.name if locate_run else None
+        record["locate_skipped"] = skipped
+        side.locate_path, side.locate_skipped = locate_run, skipped
+        if locate_run:
+            runs.append(RunRecord("locate", locate_run.name, "locate", str(locate_run)))
+        if task.gpu_type is not None:  # the dumps on this GPU type, for comparisons across GPU types
+            run.mark_progress("inference:gpu")
+            gpu_run, record["gpu_skipped"] = _gpu_dump(entry, result.path, side, runs_dir, progress)
+            record["gpu_run"] = gpu_run.name if gpu_run else None
+            if gpu_run:
+                runs.append(RunRecord("gpu", gpu_run.name, "inference", str(gpu_run)))
+        run.mark_progress("gate")
+        verdict = evaluate_gate(side, Path(baseline_run) if baseline_run else None, policy, progress=progress)
+        write_text(run.file("verdict.json"), dumps(verdict))
+        write_text(run.file("verdict.md"), verdict.to_markdown())
+        write_text(run.file("junit.xml"), verdict.to_junit())
+        manifest = Manifest(
+            kind=ENTRY_KIND, command=list(sys.argv), model={"name": entry.name, **pipeline_manifest.model},
+            inputs=pipeline_manifest.inputs, stages=pipeline_manifest.stages, environment=environment,
+            sections={ENTRY_SECTION: record, "gate": verdict.to_json(), "policy": policy.to_json()},
+        )
+        run.mark_progress("report")
+
+        write_text(run.file("report.html"), render_entry_report(run.path, manifest, side))
+        run.finish(manifest)
+    return EntryOutcome(
+        model=task.key, status="pass" if verdict.passed else "fail", entry_run=str(run.path),
+        pipeline_run=str(result.path), baseline=baseline_run, baseline_night=baseline_night,
+        locate_skipped=skipped, verdict=verdict, runs=runs, hashes=list(pipeline_manifest.stages), gpu_type=task.gpu_type,
+        gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
+    )
+
+
+def guarded_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutcome:
+    """``run_entry``, its errors recorded in the outcome: one model's failure must not stop the others."""
+    start = time.perf_counter()
+    try:
+        outcome = run_entry(task, progress)
+    except QconsistError as exc:
+        log.error("model %s: %s", task.key, exc.message)
+        outcome = EntryOutcome(model=task.key, status="error", error=exc.message, gpu_type=task.gpu_type)
+    except Exception as exc:  # noqa: BLE001 - a bug in one model's work must not stop the others; it is recorded
+        log.error("model %s: internal error\n%s", task.key, traceback.format_exc())
+        outcome = EntryOutcome(model=task.key, status="error", error=f"internal error: {type(exc).__name__}: {exc}",
+                               gpu_type=task.gpu_type)
+    outcome.seconds = time.perf_counter() - start
+    return outcome

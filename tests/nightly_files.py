@@ -1,0 +1,61 @@
+"""Nightly files for tests, derived from the bundled pipelines/nightly.toml: the same models, pipelines and
+policies, with small input counts (and paths made absolute) so that a night takes seconds per model."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Iterable
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "pipelines" / "nightly.toml"
+SMALL = {"calibration": {"count": 3, "repeat": 2}, "evaluation": {"offset": 12, "count": 2}}
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def _table(prefix: str, data: dict) -> list[str]:
+    lines = [f"[{prefix}]"] + [f"{k} = {_toml(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += _table(f"{prefix}.{key}", value)
+    return lines
+
+
+def derived_nightly(folder: Path, models: Iterable[str] | None = None, extra: dict[str, dict] | None = None) -> Path:
+    """``folder/nightly.toml``: the bundled nightly's entries (those named in ``models``, in its order), small
+    counts, ``runs_dir = "runs"``; ``extra`` adds keys to an entry (``{"fcn_head": {"gpus": ["H100"]}}``)."""
+    bundled = tomllib.loads(BUNDLED.read_text())
+    base = BUNDLED.parent
+    wanted = set(models) if models is not None else None
+    lines = ['runs_dir = "runs"', f"policy = {_toml(str((base / bundled['policy']).resolve()))}"]
+    for entry in bundled["models"]:
+        if wanted is not None and entry["name"] not in wanted:
+            continue
+        entry = dict(entry)
+        for key in ("pipeline", "policy"):
+            if isinstance(entry.get(key), str):
+                entry[key] = str((base / entry[key]).resolve())
+        entry.update((extra or {}).get(entry["name"], {}))
+        if isinstance(entry.get("pipeline"), dict):
+            for section, values in SMALL.items():
+                entry["pipeline"][section] = {**entry["pipeline"].get(section, {}), **values}
+        else:
+            entry["set"] = {section: {**entry.get("set", {}).get(section, {}), **values} for section, values in SMALL.items()} | {
+                k: v for k, v in entry.get("set", {}).items() if k not in SMALL}
+        tables = {k: v for k, v in entry.items() if isinstance(v, dict)}
+        lines.append("[[models]]")
+        lines += [f"{k} = {_toml(v)}" for k, v in entry.items() if not isinstance(v, dict)]
+        for key, value in tables.items():
+            lines += _table(f"models.{key}", value)
+    path = Path(folder) / "nightly.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
