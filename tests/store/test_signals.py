@@ -81,8 +81,8 @@ def test_sigint_during_dump_leaves_it_incomplete(tmp_path):
 
 
 def test_sigint_during_nightly_keeps_history_consistent(tmp_path):
-    """The night is left as a killed night is (``running`` in the history, its runs incomplete); the next
-    nightly marks it incomplete and judges against the last good night."""
+    """The night's runs are left incomplete, as a killed night's are, and the history says so at once (the
+    night ``incomplete``); the next nightly starts afresh."""
     from qconsist.history import History
     from qconsist.nightly import load_nightly, run_nightly
 
@@ -107,7 +107,7 @@ def test_sigint_during_nightly_keeps_history_consistent(tmp_path):
     night = next(p for p in runs.iterdir() if p.name.startswith("nightly-"))
     assert run_state(night) == "incomplete"
     assert all(run_state(p) == "incomplete" for p in runs.iterdir() if p.is_dir())
-    assert [n["status"] for n in History(history).nights()] == ["running"]
+    assert [n["status"] for n in History(history).nights()] == ["incomplete"]
     config.write_text(config.read_text().replace("repeat = 100", "repeat = 2").replace("count = 2000", "count = 12"))
     rerun = run_nightly(load_nightly(config))
     statuses = {n["night_id"]: n["status"] for n in History(history).nights()}
