@@ -13,7 +13,10 @@ of a module (``tests/test_layers.py`` checks it).
 
 from __future__ import annotations
 
-from qconsist.cli import calib, diff, env, explain, gate, history, inspect, locate, models, nightly, pipeline, quant_error, report, run, upgrade
+from qconsist.cli import (
+    calib, convert, diff, env, explain, gate, history, inspect, locate, models, nightly, pipeline, quant_error, report, run,
+    runs, upgrade, verify,
+)
 from qconsist.cli.app import app
 
 COMMANDS = {
@@ -29,11 +32,14 @@ COMMANDS = {
     "env": env.env,
     "inspect": inspect.inspect,
     "upgrade-check": upgrade.upgrade_check,
+    "verify": verify.verify,
+    "convert": convert.convert,
 }
 GROUPS = {
     "pipeline": (pipeline.pipeline_app, {"run": pipeline.run}),
     "calib": (calib.calib_app, {"repeat": calib.repeat}),
     "models": (models.models_app, {"list": models.list_models, "fetch": models.fetch}),
+    "runs": (runs.runs_app, {"list": runs.list_command, "show": runs.show, "rm": runs.rm}),
 }
 
 for _name, _function in COMMANDS.items():

@@ -55,8 +55,18 @@ def _render(result) -> None:  # result: DiffResult
         console.print(f"calibration: {len(calib.changed)} tensor(s) changed range or scale")
         for entry in calib.changed[:_SHOWN]:
             console.print(f"  {entry.tensor}: {', '.join(entry.fields)}")
+    tolerance = result.tolerance
+    if not tolerance.exact:
+        per_node = f"; per node: {', '.join(f'{n.pattern} atol {n.atol:g} rtol {n.rtol:g}' for n in tolerance.nodes)}" if tolerance.nodes else ""
+        console.print(f"tolerance: |b - a| <= atol {tolerance.atol:g} + rtol {tolerance.rtol:g}·|a|{per_node}")
     tensors = result.tensors
     if tensors is not None:
+        if not tolerance.exact and tensors.nodes:
+            beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
+            unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]
+            console.print(f"beyond the tolerance: {len(beyond)} of {len(tensors.nodes)} diverging node(s)"
+                          + (f", first {beyond[0].label}" if beyond else "")
+                          + (f"; {len(unknown)} undecided without raw tensors" if unknown else ""))
         if not tensors.nodes:
             console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
         else:
@@ -65,7 +75,8 @@ def _render(result) -> None:  # result: DiffResult
                 f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
                 f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
             )
-            table = Table("node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB")
+            columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
+            table = Table(*columns, *(["tolerance"] if not tolerance.exact else []))
             for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
                 if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
                     continue
@@ -80,6 +91,7 @@ def _render(result) -> None:  # result: DiffResult
                     node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
                     f"{len(node.samples)}/{tensors.samples}", mismatch,
                     _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
+                    *([node.tolerance] if not tolerance.exact else []),
                 )
             console.print(table)
             for node in origins:
@@ -99,6 +111,8 @@ def _render(result) -> None:  # result: DiffResult
             f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
             f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
         )
+    for stat in result.output_stats:
+        console.print(f"output {stat.name}: {stat.message()}")
     for note in result.notes:
         console.print(f"note: {note}")
     console.print("verdict: identical" if result.passed else "verdict: diverged")
@@ -108,15 +122,26 @@ def diff(
     run_a: Path = typer.Argument(..., help="First run directory."),
     run_b: Path = typer.Argument(..., help="Second run directory."),
     explorer: Optional[Path] = typer.Option(None, "--explorer", help="Also write the per-node divergence as Google Model Explorer node data into this folder (status, mismatched, greatest_difference, origin .json)."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
+    policy: opt.PolicyFile = None,
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
+    Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
 
-    Exit 0 identical, 1 diverged, 2 error (incomplete runs, different models or input sets).
+    Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
+    different models or input sets).
     """
+    from qconsist.compare.tolerance import Tolerance
     from qconsist.diff import diff_runs
 
-    result = diff_runs(run_a, run_b)
+    base = Tolerance()
+    if policy is not None:
+        from qconsist.gate import load_policy
+
+        base = load_policy(policy).diff
+    result = diff_runs(run_a, run_b, base.with_overrides(atol, rtol))
     if explorer is not None:
         from qconsist.explain.explorer import explorer_overlay
 

@@ -29,7 +29,7 @@ PACKAGE_PATHS = " A file inside an installed package can be given as package:<mo
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (schema-versioned; no progress, no colours).")]
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
 RunId = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run directory (default: <name>-<UTC time>-<random>).")]
-Force = Annotated[bool, typer.Option("--force", help="Write an output file even over an input or a file inside a run directory.")]
+Force = Annotated[bool, typer.Option("--force", help="Do what is refused by default: write an output file over an existing file, an input or a file inside a run directory; remove a run the history names as a baseline (runs rm).")]
 History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
@@ -55,6 +55,9 @@ MaxWorkspace = Annotated[Optional[bool], typer.Option("--cudnn-max-workspace/--n
 DeviceId = Annotated[Optional[int], typer.Option("--device-id", min=0, help="cuda: device_id (default: 0).")]
 DisableOptimizers = Annotated[List[str], typer.Option("--disable-optimizer", help="Switch off one of onnxruntime's graph transformers by name, e.g. QDQSelectorActionTransformer (repeatable; qconsist explain names them).")]
 ProviderOptions = Annotated[List[str], typer.Option("--provider-option", help="Any option of the execution provider as KEY=VALUE (repeatable), e.g. use_tf32=0.")]
+OUTPUT_HELP = "The file to write (report: the HTML page; convert: the ONNX model, written only once every check passed)."
+PolicyFile = Annotated[Optional[Path], typer.Option("--policy", parser=read_path, help="Policy file (TOML; default: the built-in defaults, see policies/default.toml): gate checks and tolerances; diff takes its [diff] tolerances (atol, rtol, per node), --atol/--rtol override them.")]
+DynamicBatch = Annotated[bool, typer.Option("--dynamic-batch", help="Make the model take any batch size: its first input and output dimension becomes 'batch' (run: a model with a fixed batch is re-stamped and checked against the original on a real sample, then recorded; convert: the converted model, as [convert] dynamic_batch).")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Samples per step, stacked on the batch axis (default 1): run as the evaluation runs, since cuDNN picks algorithms per shape.")]
 Engines = Annotated[bool, typer.Option("--engines/--no-engines", help="cuda: record the cuDNN engine of every convolution per run, from cuDNN's API log in a child session of the same model, options and input (run: off by default, diff shows them; locate: on, per config).")]
 EngineRuns = Annotated[int, typer.Option("--engine-runs", help="With --engines: runs of the recording session (default 3).")]

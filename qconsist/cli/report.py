@@ -13,7 +13,7 @@ from qconsist.cli.app import stdout_console
 
 def report(
     items: List[Path] = typer.Argument(..., help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
-    output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
+    output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
     force: opt.Force = False,
 ) -> None:
     """Write one self-contained HTML report: verdict, artifacts table, per-node divergence along the

@@ -35,7 +35,7 @@ def run(
     offset: opt.Offset = 0,
     count: opt.Count = None,
     batch_size: opt.BatchSize = 1,
-    dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="Re-stamp a model with a fixed batch dimension to take --batch-size samples (checked against the original on a real sample; recorded)."),
+    dynamic_batch: opt.DynamicBatch = False,
     engines: opt.Engines = False,
     engine_runs: opt.EngineRuns = 3,
     runs_dir: opt.RunsDir = None,

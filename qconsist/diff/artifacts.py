@@ -13,7 +13,9 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from qconsist.errors import RunStoreError
 from qconsist.store.hashing import initializer_digests
+from qconsist.store.verify import stage_artifact, verify_artifacts
 from qconsist.store.manifest import Manifest
 from qconsist.store.serde import structure, to_jsonable
 
@@ -26,17 +28,16 @@ def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
     return artifact if isinstance(artifact, dict) else None
 
 
-def _model_path(run_dir: Path, artifact: dict[str, Any]) -> Path:
-    path = Path(artifact.get("path", ""))
-    return path if path.is_absolute() else Path(run_dir) / path
-
-
-def _load(path: Path) -> onnx.ModelProto | None:
+def _load(run_dir: Path, manifest: Manifest, stage: str) -> onnx.ModelProto | None:
+    """A stage's model, verified against its recorded sha256 (``None`` when an external model is gone)."""
+    path = stage_artifact(run_dir, manifest, stage)
+    if path is None:
+        return None
     try:
         return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - a missing or unreadable file is reported, not fatal
-        log.info("cannot load %s: %s", path, exc)
-        return None
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, ValueError…
+        raise RunStoreError(f"run {run_dir}: the {stage} artifact is not a readable ONNX model "
+                            f"({' '.join(str(exc).split())[:120]})") from None
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -239,9 +240,9 @@ def metadata_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> list[str]:
     return found
 
 
-def _stage_models(run_a: Path, art_a: dict, run_b: Path, art_b: dict) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
-    model_a = _load(_model_path(run_a, art_a))
-    model_b = _load(_model_path(run_b, art_b))
+def _stage_models(run_a: Path, a: Manifest, run_b: Path, b: Manifest, stage: str) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
+    model_a = _load(run_a, a, stage)
+    model_b = _load(run_b, b, stage) if model_a is not None else None
     return (model_a, model_b) if model_a is not None and model_b is not None else None
 
 
@@ -249,7 +250,10 @@ def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> Art
     """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
     differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
     stage whose computation differs, what differs in it. Without the model files, the recorded content
-    hashes decide."""
+    hashes decide. Every model a run holds is first verified against its recorded sha256: the recorded
+    hashes are trusted only once the files are shown to be what was recorded."""
+    verify_artifacts(run_a, a)
+    verify_artifacts(run_b, b)
     result = ArtifactComparison()
     for stage_a in a.stages:
         stage_b = b.stage(stage_a["name"])
@@ -265,7 +269,7 @@ def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> Art
         result.stages.append(entry)
         if same_bytes:
             continue
-        models = _stage_models(run_a, art_a, run_b, art_b)
+        models = _stage_models(run_a, a, run_b, b, stage_a["name"])
         if models is None:
             entry.same_computation = entry.same_content
             entry.note = "model files are gone; only their recorded hashes are compared"

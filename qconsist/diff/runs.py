@@ -7,15 +7,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qconsist.compare import OutputEffect
+from qconsist.compare import OutputEffect, TensorStats
+from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.tensors import TensorComparison, compare_tensors
-from qconsist.inference.reader import load_dump, load_outputs
+from qconsist.inference.reader import inference_section, load_dump, load_outputs
 from qconsist.inputs.recorded import recorded_subset
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import external_file
 from qconsist.store.serde import structure, to_jsonable
 from qconsist.inference.engines import EngineRecord
 from qconsist.inference.runner import PRODUCTION_REPEATS
@@ -93,14 +95,22 @@ class DiffResult:
     capture: list[str] = field(default_factory=list)  # commands that capture the missing raw tensors
     notes: list[str] = field(default_factory=list)
     engines: list[EngineChange] = field(default_factory=list)  # cuDNN kernels of conv nodes, when both runs recorded them
+    tolerance: Tolerance = field(default_factory=Tolerance)  # exact unless --atol/--rtol or a policy's [diff]
+    output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
 
     @property
     def passed(self) -> bool:
+        """Identical at every level compared; with a tolerance, tensors and final outputs only need to be
+        within it (artifacts and calibration stay exact)."""
+        if self.tolerance.exact:
+            outputs_ok = not (self.outputs and not self.outputs.identical)
+        else:
+            outputs_ok = all(s.passed for s in self.output_stats)
         return (
             self.artifacts.first_differing_stage is None
             and not self.calibration.changed
-            and not (self.tensors and self.tensors.nodes)
-            and not (self.outputs and not self.outputs.identical)
+            and not (self.tensors and self.tensors.beyond)
+            and outputs_ok
         )
 
     def __bool__(self) -> bool:
@@ -222,15 +232,36 @@ def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> N
             )
 
 
-def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> OutputEffect:
+def _original(run_dir: Path, manifest: Manifest) -> Path | None:
+    """The model an inference run ran (outside the run: verified against its recorded size and sha256)."""
+    record = manifest.model.get("artifact")
+    if not isinstance(record, dict) or not manifest.model.get("path"):
+        return None
+    return external_file(run_dir, {**record, "path": manifest.model.get("path")}, "model path")
+
+
+def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest,
+             tolerance: Tolerance) -> tuple[OutputEffect, list[TensorStats]]:
     effect = OutputEffect()
-    for step in range(int(a.sections["inference"]["samples"])):
-        effect.add(effect.samples, load_outputs(path_a, a, step), load_outputs(path_b, b, step))
-    return effect
+    names = [str(n) for n in inference_section(path_a, a).get("outputs") or []]
+    stats = [TensorStats(name, *tolerance.for_node(name)) for name in names] if not tolerance.exact else []
+    samples = inference_section(path_a, a)["samples"]
+    if inference_section(path_b, b)["samples"] != samples:
+        raise RunStoreError(f"the runs hold {samples} and {inference_section(path_b, b)['samples']} samples; "
+                            "compare runs on the same input set")
+    for step in range(samples):
+        outputs_a, outputs_b = load_outputs(path_a, a, step), load_outputs(path_b, b, step)
+        for stat, x, y in zip(stats, outputs_a, outputs_b):
+            stat.add(step, x, y)
+        effect.add(effect.samples, outputs_a, outputs_b)
+    return effect, stats
 
 
-def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
-    """Compare two complete run directories in the order artifacts → calibration → tensors → outputs."""
+def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tolerance()) -> DiffResult:
+    """Compare two complete run directories in the order artifacts → calibration → tensors → outputs.
+
+    ``tolerance`` (default exact): tensors and final outputs are judged against ``atol + rtol·|a|`` (per
+    node where it says so) instead of bit for bit."""
     path_a, path_b = Path(path_a), Path(path_b)
     a, b = open_run(path_a), open_run(path_b)
     _check_comparable(a, b, path_a, path_b)
@@ -241,13 +272,14 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
         tensors=None, outputs=None,
         environment=describe_changes(a.environment, b.environment),
         versions=compare_environments(a.environment, b.environment),
+        tolerance=tolerance,
     )
     opts_a = a.sections.get("inference", {}).get("options")
     opts_b = b.sections.get("inference", {}).get("options")
     if isinstance(opts_a, dict) and isinstance(opts_b, dict):
         result.options = describe_changes(opts_a, opts_b)
     if a.kind == b.kind == "inference":
-        result.outputs = _outputs(path_a, a, path_b, b)
+        result.outputs, result.output_stats = _outputs(path_a, a, path_b, b, tolerance)
         has_a, has_b = "dump" in a.sections, "dump" in b.sections
         if has_a and has_b:
             dump_a, dump_b = load_dump(path_a, a), load_dump(path_b, b)
@@ -258,10 +290,9 @@ def diff_runs(path_a: Path | str, path_b: Path | str) -> DiffResult:
                         f"the final outputs of {path}'s dump differ from production, whose own outputs vary from run "
                         f"to run ({distinct} distinct in {PRODUCTION_REPEATS} runs): a non-deterministic kernel" if distinct > 1 else
                         f"the dump of {path} is NOT faithful: its final outputs differ from production")
-            result.tensors = compare_tensors(
-                dump_a, dump_b, Path(a.model["path"]) if a.model.get("path") else None,
-                Path(b.model["path"]) if b.model.get("path") else None,
-            )
+            same_graph = dump_a.structure == dump_b.structure  # else the original models are compared: verified then
+            result.tensors = compare_tensors(dump_a, dump_b, None if same_graph else _original(path_a, a),
+                                             None if same_graph else _original(path_b, b), tolerance)
             if result.tensors.raw_missing:
                 keys = result.tensors.raw_missing
                 result.capture = [capture_command(a, keys, run_dir=path_a), capture_command(b, keys, run_dir=path_b)]

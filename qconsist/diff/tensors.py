@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from qconsist.compare import TensorStats, origins
+from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import check_hash_functions
 from qconsist.inference.graphmap import GraphIndex
@@ -39,9 +40,16 @@ class TensorDiff:
     initializers_changed: list[str]
     summary: dict[str, Any]  # fingerprints (min, max, mean) of both runs in the first differing sample
     elements: TensorStats | None = None  # element statistics, where both runs kept the raw tensors
+    tolerance: str = ""  # with a tolerance: beyond | within | unknown (no raw tensors, fingerprints inconclusive)
+
+    @property
+    def beyond(self) -> bool:
+        """Differs by more than the tolerance (exact mode: differs), or cannot be shown not to."""
+        return self.tolerance in ("", "beyond", "unknown")
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "tolerance": self.tolerance,
             "key": self.key, "label": self.label, "op_a": self.op_a, "op_b": self.op_b, "covers": self.covers,
             "samples": self.samples, "origin": self.origin, "origin_samples": self.origin_samples,
             "initializers_changed": self.initializers_changed, "summary": self.summary,
@@ -55,6 +63,7 @@ class TensorDiff:
             samples=data["samples"], origin=data["origin"], origin_samples=data["origin_samples"],
             initializers_changed=data["initializers_changed"], summary=data["summary"],
             elements=TensorStats.from_json(data["elements"]) if data["elements"] else None,
+            tolerance=data.get("tolerance", ""),
         )
 
 
@@ -66,10 +75,16 @@ class TensorComparison:
     samples: int
     nodes: list[TensorDiff] = field(default_factory=list)  # diverging ones, topological order
     raw_missing: list[str] = field(default_factory=list)  # keys whose element stats need raw tensors
+    tolerance: Tolerance = field(default_factory=Tolerance)
 
     @property
     def first(self) -> TensorDiff | None:
         return self.nodes[0] if self.nodes else None
+
+    @property
+    def beyond(self) -> list[TensorDiff]:
+        """Nodes that differ by more than the tolerance, or cannot be shown not to (all diverging nodes when exact)."""
+        return [n for n in self.nodes if n.beyond]
 
     @property
     def origins(self) -> list[TensorDiff]:
@@ -80,7 +95,8 @@ class TensorComparison:
             "space": self.space, "compared": self.compared, "not_compared": self.not_compared,
             "samples": self.samples, "first": self.first.label if self.first else None,
             "origins": [n.label for n in self.origins], "nodes": [n.to_json() for n in self.nodes],
-            "raw_missing": self.raw_missing,
+            "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
+            "beyond": [n.label for n in self.beyond],
         }
 
     @classmethod
@@ -89,6 +105,7 @@ class TensorComparison:
             space=data["space"], compared=data["compared"], not_compared=data["not_compared"],
             samples=data["samples"], nodes=[TensorDiff.from_json(n) for n in data["nodes"]],
             raw_missing=data["raw_missing"],
+            tolerance=Tolerance.from_json(data["tolerance"]) if isinstance(data.get("tolerance"), dict) else Tolerance(),
         )
 
 
@@ -96,7 +113,7 @@ def _load_model(path: Path, what: str) -> onnx.ModelProto:
     try:
         return onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {exc}") from None
+        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {' '.join(str(exc).split())[:160]}") from None
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> dict[str, bytes]:
@@ -183,8 +200,13 @@ def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dic
 
 def compare_tensors(
     a: LoadedDump, b: LoadedDump, original_a: Path | None, original_b: Path | None,
+    tolerance: Tolerance = Tolerance(),
 ) -> TensorComparison:
-    """Compare two dumps of the same input set. Raises ``RunStoreError`` when they cannot be compared."""
+    """Compare two dumps of the same input set. Raises ``RunStoreError`` when they cannot be compared.
+
+    With a ``tolerance``, every diverging node is also judged against it: from its raw tensors where both
+    runs kept them, else from the fingerprints (the differences of min, max and mean are lower bounds of
+    the greatest element difference), else ``unknown``."""
     if a.table.shape[0] != b.table.shape[0]:
         raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
     check_hash_functions(a.table, b.table, f"run {a.run_dir}", f"run {b.run_dir}")
@@ -209,7 +231,8 @@ def compare_tensors(
     graph = _Graph(graph_a, set(shared))
     inits_a, inits_b = _initializer_bytes(graph_a), _initializer_bytes(graph_b)
     position = {k: i for i, k in enumerate(shared)}
-    result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]))
+    result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]),
+                              tolerance=tolerance)
     # each compared tensor is a node of this graph: its inputs are the nearest compared tensors it is computed from
     nodes = [([position[t] for t in graph.inputs(key)[0] if t in position], [p]) for p, key in enumerate(shared)]
     origin = origins(differ, nodes)
@@ -228,35 +251,58 @@ def compare_tensors(
             initializers_changed=changed, summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]),
         ))
     _element_stats(a, b, result, keys_a, keys_b)
+    if not tolerance.exact:
+        for node in result.nodes:
+            node.tolerance = _judge(a, b, node, keys_a[node.key], keys_b[node.key], *tolerance.for_node(node.label, node.key))
+        unknown = [n.key for n in result.nodes if n.tolerance == "unknown"]
+        result.raw_missing = list(dict.fromkeys([*result.raw_missing, *unknown]))
     return result
 
 
+def _judge(a: LoadedDump, b: LoadedDump, node: TensorDiff, col_a: int, col_b: int, atol: float, rtol: float) -> str:
+    """``beyond``, ``within`` or ``unknown`` the tolerance ``atol + rtol·|a|``."""
+    if node.elements is not None:
+        return "beyond" if node.elements.mismatched else "within"
+    for sample in node.samples:
+        ra, rb = a.table[sample, col_a], b.table[sample, col_b]
+        if a.shape(sample, col_a) != b.shape(sample, col_b) or ra["dtype"] != rb["dtype"]:
+            return "beyond"
+        if ra["nan"] != rb["nan"] or ra["inf"] != rb["inf"]:
+            return "beyond"
+        values = [float(ra[k]) for k in ("min", "max")] + [float(rb[k]) for k in ("min", "max")]
+        if not all(np.isfinite(values)):
+            continue
+        # |max_a − max_b|, |min_a − min_b| and |mean_a − mean_b| never exceed the greatest element difference,
+        # and the element where it is reached has |a| <= max(|min_a|, |max_a|)
+        bound = max(abs(float(ra[k]) - float(rb[k])) for k in ("min", "max", "mean"))
+        if bound > atol + rtol * max(abs(float(ra["min"])), abs(float(ra["max"]))):
+            return "beyond"
+    return "unknown"
+
+
 def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_a: dict, keys_b: dict) -> None:
-    """Element statistics from raw tensors, where both runs kept them."""
+    """Element statistics from raw tensors, where both runs kept them (every diverging node with a tolerance)."""
     chosen = [n for n in result.nodes if n.origin or n is result.first]
-    chosen += [n for n in result.nodes if n not in chosen][:MAX_ELEMENT_NODES]
+    others = [n for n in result.nodes if n not in chosen]
+    chosen += others if not result.tolerance.exact else others[:MAX_ELEMENT_NODES]
     wanted: dict[int, list[TensorDiff]] = {}
     for node in chosen:
         for sample in node.samples:
             wanted.setdefault(sample, []).append(node)
     missing: set[str] = set()
     for sample in sorted(wanted):
-        path_a = a.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
-        path_b = b.run_dir / "dump" / "raw" / f"{sample:06d}.npz"
-        archive_a = np.load(path_a, allow_pickle=False) if path_a.is_file() else None
-        archive_b = np.load(path_b, allow_pickle=False) if path_b.is_file() else None
-        try:
-            for node in wanted[sample]:
-                name_a, name_b = f"t{keys_a[node.key]}", f"t{keys_b[node.key]}"
-                if archive_a is None or archive_b is None or name_a not in archive_a.files or name_b not in archive_b.files:
-                    missing.add(node.key)
-                    continue
-                node.elements = node.elements or TensorStats(node.key)
-                node.elements.add(sample, archive_a[name_a], archive_b[name_b])
-        finally:
-            for archive in (archive_a, archive_b):
-                if archive is not None:
-                    archive.close()
+        nodes = wanted[sample]
+        arrays_a = a.raw_arrays(sample, [keys_a[n.key] for n in nodes])
+        arrays_b = b.raw_arrays(sample, [keys_b[n.key] for n in nodes])
+        for node in nodes:
+            col_a, col_b = keys_a[node.key], keys_b[node.key]
+            if col_a not in arrays_a or col_b not in arrays_b:
+                missing.add(node.key)
+                continue
+            if node.elements is None:
+                atol, rtol = (None, None) if result.tolerance.exact else result.tolerance.for_node(node.label, node.key)
+                node.elements = TensorStats(node.key, atol, rtol)
+            node.elements.add(sample, arrays_a[col_a], arrays_b[col_b])
     for node in result.nodes:
         if node.key in missing:
             node.elements = None

@@ -21,7 +21,9 @@ import numpy as np
 from qconsist.errors import RunStoreError
 from qconsist.stages.base import float_stage_names
 from qconsist.store.manifest import Manifest
+from qconsist.store.confine import linked_run
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import stage_artifact
 from qconsist.inputs import Preprocess, open_input_set
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import outputs_of
@@ -56,17 +58,8 @@ class Side:
         return self.pipeline.stage(name)
 
     def artifact(self, stage: str) -> Path | None:
-        """The file of a stage's artifact, inside the pipeline run directory."""
-        record = self.stage(stage)
-        if not record or not isinstance(record.get("artifact"), dict):
-            return None
-        relative = Path(str(record["artifact"].get("path", "")))
-        path = relative if relative.is_absolute() else self.pipeline_path / relative
-        if not path.is_file():
-            path = self.pipeline_path / relative.name
-        if not path.is_file():
-            raise RunStoreError(f"run {self.pipeline_path}: the {stage} artifact {relative} is missing")
-        return path
+        """The file of a stage's artifact, inside the pipeline run directory, verified against its sha256."""
+        return stage_artifact(self.pipeline_path, self.pipeline, stage)
 
     def float_stage(self) -> str | None:
         """The last stage whose artifact is a float model (``source``: a run recorded before stages had names)."""
@@ -115,18 +108,18 @@ def load_side(path: Path | str) -> Side:
     entry = manifest.sections.get(ENTRY_SECTION)
     if not isinstance(entry, dict) or not isinstance(entry.get("pipeline_run"), str):
         raise RunStoreError(f"run {path}: nightly entry without its pipeline run")
-    runs_root = path.parent
-    pipeline_path = _linked(runs_root, entry["pipeline_run"])
+    pipeline_path = linked_run(path, entry["pipeline_run"], "pipeline run")
+    inference = entry.get("inference_runs") or {}
+    if not isinstance(inference, dict):
+        raise RunStoreError(f"run {path}: the manifest's inference_runs must be an object")
+    pipeline = open_run(pipeline_path)
+    if pipeline.kind != "pipeline":
+        raise RunStoreError(f"run {path}: its pipeline run {pipeline_path} is of kind {pipeline.kind!r}")
     side = Side(
-        path=path, manifest=manifest, pipeline_path=pipeline_path, pipeline=open_run(pipeline_path),
-        inference={role: _linked(runs_root, run) for role, run in dict(entry.get("inference_runs", {})).items()},
-        locate_path=_linked(runs_root, entry["locate_run"]) if entry.get("locate_run") else None,
+        path=path, manifest=manifest, pipeline_path=pipeline_path, pipeline=pipeline,
+        inference={str(role): linked_run(path, run, f"{role} inference run") for role, run in inference.items()},
+        locate_path=linked_run(path, entry["locate_run"], "locate run") if entry.get("locate_run") else None,
         locate_skipped=entry.get("locate_skipped"), pinned_gpu=entry.get("pinned_gpu"),
         labels=entry.get("labels"),
     )
     return side
-
-
-def _linked(runs_root: Path, run: str) -> Path:
-    path = Path(run)
-    return path if path.is_absolute() else runs_root / path

@@ -39,6 +39,12 @@ Format (schema ``qconsist.policy/1``) with the defaults::
                                  # accepted, e.g. ["onnxruntime"] while judging an upgrade (names: onnxruntime,
                                  # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine
                                  # and the numerics environment variables such as NVIDIA_TF32_OVERRIDE)
+
+    [diff]                       # tolerances of `qconsist diff --policy` (default: exact, bit for bit)
+    atol = 0.0
+    rtol = 0.0
+    [diff.nodes]                 # per node (label or tensor name, shell patterns; first match wins)
+    # "conv_*" = { atol = 1.0 }
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import ConfigError
 from qconsist.stages.base import stage_names
 from qconsist.tomlfile import loads, read_text
@@ -130,6 +137,7 @@ class Policy:
     labels: LabelPolicy = field(default_factory=LabelPolicy)
     gpu: GpuPolicy = field(default_factory=GpuPolicy)
     environment: EnvironmentPolicy = field(default_factory=EnvironmentPolicy)
+    diff: Tolerance = field(default_factory=Tolerance)
     source: str = "built-in defaults"
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +160,7 @@ class Policy:
             "labels": {"min_accuracy": self.labels.min_accuracy},
             "gpu": {"require_pinned": self.gpu.require_pinned},
             "environment": {"allow_changed": list(self.environment.allow_changed)},
+            "diff": self.diff.to_json(),
         }
 
     @classmethod
@@ -164,7 +173,7 @@ class Policy:
         if schema != POLICY_SCHEMA:
             raise ConfigError(f"{source}: schema {schema!r} is not supported (this qconsist reads {POLICY_SCHEMA!r})")
         data.pop("source", None)
-        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu", "environment"}, source)
+        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu", "environment", "diff"}, source)
         drift = _table(data, "drift", source)
         _no_unknown(drift, {"float", "baseline"}, f"{source}: [drift]")
         return cls(
@@ -178,6 +187,7 @@ class Policy:
             labels=_build(LabelPolicy, _typed(_table(data, "labels", source), LabelPolicy, f"{source}: [labels]"), f"{source}: [labels]"),
             gpu=GpuPolicy(**_typed(_table(data, "gpu", source), GpuPolicy, f"{source}: [gpu]")),
             environment=_environment(_table(data, "environment", source), source),
+            diff=Tolerance.from_json(_table(data, "diff", source), f"{source}: [diff]"),
             source=source,
         )
 

@@ -42,6 +42,7 @@ from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.errors import RunStoreError
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import run_file
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +231,9 @@ def load_report_data(run_dir: Path) -> dict:
     manifest = open_run(run_dir)
     if manifest.kind != "locate":
         raise RunStoreError(f"run {run_dir} is a {manifest.kind} run, not a locate run")
+    path = run_file(Path(run_dir), manifest, REPORT_FILE, "locate report")
     try:
-        data = loads((Path(run_dir) / REPORT_FILE).read_text(encoding="utf-8"))
+        data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RunStoreError(f"cannot read {Path(run_dir) / REPORT_FILE}: {exc}") from None
     if not isinstance(data, dict):

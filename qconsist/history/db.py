@@ -324,3 +324,21 @@ def _alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def baseline_runs(path: Path | str | None) -> set[str]:
+    """Names of the run directories the history at ``path`` holds as baselines: each model's last night whose
+    gate passed, its entry run and every run that night recorded for the model. No database: none."""
+    if path is None or not Path(path).is_file():
+        return set()
+    db = History(path)
+    names: set[str] = set()
+    for model in db.models():
+        good = db.last_good(model)
+        if good is None:
+            continue
+        names.add(Path(good.entry_run).name)
+        for row in db.model_rows(model):
+            if row.get("night_id") == good.night_id:
+                names.update(Path(p).name for p in (row.get("runs") or {}).values() if p)
+    return names

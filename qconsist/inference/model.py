@@ -12,6 +12,7 @@ from qconsist.errors import ConfigError, InputError
 from qconsist.inputs.inputset import InputSpec
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import stage_artifact
 
 DEFAULT_STAGE = "quantize"
 
@@ -62,11 +63,9 @@ def resolve_model(model: Path | str, stage: str | None = None) -> ModelSource:
         if wanted not in names:
             raise ConfigError(f"run {path} has no stage {wanted!r} with a model; stages: {', '.join(names) or 'none'}")
         position = names.index(wanted)
-        record = manifest.stage(wanted)
-        artifact = Path(record["artifact"]["path"])  # type: ignore[index]
-        artifact = artifact if artifact.is_absolute() else path / artifact
-        if not artifact.is_file():
-            raise InputError(f"run {path}: the {wanted} artifact {artifact} is missing")
+        artifact = stage_artifact(path, manifest, wanted)
+        if artifact is None:
+            raise InputError(f"run {path}: the {wanted} artifact (the model the run ran) is gone")
         kept = [s for s in manifest.stages if s.get("name") in names[: position + 1]]
         return ModelSource(artifact, wanted, path, manifest, kept)
     if stage is not None:

@@ -15,27 +15,42 @@ from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
 from qconsist.store.manifest import Manifest
+from qconsist.gpu.run import load_report_data
+from qconsist.store.confine import linked_run
 from qconsist.store.rundir import open_run
+from qconsist.store.verify import verify_artifacts
 
 __all__ = ["render_entry_report", "render_nightly_report", "render_paths", "write_report"]
 
 
 def _locate_section(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
+    """The locate report of a locate run (verified); ``None`` when that run is gone."""
+    if path is None or not path.is_dir():
         return None
-    try:
-        open_run(path)
-        data = loads((path / "locate.json").read_text(encoding="utf-8"))
-    except (RunStoreError, OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return load_report_data(path)
+
+
+def _verified(path: Path, manifest: Manifest) -> None:
+    """The artifacts whose hashes the report shows are checked against them (a nightly entry's are its
+    pipeline run's)."""
+    if manifest.kind == "nightly-entry":
+        entry = manifest.sections.get("nightly_entry") or {}
+        if isinstance(entry, dict) and entry.get("pipeline_run"):
+            pipeline = linked_run(path, entry["pipeline_run"], "pipeline run")
+            if pipeline.is_dir():
+                verify_artifacts(pipeline, open_run(pipeline))
+        return
+    verify_artifacts(path, manifest)
 
 
 def _entry_parts(path: Path, manifest: Manifest, heading: str = "h1") -> tuple[str, list[str]]:
     entry = manifest.sections.get("nightly_entry", {})
+    if not isinstance(entry, dict):
+        raise RunStoreError(f"run {path}: the manifest's nightly_entry section must be an object")
+    _verified(path, manifest)
     verdict = manifest.sections.get("gate")
     locate_run = entry.get("locate_run")
-    locate = _locate_section(path.parent / locate_run) if locate_run else None
+    locate = _locate_section(linked_run(path, locate_run, "locate run")) if locate_run else None
     name = str(entry.get("model") or manifest.model.get("name"))
     return name, entry_body(name, manifest.stages, verdict, locate, entry.get("locate_skipped"), heading)
 
@@ -92,7 +107,7 @@ def render_nightly_report(result: Any) -> str:
                     "<th>nodes that differ</th></tr>" + rows + "</table>")
     for entry in entries:
         if entry.get("entry_run"):
-            path = Path(entry["entry_run"])
+            path = Path(entry["entry_run"])  # the night's own record, written by this qconsist
             try:
                 manifest = open_run(path)
             except RunStoreError as exc:
@@ -161,9 +176,16 @@ def _run_parts(path: Path) -> tuple[str, list[str]]:
         state, title = _title(name, manifest.sections.get("gate"))
         return name, [banner(state, title), "<main>", *body, "</main>"]
     if manifest.kind == "nightly":
-        data = manifest.sections.get("nightly") or {}
+        data = dict(manifest.sections.get("nightly") or {})
+        entries = data.get("entries")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise RunStoreError(f"run {path}: the manifest's nightly.entries must be a list of objects")
+        # the entries' runs are siblings in the night's runs directory, never elsewhere
+        data["entries"] = [{**e, "entry_run": str(linked_run(path, e["entry_run"], "entry run"))} if e.get("entry_run") else e
+                           for e in entries]
         html = render_nightly_report(data)
         return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
+    _verified(path, manifest)
     name = str(manifest.model.get("name") or manifest.run_id)
     body = [banner("neutral", f"{manifest.kind} run {manifest.run_id}", name), "<main>",
             artifacts_section(manifest.stages)]

@@ -257,6 +257,18 @@ def convert_caffe(prototxt: Path, caffemodel: Path, output: Path, options: Conve
     )
 
 
+def convert_file(prototxt: Path, caffemodel: Path, output: Path, options: ConvertOptions = ConvertOptions()) -> ConvertResult:
+    """What the pipeline's convert stage does to a Caffe model, as one call (``qconsist convert``): convert,
+    repair, check (onnx.checker, the numpy reference unless ``options.check`` is off), then load the written
+    model in onnxruntime."""
+    for given in (prototxt, caffemodel):
+        if Path(output).exists() and Path(output).resolve() == Path(given).resolve():
+            raise ConfigError(f"`output` {output} is one of the inputs; choose another file")
+    result = convert_caffe(prototxt, caffemodel, output, options)
+    create_session(Path(output))
+    return result
+
+
 class _FastTensors:
     """Stands in for ``onnx.helper`` inside caffe2onnx while it runs: its ``make_tensor`` copies every weight
     value by value into ``float_data`` (about 1 s for open_nsfw's 6 M weights); this one stores the same
@@ -390,10 +402,9 @@ class ConvertStage:
             params = {"entry": "onnx", "source": str(entry), "opset": opset, "ir_version": model.ir_version}
             checks = {"onnx_checker": "passed", "onnxruntime_load": "passed"}
         else:
-            result = convert_caffe(files["prototxt"], files["caffemodel"], target, options)
+            result = convert_file(files["prototxt"], files["caffemodel"], target, options)
             params = {**options.to_json(), "ir_version": result.ir_version, "repairs": result.repairs,
                       "tool": "caffe2onnx 2.0.1 + qconsist repairs"}
-            create_session(target)
             checks = {"onnx_checker": "passed", "onnxruntime_load": "passed",
                       "caffe_reference": result.check.to_json() if result.check is not None else None}
         return StageRecord(self.name, target, params, hash_artifact(target, context.root), checks,

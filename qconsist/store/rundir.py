@@ -26,8 +26,10 @@ from types import TracebackType
 from qconsist.store.serde import loads
 from qconsist.errors import OutputError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
+from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.scratch import scratch_root
+from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -92,6 +94,7 @@ class RunDirectory:
         manifest.started = manifest.started or self.started
         manifest.finished = utc_now()
         manifest.status = "complete"
+        manifest.files = record_files(self.path)
         write_json_atomic(self.path / MANIFEST_NAME, manifest.to_json())
         (self.path / RUNNING_NAME).unlink(missing_ok=True)
         return self.path
@@ -120,8 +123,10 @@ def run_state(path: Path) -> str:
     if not path.is_dir():
         return "missing"
     manifest = path / MANIFEST_NAME
-    if manifest.is_file():
+    if manifest.is_file() and not manifest.is_symlink():
         try:
+            if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+                return "incomplete"
             data = loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "incomplete"
@@ -131,22 +136,31 @@ def run_state(path: Path) -> str:
 
 
 def open_run(path: Path) -> Manifest:
-    """Load a complete run's manifest, or raise a one-line ``RunStoreError`` saying why not."""
+    """Load a complete run's manifest (read once), or raise a one-line ``RunStoreError`` saying why not."""
     path = Path(path)
-    state = run_state(path)
-    if state == "missing":
+    if not path.is_dir():
         raise RunStoreError(f"run directory {path} does not exist")
-    if state == "incomplete":
-        where = ""
-        marker = path / RUNNING_NAME
-        if marker.is_file():
-            try:
-                info = json.loads(marker.read_text())
-                where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
-            except (OSError, ValueError):
-                pass
-        raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
-    return Manifest.load(path / MANIFEST_NAME)
+    manifest_path = path / MANIFEST_NAME
+    running = (path / RUNNING_NAME).exists()
+    if os.path.lexists(manifest_path):
+        confined(path, MANIFEST_NAME, "manifest", limit=MAX_MANIFEST_BYTES)  # a link outside, a device: refused
+        try:
+            manifest = Manifest.load(manifest_path)
+        except RunStoreError:
+            if not running:
+                raise  # a damaged manifest says what is wrong with it
+            manifest = None  # being written
+        if manifest is not None and manifest.status == "complete":
+            return manifest
+    where = ""
+    marker = path / RUNNING_NAME
+    if running and marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:
+        try:
+            info = json.loads(marker.read_text())
+            where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
+        except (OSError, ValueError, AttributeError):
+            pass
+    raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
 
 
 def list_runs(runs_root: Path) -> list[tuple[Path, str]]:

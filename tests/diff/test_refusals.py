@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,9 @@ def _make_legacy(run: Path) -> None:
     for name in legacy.names:
         old[name] = table[name]
     np.save(table_path, old)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest.pop("files")  # nor did it record the sha256 of every file: its table is not verified
+    (run / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_hashes_of_different_functions_are_refused_in_one_line(setup):

@@ -178,6 +178,8 @@ def test_computation_hash_tells_metadata_from_computation(gate_runs, tmp_path):
     onnx.save(model, str(copy / "convert/model.onnx"))
     data = json.loads((copy / "manifest.json").read_text())
     data["stages"][0]["artifact"] = hash_artifact(copy / "convert/model.onnx", copy, model).to_json()
+    record = data["stages"][0]["artifact"]
+    data["files"]["convert/model.onnx"] = {"sha256": record["sha256"], "md5": record["md5"], "size": record["size"]}
     (copy / "manifest.json").write_text(json.dumps(data))
 
     strict = evaluate_gate(copy, gate_runs["baseline"], Policy())

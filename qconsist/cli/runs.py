@@ -1,0 +1,109 @@
+"""``qconsist runs list|show|rm``: what a runs directory holds, and removing runs safely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from qconsist.cli import options as opt
+from qconsist.cli.app import print_json, stdout_console
+
+runs_app = typer.Typer(help="The run directories of a runs directory: list, show, remove.", no_args_is_help=True)
+
+
+def _runs_dir(value: Path | None) -> Path:
+    return value if value is not None else Path("runs")
+
+
+def _history(runs_dir: Path, value: Path | None) -> Path:
+    return value if value is not None else runs_dir / "history.sqlite"
+
+
+def _size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)  # pragma: no cover
+
+
+def _age(seconds: float) -> str:
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def list_command(
+    runs_dir: opt.RunsDir = None,
+    history: opt.History = None,
+    json_output: opt.Json = False,
+) -> None:
+    """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), age,
+    size, and whether the history names it as a baseline. Every complete run's files are verified."""
+    from qconsist.history.db import baseline_runs
+    from qconsist.store.runs import list_runs_dir
+
+    root = _runs_dir(runs_dir)
+    listing = list_runs_dir(root, baseline_runs(_history(root, history)))
+    if json_output:
+        print_json(listing)
+        return
+    console = stdout_console()
+    for run in listing.runs:
+        flags = " baseline" if run.baseline else ""
+        console.print(f"{run.name}  {run.kind}  {run.model}  {run.status}{flags}  {_age(run.age_seconds)}  {_size(run.size)}"
+                      + (f"  ({run.detail})" if run.detail and run.status != "complete" else ""))
+    console.print(f"{len(listing.runs)} run(s) in {root}")
+
+
+def show(
+    run: Path = typer.Argument(..., help="A run directory."),
+    json_output: opt.Json = False,
+) -> None:
+    """One run: kind, model, status, age, size, and every file with its verification status."""
+    from qconsist.store.runs import describe_run
+
+    info, checked = describe_run(run)
+    if json_output:
+        print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
+        return
+    console = stdout_console()
+    console.print(f"run {info.path}: {info.kind} run of {info.model}, {info.status}, started {info.started or '?'} "
+                  f"({_age(info.age_seconds)} ago), {_size(info.size)}")
+    if info.detail:
+        console.print(f"  {info.detail}")
+    for entry in checked.files if checked is not None else []:
+        console.print(f"  {entry.status:<10} {entry.path}")
+
+
+def rm(
+    names: List[str] = typer.Argument(None, help="Run directory names inside --runs-dir (or use --incomplete / --older-than)."),
+    incomplete: bool = typer.Option(False, "--incomplete", help="Remove every incomplete run (interrupted or killed; never one still being written)."),
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove runs older than this age: 30d, 12h, 2w…"),
+    force: opt.Force = False,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+    runs_dir: opt.RunsDir = None,
+    history: opt.History = None,
+    json_output: opt.Json = False,
+) -> None:
+    """Remove runs safely: only run directories inside --runs-dir, never one being written, never a baseline
+    the history names unless --force."""
+    from qconsist.history.db import baseline_runs
+    from qconsist.store.runs import parse_age, remove_runs
+
+    root = _runs_dir(runs_dir)
+    result = remove_runs(root, list(names or []), incomplete, parse_age(older_than) if older_than else None,
+                         baseline_runs(_history(root, history)), force, dry_run)
+    if json_output:
+        print_json(result)
+        return
+    console = stdout_console()
+    verb = "would remove" if dry_run else "removed"
+    for name in result.removed:
+        console.print(f"{verb} {name}")
+    for name, why in result.kept.items():
+        console.print(f"kept {name}: {why}")
+    console.print(f"{verb} {len(result.removed)} run(s), {_size(result.freed)}")

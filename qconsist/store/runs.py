@@ -1,0 +1,329 @@
+"""A runs directory as a whole: what it holds (``qconsist runs list|show``) and removing runs safely (``rm``).
+
+Each run is described by its kind, model, status — ``complete``, ``incomplete`` (interrupted, killed or
+still running), ``modified`` (a file differs from what the manifest recorded, is missing or is refused) or
+``invalid`` (a manifest that cannot be read) — its age and its size on disk.
+
+Removal is safe: only direct children of the runs directory, by name; never through a symbolic link; never a
+run still being written (its ``RUNNING.json`` names a live process on this host); never a run that the
+history names as a baseline (each model's last night whose gate passed, and the runs that night's entry
+links) unless forced.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qconsist.errors import ConfigError, RunStoreError
+from qconsist.store.confine import check_relative, confined
+from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
+from qconsist.store.manifest import Manifest
+from qconsist.store.verify import COST, check_digest, file_sha256, recorded_files
+
+SCHEMA = "qconsist.runs/1"
+VERIFY_SCHEMA = "qconsist.verify/1"
+_NOT_RECORDED = ("manifest.json", RUNNING_NAME)
+_AGE = re.compile(r"^(\d+)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``2w``… in seconds."""
+    match = _AGE.match(text.strip())
+    if not match:
+        raise ConfigError(f"`older_than` {text!r}: write a number and a unit (s, m, h, d, w), e.g. 30d")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str
+    status: str  # ok | modified | missing | refused | unrecorded | unverified
+    detail: str = ""
+    size: int | None = None
+
+
+@dataclass
+class VerifyResult:
+    """Every file of one run directory with its status. ``passed``: nothing modified, missing or refused."""
+
+    run: str
+    state: str  # complete | incomplete | missing | invalid
+    files: list[FileStatus] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+    bytes: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.state == "complete" and not self.error and all(
+            f.status in ("ok", "unrecorded", "unverified") for f in self.files)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def problems(self) -> list[FileStatus]:
+        return [f for f in self.files if f.status in ("modified", "missing", "refused")]
+
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        if self.problems:
+            first = self.problems[0]
+            return first.detail
+        return f"run {self.run}: {sum(f.status == 'ok' for f in self.files)} file(s) verified"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": VERIFY_SCHEMA, "run": self.run, "state": self.state, "passed": self.passed, "error": self.error,
+            "seconds": self.seconds, "bytes": self.bytes,
+            "files": [{"path": f.path, "status": f.status, "detail": f.detail, "size": f.size} for f in self.files],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "VerifyResult":
+        if data.get("schema") != VERIFY_SCHEMA:
+            raise RunStoreError(f"verify result schema {data.get('schema')!r} is not {VERIFY_SCHEMA!r}")
+        return cls(run=data["run"], state=data["state"], error=data.get("error", ""), seconds=data.get("seconds", 0.0),
+                   bytes=data.get("bytes", 0), files=[FileStatus(f["path"], f["status"], f.get("detail", ""), f.get("size"))
+                                                      for f in data.get("files", [])])
+
+
+def _status(run_dir: Path, manifest: Manifest, relative: str, record: dict[str, Any]) -> FileStatus:
+    try:
+        check_relative(run_dir, relative, "file path")
+        if not os.path.lexists(run_dir / relative):
+            return FileStatus(relative, "missing", f"run {run_dir}: {relative} is missing", record.get("size"))
+        path = confined(run_dir, relative, "file path")
+        check_digest(run_dir, relative, str(record.get("sha256")), file_sha256(path))
+    except RunStoreError as exc:
+        status = "modified" if "modified after the run" in str(exc) else "refused"
+        return FileStatus(relative, status, str(exc), record.get("size"))
+    return FileStatus(relative, "ok", "", path.stat().st_size)
+
+
+def verify_run(path: Path | str) -> VerifyResult:
+    """Check every file a run directory recorded, and list the files it holds that it did not record."""
+    run_dir = Path(path)
+    start = time.perf_counter()
+    bytes_before = COST.bytes
+    result = VerifyResult(run=str(run_dir), state="complete")
+    try:
+        manifest = open_run(run_dir)
+    except RunStoreError as exc:
+        result.error = str(exc)
+        result.state = run_state(run_dir)
+        if result.state == "complete":
+            result.state = "invalid"
+        return result
+    recorded = recorded_files(manifest)
+    for relative in sorted(recorded):
+        result.files.append(_status(run_dir, manifest, relative, recorded[relative]))
+    root = os.path.realpath(run_dir)
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            relative = Path(os.path.join(folder, name)).relative_to(root).as_posix()
+            if relative in recorded or relative in _NOT_RECORDED:
+                continue
+            status = "unrecorded" if manifest.files or name.startswith(".") else "unverified"
+            result.files.append(FileStatus(relative, status, "not recorded in the manifest"))
+    result.seconds = time.perf_counter() - start
+    result.bytes = COST.bytes - bytes_before
+    return result
+
+
+def _parse_time(text: Any) -> _dt.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@dataclass
+class RunInfo:
+    """One run directory of a runs directory."""
+
+    name: str
+    path: str
+    kind: str
+    model: str
+    status: str  # complete | incomplete | modified | invalid
+    started: str
+    age_seconds: float
+    size: int
+    baseline: bool = False  # named by the history as a model's baseline
+    running: bool = False  # RUNNING.json names a live process on this host
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _running(path: Path) -> tuple[bool, str, str]:
+    """(a live process writes it, when it started, its kind) from ``RUNNING.json``."""
+    marker = path / RUNNING_NAME
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 1 << 20:
+            return False, "", ""
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False, "", ""
+    if not isinstance(data, dict):
+        return False, "", ""
+    pid = data.get("pid")
+    alive = False
+    if isinstance(pid, int) and pid > 0 and data.get("host", socket.gethostname()) == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+    return alive, str(data.get("started") or ""), str(data.get("kind") or "")
+
+
+def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = None) -> tuple[RunInfo, VerifyResult | None]:
+    """What one run directory is; with ``verify``, every recorded file checked (``modified`` if not)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    path = Path(path)
+    state = run_state(path)
+    kind = model = started = detail = ""
+    running = False
+    checked: VerifyResult | None = None
+    if state == "complete":
+        try:
+            manifest = open_run(path)
+            kind, started = manifest.kind, manifest.started
+            model = str(manifest.model.get("name") or "")
+            status = "complete"
+            if verify:
+                checked = verify_run(path)
+                if not checked.passed:
+                    status, detail = "modified", checked.summary()
+        except RunStoreError as exc:
+            status, detail = "invalid", str(exc)
+    else:
+        status = "incomplete"
+        running, started, kind = _running(path)
+        detail = "being written by a live process" if running else "interrupted or killed"
+    when = _parse_time(started)
+    if when is None:
+        try:
+            when = _dt.datetime.fromtimestamp(path.lstat().st_mtime, _dt.timezone.utc)
+        except OSError:
+            when = now
+    info = RunInfo(name=path.name, path=str(path), kind=kind or "?", model=model or "?", status=status,
+                   started=started, age_seconds=max(0.0, (now - when).total_seconds()), size=_size(path),
+                   running=running, detail=detail)
+    return info, checked
+
+
+def _children(runs_root: Path) -> list[Path]:
+    if not runs_root.is_dir():
+        raise RunStoreError(f"runs directory {runs_root} does not exist")
+    return sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+
+
+@dataclass
+class RunsListing:
+    runs_dir: str
+    runs: list[RunInfo] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "runs_dir": self.runs_dir, "runs": [r.to_json() for r in self.runs]}
+
+
+def list_runs_dir(runs_root: Path, baselines: set[str] = frozenset(), verify: bool = True) -> RunsListing:
+    """Every run of ``runs_root``; ``baselines``: the names the history holds as baselines
+    (``qconsist.history.baseline_runs``)."""
+    runs_root = Path(runs_root)
+    protected = set(baselines)
+    listing = RunsListing(str(runs_root))
+    for path in _children(runs_root):
+        info, _ = describe_run(path, verify)
+        info.baseline = path.name in protected
+        listing.runs.append(info)
+    return listing
+
+
+@dataclass
+class Removal:
+    """What ``rm`` removed, and what it kept and why."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    freed: int = 0
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, older_than: float | None = None,
+                baselines: set[str] = frozenset(), force: bool = False, dry_run: bool = False) -> Removal:
+    """Remove the runs ``names`` (directory names in ``runs_root``), or with ``incomplete`` every incomplete
+    run, and/or with ``older_than`` (seconds) every run older than that. A run being written is never removed;
+    a baseline the history names (``baselines``) only with ``force``."""
+    runs_root = Path(runs_root)
+    if not names and not incomplete and older_than is None:
+        raise ConfigError("say which runs to remove: names, `incomplete` or `older_than`")
+    protected = set(baselines)
+    candidates: list[Path] = []
+    for name in names:
+        check_relative(runs_root, name, "run name")
+        if "/" in name:
+            raise ConfigError(f"{name!r}: give the name of a run directory inside {runs_root}, not a path")
+        path = runs_root / name
+        if path.is_symlink():
+            raise RunStoreError(f"{path} is a symbolic link, not a run directory; refused")
+        if not path.is_dir():
+            raise RunStoreError(f"run directory {path} does not exist")
+        candidates.append(path)
+    if not names:
+        candidates = _children(runs_root)
+    result = Removal(dry_run=dry_run)
+    for path in candidates:
+        info, _ = describe_run(path, verify=False)
+        selected = bool(names) or (incomplete and info.status == "incomplete") or (
+            older_than is not None and info.age_seconds > older_than)
+        if names and (incomplete or older_than is not None):
+            selected = (incomplete and info.status == "incomplete") or (older_than is not None and info.age_seconds > older_than)
+        if not selected:
+            continue
+        if info.running:
+            result.kept[path.name] = "being written by a live process"
+            continue
+        if path.name in protected and not force:
+            result.kept[path.name] = "the history names it as a baseline (--force removes it)"
+            continue
+        result.freed += info.size
+        result.removed.append(path.name)
+        if not dry_run:
+            shutil.rmtree(path)
+    return result
