@@ -132,6 +132,6 @@ def test_the_baseline_is_like_with_like(tmp_path):
     assert choose_baseline(task, here) == (first.entries[0].entry_run, first.night_id)  # older, but like this node
     on_h200 = copy.deepcopy(here) | {"gpus": h200}
     assert choose_baseline(task, on_h200) == (second.entries[0].entry_run, second.night_id)
-    upgraded = copy.deepcopy(here) | {"onnxruntime_module": "1.32.0"}
-    upgraded["packages"]["onnxruntime"] = "1.32.0"
+    upgraded = copy.deepcopy(here) | {"onnxruntime_module": "99.0.0"}
+    upgraded["packages"]["onnxruntime"] = "99.0.0"
     assert choose_baseline(task, upgraded) == (second.entries[0].entry_run, second.night_id)  # none alike: the newest
