@@ -71,20 +71,14 @@ def parse_transformer_log(text: str) -> TransformerLog:
         if found:
             level = int(found.group(1))
             continue
-        found = _APPLYING.search(line)
+        found = _APPLYING.search(line) or _MODIFIED.search(line)
         if found:
             name = found.group(1)
             if name not in levels:
                 levels[name] = level
                 order.append(name)
-            continue
-        found = _MODIFIED.search(line)
-        if found:
-            name = found.group(1)
-            if name not in levels:
-                levels[name] = level
-                order.append(name)
-            modified[name] = modified.get(name, False) or found.group(2) != "0"
+            if found.re is _MODIFIED:
+                modified[name] = modified.get(name, False) or found.group(2) != "0"
     return TransformerLog(tuple(TransformerActivity(n, levels[n], modified.get(n, False)) for n in order))
 
 

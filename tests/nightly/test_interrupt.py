@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from progress_recorder import Recorder
 from qconsist.errors import RunStoreError
 from qconsist.history import History, model_timeline
 from qconsist.nightly import load_nightly, run_nightly
@@ -32,24 +32,6 @@ def nudenet_only(folder: Path) -> Path:
         '[models.pipeline.evaluation]\ndata = "package:photos"\noffset = 12\ncount = 2\n'
     )
     return path
-
-
-class Recorder:
-    """A ``qconsist.progress.Progress`` that remembers every task and how far it got."""
-
-    def __init__(self) -> None:
-        self.tasks: list[list] = []
-
-    @contextmanager
-    def task(self, description, total):
-        record = [description, total, 0]
-        self.tasks.append(record)
-
-        class Handle:
-            def advance(self, amount=1):
-                record[2] += amount
-
-        yield Handle()
 
 
 def _running_stage(runs: Path, known: set[str]) -> str | None:

@@ -9,13 +9,13 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import ray  # the test group installs it (pyproject: qconsist[ray])
 
 from nightly_files import derived_nightly
+from progress_recorder import Recorder
 from qconsist.errors import RunStoreError
 from qconsist.history import History, model_timeline
 from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
@@ -32,24 +32,6 @@ def local_ray():
              include_dashboard=False, configure_logging=False, log_to_driver=False, object_store_memory=128 * 2**20)
     yield
     ray.shutdown()
-
-
-class Recorder:
-    """A ``qconsist.progress.Progress`` that remembers every line: [description, total, advanced]."""
-
-    def __init__(self) -> None:
-        self.tasks: list[list] = []
-
-    @contextmanager
-    def task(self, description, total):
-        record = [description, total, 0]
-        self.tasks.append(record)
-
-        class Handle:
-            def advance(self, amount=1):
-                record[2] += amount
-
-        yield Handle()
 
 
 def _kill_first_attempt(runs: Path, prefix: str, killed: list) -> None:
