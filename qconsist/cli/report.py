@@ -47,11 +47,13 @@ def report(
         return
     if models or gpus or nights is not None:
         raise InputError("`models`, `gpus` and `nights` choose what the history page shows; give `history` with them")
+    if not items:
+        raise InputError("give run directories or diff JSON files to report on, or `history` for the history page")
     from qconsist.report import render_paths
 
-    check_output(output, items or [], force)
+    check_output(output, items, force)
     explorer = output.parent / f"{output.stem}.explorer"
-    write_output(output, render_paths(items or [], explorer, output.parent), items or [], force)
+    write_output(output, render_paths(items, explorer, output.parent), items, force)
     stdout_console().print(f"report: {output}")
     if explorer.is_dir():
         stdout_console().print(f"Model Explorer node data: {explorer}/")

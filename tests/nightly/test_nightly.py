@@ -126,5 +126,12 @@ def test_history_shows_both_nights(two_nights):
     assert result.exit_code == 0, result.output
     assert f"{nights[1]}: stage 'quantize' md5 " in result.output
     assert f"{nights[1]}: verdict pass -> fail (was {nights[0]}); environment unchanged" in result.output
+    page = (folder / "runs" / "history.html").read_text()  # the history page, written after each night
+    for model in MODELS:
+        assert f'<section data-model="{model}"' in page
+    assert page.count('<td class="md5-changed">') == 3  # each model's quantized md5 changed on the second night
+    for night in (first, second):
+        report = (Path(json.loads(night.stdout)["path"]) / "report.html").read_text()
+        assert '<a href="../history.html">the history page</a>' in report
     runs = [p for p in (folder / "runs").iterdir() if p.is_dir()]
     assert all(run_state(p) == "complete" for p in runs)

@@ -221,6 +221,7 @@ def test_bad_history_inputs_are_one_line_and_exit_2(weeks, tmp_path):
            f"history {weeks.database} holds no night of the models and GPU types asked for in its last 1 night(s); "
            "give more --nights")
     _error(report(weeks.tonight.path, "--history", weeks.database), "give run directories and diff files, or --history, not both")
+    _error(report(), "give run directories or diff JSON files to report on, or --history for the history page")
     _error(report(weeks.tonight.path, "--model", "convnet"),
            "--model, --gpu and --nights choose what the history page shows; give --history with them")
     _error(runner.invoke(app, ["report", "--history", str(weeks.database), "-o", str(weeks.database)]),
