@@ -185,18 +185,21 @@ def _strip(summary: HistorySummary, series_list: Sequence[Series]) -> str:
 
 
 def _events(series_list: Sequence[Series]) -> str:
-    items = []
+    """Each night on which something changed, newest first; the same change on several GPU types is one item."""
+    found: dict[tuple[str, str, str], list[str]] = {}  # (started, night, what changed) -> GPU labels
     for series in series_list:
         for index, night in enumerate(series.nights):
             if index and night.eventful:
-                gpu = f" [{escape(night.gpu)}]" if len(series_list) > 1 or night.gpu != series.nights[0].gpu else ""
-                items.append((night.started, series.key,
-                              f'<li{_attributes(None, [night.gpu])}><span class="when">{escape(night.date)}</span> '
-                              f'<code>{escape(night.night_id)}</code>{gpu}: ' + "; ".join(_changes(series, index)) + "</li>"))
-    if not items:
+                found.setdefault((night.started, night.night_id, "; ".join(_changes(series, index))), []).append(night.gpu)
+    if not found:
         return '<p class="muted">Nothing changed over these nights: same hashes, same verdict, same environment.</p>'
-    items.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return '<h3>What changed, newest first</h3><ol class="events">' + "".join(item[2] for item in items) + "</ol>"
+    several = len(series_list) > 1 or len({g for s in series_list for g in s.gpus}) > 1
+    items = []
+    for (started, night_id, said), gpus in sorted(found.items(), key=lambda item: item[0][:2], reverse=True):
+        where = f" [{escape(', '.join(gpus))}]" if several else ""
+        items.append(f'<li{_attributes(None, gpus)}><span class="when">{escape(started[:10])}</span> '
+                     f"<code>{escape(night_id)}</code>{where}: {said}</li>")
+    return '<h3>What changed, newest first</h3><ol class="events">' + "".join(items) + "</ol>"
 
 
 def _groups(series: Series) -> list[list[EntryNight]]:

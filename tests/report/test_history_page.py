@@ -105,6 +105,9 @@ def test_page_is_self_contained_and_tells_what_changed_first(weeks, page):
     after = weeks.real.changed["convnet"].hashes[-1]["artifact"]["md5"]
     assert f"<b>quantize</b> md5 <code>{before[:10]}</code> → <code>{after[:10]}</code>" in event
     assert "verdict pass → <b>FAIL</b>" in event
+    same = re.search(rf'<li data-gpu="H100\|H200"><span class="when">[^<]*</span> <code>{changed_night}</code> \[H100, H200\]: '
+                     r"<b>quantize</b> md5 [^\n]*?</li>", html)
+    assert same and "(the origin node)" in same.group(0)  # the same change on two GPU types: one item
     assert verdict.origin_nodes == [verdict.first_diverging_node]  # the input's quantization is where it starts
     assert f"first diverging node <code>{escape(verdict.first_diverging_node)}</code> (the origin node)" in event
     # the nights table folds the nights that repeat the night before: 17 passing nights in one row
