@@ -171,7 +171,9 @@ def _latest_section(summary: HistorySummary, relative_to: Path | None) -> str:
             "<th>quantized md5</th><th>nights</th><th>last change</th></tr>" + "".join(rows) + "</table>")
 
 
-def _strip(summary: HistorySummary, series_list: Sequence[Series]) -> str:
+def _strip(summary: HistorySummary, series_list: Sequence[Series], every_model: bool = False) -> str:
+    """The nights of ``series_list`` as a status strip, one row per series (``every_model``: rows named by their
+    key and filtered by model too)."""
     columns = {night.night_id: index for index, night in enumerate(summary.nights)}
     rows = []
     for series in series_list:
@@ -180,8 +182,12 @@ def _strip(summary: HistorySummary, series_list: Sequence[Series]) -> str:
                       f"{series.key} · {n.date} · {n.night_id}: {n.status}" + ("; quantized md5 changed" if n.quantized_changed else "")
                       + (f"; first diverging node {n.first_diverging_node}" if n.first_diverging_node else ""))
             for n in series.nights if n.night_id in columns)
-        rows.append(StripRow(" / ".join(series.gpus), cells, {"data-gpu": "|".join(series.gpus)}))
-    return status_strip_svg(rows, [n.date for n in summary.nights], f"{series_list[0].model}: status night by night")
+        attributes = {"data-gpu": "|".join(series.gpus)}
+        if every_model:
+            attributes = {"data-model": series.model, **attributes}
+        rows.append(StripRow(series.key if every_model else " / ".join(series.gpus), cells, attributes))
+    label = "every model" if every_model else series_list[0].model
+    return status_strip_svg(rows, [n.date for n in summary.nights], f"{label}: status night by night")
 
 
 def _events(series_list: Sequence[Series]) -> str:
@@ -330,6 +336,8 @@ def render_history(summary: HistorySummary, relative_to: Path | None = None) -> 
             '<p class="muted">Each cell of a strip is a night: green pass, red fail, purple error, grey no run; '
             "◆ the quantized model's md5 changed that night. Hover a cell for the night.</p>",
             _latest_section(summary, relative_to)]
+    if len(summary.series) > 1:  # every model on one time axis: what failed together, what changed first
+        body += ["<h3>Every model, night by night</h3>", _strip(summary, summary.series, every_model=True)]
     body += [_model_section(summary, model, relative_to) for model in summary.models]
     body += [_figures_section(summary), "</main>"]
     return page(f"qconsist history: {', '.join(summary.models)}", body, css=_CSS, script=_SCRIPT)

@@ -202,8 +202,9 @@ def status_strip_svg(rows: Sequence[StripRow], dates: Sequence[str], label: str)
     for index, row in enumerate(rows):
         y = frame.top + index * row_h
         parts.append(f'<g class="f"{_filter_attributes(row.attributes)}>')
+        shown = row.label if len(row.label) <= 24 else row.label[:11] + "…" + row.label[-12:]  # it fits the margin
         parts.append(f'<text x="{frame.left - 8}" y="{y + row_h / 2 + 4:.1f}" font-size="12" text-anchor="end" fill="#212121">'
-                     f'{escape(row.label)}</text>')
+                     f'{escape(shown)}<title>{escape(row.label)}</title></text>')
         parts.append(f'<rect x="{frame.left}" y="{y + 2}" width="{frame.plot_w:.1f}" height="{row_h - 4}" fill="{STATUS_COLOURS["none"]}"/>')
         for cell in row.cells:
             x = frame.left + cell.column * width

@@ -156,6 +156,8 @@ def test_filters_in_a_real_browser(page, tmp_path):
     assert re.search(r'<div data-gpu="H200"( class="")?><h3>Nights of <code>convnet-percentile@H200</code>', gpu)
     lines = re.findall(r'<g class="f line( off)?" data-model="([^"]+)" data-gpu="([^"]+)"', gpu)
     assert lines and all((off == "") == (gpus == "H200") for off, _, gpus in lines)  # plots: only the H200 line
+    overview = re.findall(r'<g class="f( off)?" data-model="([^"]+)" data-gpu="([^"]+)">', gpu)  # "every model"'s rows
+    assert [(m, g) for off, m, g in overview if not off] == [("convnet-percentile", "H200")] and len(overview) == 3
     assert '<option value="H200" selected="">' in gpu
 
 
@@ -167,15 +169,18 @@ def test_screenshot_shows_status_strips_md5_marks_and_plots(page, tmp_path):
         rgb = np.array([int(colour[i: i + 2], 16) for i in (1, 3, 5)])
         return int((np.abs(region - rgb).max(axis=-1) <= 12).sum())
 
-    # convnet's strip: 26 green cells (and the green banner), 3 red ones, 2 black diamonds (md5 changed), about 21 x 18 px each
+    # convnet's strips: 26 green cells (and the green banner), 3 red ones, 2 black diamonds (md5 changed), about 21 x 18 px each
     assert pixels.shape[:2] == (1400, 1280)
     assert count(STATUS_COLOURS["pass"], pixels[:60]) > 0.8 * 60 * 1280  # the banner: the latest nights passed
     green = np.abs(pixels[100:] - np.array([0x2E, 0x7D, 0x32])).max(axis=-1) <= 12
-    strip = 100 + np.flatnonzero(green.sum(axis=1) > 300)  # the rows of the strip: mostly green cells
-    assert 12 <= len(strip) <= 20 and strip[-1] - strip[0] == len(strip) - 1  # one row of cells
-    band = pixels[strip[0]: strip[-1] + 1]
-    assert count(STATUS_COLOURS["pass"], band) > 26 * 250 and count(STATUS_COLOURS["fail"], band) > 3 * 200
-    assert count(MARK_COLOUR, band) > 2 * 20  # the md5 diamonds, on the changed and the restored night
+    rows = 100 + np.flatnonzero(green.sum(axis=1) > 300)  # rows of strips: mostly green cells
+    bands = np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1)
+    assert len(bands) == 2  # convnet's row of "every model" (the other models' rows are filtered out) and its own strip
+    for rows in bands:
+        assert 12 <= len(rows) <= 20  # one row of cells
+        band = pixels[rows[0]: rows[-1] + 1]
+        assert count(STATUS_COLOURS["pass"], band) > 26 * 250 and count(STATUS_COLOURS["fail"], band) > 3 * 200
+        assert count(MARK_COLOUR, band) > 2 * 20  # the md5 diamonds, on the changed and the restored night
 
 
 def test_page_of_a_filtered_summary(weeks):
