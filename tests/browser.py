@@ -31,6 +31,8 @@ def screenshot(html_file: Path | str, png: Path, tmp_path: Path, size: str = "12
     return np.asarray(Image.open(png).convert("RGB")).astype(np.int16)
 
 
-def dump_dom(address: str, tmp_path: Path) -> str:
-    """The page's DOM, serialized after its scripts ran (``address``: a file:// address, with a #fragment)."""
-    return _chromium(tmp_path, "--dump-dom", address).stdout.decode("utf-8")
+def dump_dom(address: str, tmp_path: Path, *arguments: str) -> str:
+    """The page's DOM, serialized after its scripts ran (``address``: a file:// address, with a #fragment;
+    ``arguments``: more of Chromium's, e.g. ``--allow-file-access-from-files`` for a page that scripts a file it
+    frames)."""
+    return _chromium(tmp_path, *arguments, "--dump-dom", address).stdout.decode("utf-8")

@@ -9,7 +9,7 @@ import json
 import re
 import sqlite3
 from dataclasses import dataclass, replace
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +159,43 @@ def test_filters_in_a_real_browser(page, tmp_path):
     overview = re.findall(r'<g class="f( off)?" data-model="([^"]+)" data-gpu="([^"]+)">', gpu)  # "every model"'s rows
     assert [(m, g) for off, m, g in overview if not off] == [("convnet-percentile", "H200")] and len(overview) == 3
     assert '<option value="H200" selected="">' in gpu
+
+
+# A page that frames the history page and works its selects as a user does, writing what it saw into its own DOM.
+HARNESS = """<!DOCTYPE html><html><body><iframe id="page" src="%s"></iframe><script>
+document.getElementById('page').addEventListener('load', function () {
+  var page = this.contentDocument, seen = [];
+  function choose(id, value) {
+    var select = page.getElementById(id);
+    select.value = value;
+    select.dispatchEvent(new Event('change'));
+    seen.push(this.contentWindow.location.hash + ' | ' + page.getElementById('filter-count').textContent + ' | '
+              + Array.prototype.map.call(page.querySelectorAll('tr.series:not(.off) td:nth-child(2)'), function (td) {
+                  return td.textContent; }).join(','));
+  }
+  choose.call(this, 'filter-model', 'convnet-percentile');
+  choose.call(this, 'filter-gpu', 'H100');
+  choose.call(this, 'filter-model', '');
+  choose.call(this, 'filter-gpu', '');
+  var result = document.createElement('pre');
+  result.id = 'seen';
+  result.textContent = seen.join('\\n');
+  document.body.appendChild(result);
+});
+</script></body></html>"""
+
+
+def test_the_selects_filter_and_keep_the_choice_in_the_address(page, tmp_path):
+    harness = tmp_path / "harness.html"
+    harness.write_text(HARNESS % page.as_uri())
+    dom = dump_dom(harness.as_uri(), tmp_path, "--allow-file-access-from-files")
+    seen = unescape(re.search(r'<pre id="seen">([^<]*)</pre>', dom).group(1)).split("\n")
+    assert seen == [
+        "#model=convnet-percentile | showing 2 of 3 timelines | H100,H200",
+        "#model=convnet-percentile&gpu=H100 | showing 1 of 3 timelines | H100",
+        "#gpu=H100 | showing 1 of 3 timelines | H100",
+        " | showing 3 of 3 timelines | none (CPU),H100,H200",
+    ]
 
 
 def test_screenshot_shows_status_strips_md5_marks_and_plots(page, tmp_path):
