@@ -181,7 +181,7 @@ class History:
             raise _version_error(self.path, version)
         if allow_empty and version == 0 and not tables:
             return 0
-        if set(tables) != set(TABLES_BY_VERSION.get(version, ())):
+        if version not in TABLES_BY_VERSION or set(tables) != set(TABLES_BY_VERSION[version]):
             raise RunStoreError(
                 f"{self.path} is not a qconsist history database (schema version {version}, tables: "
                 f"{', '.join(tables) or 'none'}); give the file that qconsist nightly writes"

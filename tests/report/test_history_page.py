@@ -252,6 +252,12 @@ def test_bad_history_inputs_are_one_line_and_exit_2(weeks, tmp_path):
         conn.execute("CREATE TABLE notes(x)")
     _error(report("--history", other), f"{other} is not a qconsist history database (schema version 0, tables: notes); "
                                         "give the file that qconsist nightly writes")
+    blank = tmp_path / "blank.sqlite"  # an SQLite file with no table
+    with sqlite3.connect(blank) as conn:
+        conn.execute("CREATE TABLE x(y)")
+        conn.execute("DROP TABLE x")
+    _error(report("--history", blank), f"{blank} is not a qconsist history database (schema version 0, tables: none); "
+                                        "give the file that qconsist nightly writes")
     empty = tmp_path / "empty.sqlite"
     History(empty)
     _error(report("--history", empty), f"history {empty} holds no model's night yet; run qconsist nightly first")
