@@ -59,3 +59,34 @@ def derived_nightly(folder: Path, models: Iterable[str] | None = None, extra: di
     path = Path(folder) / "nightly.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def convnet_nightly(folder: Path, percentile: bool = False) -> Path:
+    """``folder/nightly.toml`` over the small conv net built in code (``onnx_builders.small_convnet``): model
+    ``convnet`` (MinMax calibration on 4 samples, repeated twice; 3 evaluation samples); with ``percentile``
+    also ``convnet-percentile`` (Percentile 99.9), both with labels for the evaluation samples. Changing a
+    sample of ``calibration.npy`` changes the quantized model."""
+    import numpy as np
+
+    from onnx_builders import small_convnet
+
+    small_convnet(folder / "convnet.onnx")
+    rng = np.random.default_rng(11)
+    np.save(folder / "calibration.npy", rng.normal(0, 1, (4, 3, 16, 16)).astype(np.float32))
+    np.save(folder / "evaluation.npy", rng.normal(0, 1, (3, 3, 16, 16)).astype(np.float32))
+    (folder / "policy.toml").write_text("[drift.float]\nmax_abs_diff = 0.2\nmin_top1_agreement = 0.6\n")
+    model = ('[models.pipeline.model]\nonnx = "convnet.onnx"\n'
+             '[models.pipeline.calibration]\ndata = "calibration.npy"\nrepeat = 2\n{method}'
+             '[models.pipeline.quantize]\nper_channel = true\n'
+             '[models.pipeline.evaluation]\ndata = "evaluation.npy"\n')
+    text = 'runs_dir = "runs"\npolicy = "policy.toml"\n[[models]]\nname = "convnet"\n'
+    if percentile:
+        (folder / "labels.json").write_text('{"000000": 0, "000001": 1, "000002": 3}')
+        text += 'labels = "labels.json"\n'
+    text += model.format(method="")
+    if percentile:
+        text += ('[[models]]\nname = "convnet-percentile"\nlabels = "labels.json"\n'
+                 + model.format(method='method = "Percentile"\npercentile = 99.9\n'))
+    config = folder / "nightly.toml"
+    config.write_text(text)
+    return config

@@ -144,3 +144,35 @@ def save_arrays(path: Path, count: int, seed: int, shape: tuple[int, ...] = (3, 
     """``count`` seeded normal samples stacked in a .npy file."""
     np.save(path, np.random.default_rng(seed).normal(0, 1, (count, *shape)).astype(np.float32))
     return path
+
+
+def small_convnet(path: Path) -> Path:
+    """Conv → Relu → Conv → Relu → GlobalAveragePool → Flatten → Gemm → Softmax, weights seeded."""
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "b2"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 4)).astype(np.float32), "w3"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "b3"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="pool"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc"),
+        helper.make_node("Softmax", ["logits"], ["prob"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "small_convnet", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

@@ -30,7 +30,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (sc
 RunsDir = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where run directories go (default: ./runs, or a pipeline or nightly file's runs_dir).")]
 RunId = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run directory (default: <name>-<UTC time>-<random>).")]
 Force = Annotated[bool, typer.Option("--force", help="Do what is refused by default: write an output file over an existing file, an input or a file inside a run directory; remove a run the history names as a baseline (runs rm).")]
-History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite).")]
+History = Annotated[Optional[Path], typer.Option("--history", help="History database (default: the nightly file's history, else <runs_dir>/history.sqlite; report: none, give it to write the history page).")]
 
 # --- model and inputs -------------------------------------------------------------------------------------------
 ModelArg = Annotated[Path, typer.Argument(parser=read_path, help="An .onnx file, or a run directory (its --stage artifact)." + PACKAGE_PATHS)]

@@ -5,25 +5,37 @@ connection waits up to ``BUSY_TIMEOUT_MS`` for a lock, and every write is one ``
 transaction, so a night killed mid-way leaves every committed row intact and its own night ``running``
 until :meth:`History.mark_abandoned` (called by the next nightly) marks it ``incomplete``.
 
-Schema (``PRAGMA user_version = 1``)::
+Schema (``PRAGMA user_version = 2``; a version-1 file is migrated in place by the first writer that opens it, in
+one transaction, and read as it is by a reader)::
 
     environments(sha TEXT PRIMARY KEY, data TEXT)                -- fingerprint JSON, stored once
     nights(night_id TEXT PRIMARY KEY, config TEXT, started TEXT, finished TEXT,
            status TEXT,                                          -- running | complete | incomplete
            pid INTEGER, host TEXT, environment_sha TEXT, summary TEXT)
     entries(night_id TEXT, model TEXT, status TEXT,              -- running | done | error
-            error TEXT, entry_run TEXT, started TEXT, finished TEXT, PRIMARY KEY (night_id, model))
+            error TEXT, entry_run TEXT, started TEXT, finished TEXT,
+            gpu_type TEXT, gpus TEXT,                            -- v2: the GPU type asked for, the GPUs it ran on
+            PRIMARY KEY (night_id, model))
     runs(night_id TEXT, model TEXT, role TEXT, run_id TEXT, kind TEXT, path TEXT, recorded TEXT,
          PRIMARY KEY (night_id, model, role))                    -- pipeline, inference, repeat, float, locate
     hashes(night_id TEXT, model TEXT, stage TEXT, md5 TEXT, sha256 TEXT, content TEXT,
            PRIMARY KEY (night_id, model, stage))
     verdicts(night_id TEXT, model TEXT, passed INTEGER, baseline_night TEXT, changed_stages TEXT,
              first_diverging_node TEXT, reasons TEXT, verdict TEXT, recorded TEXT,
+             origin_nodes TEXT,                                  -- v2
              PRIMARY KEY (night_id, model))
+    figures(night_id TEXT, model TEXT, name TEXT, value REAL,   -- v2: qconsist.history.figures
+            PRIMARY KEY (night_id, model, name))
+
+A model's key is its nightly name, or ``name@TYPE`` for each GPU type of an entry with ``gpus``. Version 1 kept
+no GPU of an entry, no origin nodes and no figures apart from the verdict's JSON: the migration to version 2 fills
+``origin_nodes`` and ``figures`` from that JSON, and a reader of a version-1 file derives them from it the same
+way (``qconsist.history.figures.verdict_figures``); an entry's GPUs are then those of its night's environment.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import logging
@@ -35,15 +47,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from qconsist.errors import OutputError, RunStoreError
+from qconsist.errors import ConfigError, OutputError, RunStoreError
+from qconsist.history.figures import check_figures, verdict_figures
 from qconsist.store.rundir import utc_now
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 60_000
 
-_DDL = """
+# version 1: what a new database starts from; the migrations below take it to SCHEMA_VERSION
+_DDL_V1 = """
 CREATE TABLE IF NOT EXISTS environments(sha TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nights(
     night_id TEXT PRIMARY KEY, config TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
@@ -63,6 +77,15 @@ CREATE TABLE IF NOT EXISTS verdicts(
     recorded TEXT NOT NULL, PRIMARY KEY (night_id, model));
 CREATE INDEX IF NOT EXISTS entries_model ON entries(model, started);
 """
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (
+        "ALTER TABLE entries ADD COLUMN gpu_type TEXT",
+        "ALTER TABLE entries ADD COLUMN gpus TEXT",
+        "ALTER TABLE verdicts ADD COLUMN origin_nodes TEXT",
+        "CREATE TABLE figures(night_id TEXT NOT NULL, model TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, "
+        "PRIMARY KEY (night_id, model, name))",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +96,27 @@ class GoodRun:
     entry_run: str
 
 
-TABLES = ("entries", "environments", "hashes", "nights", "runs", "verdicts")
+TABLES_V1 = ("entries", "environments", "hashes", "nights", "runs", "verdicts")
+TABLES_BY_VERSION = {1: TABLES_V1, 2: (*TABLES_V1, "figures")}
+TABLES = TABLES_BY_VERSION[SCHEMA_VERSION]
+
+
+def _version_error(path: Path, version: int) -> RunStoreError:
+    return RunStoreError(f"history {path} has schema version {version}; this qconsist reads versions 1 to {SCHEMA_VERSION}")
+
+
+def _timestamp(value: str | None, what: str) -> str:
+    """``value`` (an ISO 8601 UTC time such as 2026-01-31T02:00:00Z, as the history writes them; without a zone:
+    UTC), else now."""
+    if value is None:
+        return utc_now()
+    try:
+        parsed = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is not None and parsed.utcoffset() != _dt.timedelta(0):
+        raise ConfigError(f"`{what}` must be a UTC time such as 2026-01-31T02:00:00Z, got {value!r}")
+    return parsed.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
 
 
 class History:
@@ -84,8 +127,9 @@ class History:
     def __init__(self, path: Path | str, read_only: bool = False) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        self.version = SCHEMA_VERSION  # what a reader found (an older version is read as it is)
         if read_only:
-            self._check_reader()
+            self.version = self._check_reader()
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,18 +137,36 @@ class History:
             raise OutputError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from None
         if self.path.is_file() and self.path.stat().st_size:
             self._check_reader(allow_empty=True)
-        with self._connect() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
-                raise RunStoreError(f"history {self.path} has schema version {version}; this qconsist reads {SCHEMA_VERSION}")
-            with self._write(conn):
-                for statement in _DDL.strip().split(";"):
+        with self._connect() as conn, self._write(conn):
+            version = conn.execute("PRAGMA user_version").fetchone()[0]  # read again inside the transaction
+            if version > SCHEMA_VERSION or version < 0:
+                raise _version_error(self.path, version)
+            if version == 0:
+                for statement in _DDL_V1.strip().split(";"):
                     if statement.strip():
                         conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                version = 1
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                self._migrate(conn, target)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def _check_reader(self, allow_empty: bool = False) -> None:
-        """The file is an SQLite database holding qconsist's tables at qconsist's schema version."""
+    def _migrate(self, conn: sqlite3.Connection, target: int) -> None:
+        """Take the database from version ``target - 1`` to ``target`` (inside the caller's transaction)."""
+        log.info("history %s: migrating to schema version %d", self.path, target)
+        for statement in _MIGRATIONS[target]:
+            conn.execute(statement)
+        if target == 2:  # what version 1 kept only in the verdict's JSON
+            for row in conn.execute("SELECT night_id, model, verdict FROM verdicts").fetchall():
+                data = _json_object(row["verdict"])
+                conn.execute("UPDATE verdicts SET origin_nodes = ? WHERE night_id = ? AND model = ?",
+                             (json.dumps(list(data.get("origin_nodes") or [])), row["night_id"], row["model"]))
+                for name, value in verdict_figures(data).items():
+                    conn.execute("INSERT OR REPLACE INTO figures(night_id, model, name, value) VALUES (?,?,?,?)",
+                                 (row["night_id"], row["model"], name, value))
+
+    def _check_reader(self, allow_empty: bool = False) -> int:
+        """The file is an SQLite database holding qconsist's tables at a schema version this qconsist reads;
+        that version (0: an empty file a writer may start)."""
         try:
             with open(self.path, "rb") as handle:
                 magic = handle.read(16)
@@ -115,15 +177,16 @@ class History:
         with self._connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        if version not in (0, SCHEMA_VERSION):
-            raise RunStoreError(f"history {self.path} has schema version {version}; this qconsist reads {SCHEMA_VERSION}")
+        if version != 0 and version not in TABLES_BY_VERSION:
+            raise _version_error(self.path, version)
         if allow_empty and version == 0 and not tables:
-            return
-        if version != SCHEMA_VERSION or not set(TABLES) <= set(tables) or set(tables) - set(TABLES):
+            return 0
+        if version not in TABLES_BY_VERSION or set(tables) != set(TABLES_BY_VERSION[version]):
             raise RunStoreError(
                 f"{self.path} is not a qconsist history database (schema version {version}, tables: "
                 f"{', '.join(tables) or 'none'}); give the file that qconsist nightly writes"
             )
+        return version
 
     # -- connection handling -------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -171,19 +234,21 @@ class History:
                 conn.execute(sql, params)
 
     # -- writing -------------------------------------------------------------------------------------------
-    def start_night(self, night_id: str, config: str, environment: dict[str, Any]) -> None:
+    # Times are now unless given (``started``, ``finished``: UTC, e.g. 2026-01-31T02:00:00Z): a history built
+    # for a test or carried over from elsewhere records its nights on their own dates.
+    def start_night(self, night_id: str, config: str, environment: dict[str, Any], started: str | None = None) -> None:
         text = json.dumps(environment, sort_keys=True, default=str)
         sha = hashlib.sha256(text.encode()).hexdigest()
         self._execute([
             ("INSERT OR IGNORE INTO environments(sha, data) VALUES (?, ?)", (sha, text)),
             ("INSERT INTO nights(night_id, config, started, status, pid, host, environment_sha) VALUES (?,?,?,?,?,?,?)",
-             (night_id, config, utc_now(), "running", os.getpid(), socket.gethostname(), sha)),
+             (night_id, config, _timestamp(started, "started"), "running", os.getpid(), socket.gethostname(), sha)),
         ])
 
-    def finish_night(self, night_id: str, summary: dict[str, Any]) -> None:
+    def finish_night(self, night_id: str, summary: dict[str, Any], finished: str | None = None) -> None:
         self._execute([(
             "UPDATE nights SET status = 'complete', finished = ?, summary = ? WHERE night_id = ?",
-            (utc_now(), json.dumps(summary, default=str), night_id),
+            (_timestamp(finished, "finished"), json.dumps(summary, default=str), night_id),
         )])
 
     def abandoned(self) -> list[str]:
@@ -208,10 +273,10 @@ class History:
         interrupted``, exactly as the next nightly would mark it had the process been killed."""
         self._execute(_incomplete(night_id))
 
-    def start_entry(self, night_id: str, model: str) -> None:
+    def start_entry(self, night_id: str, model: str, started: str | None = None) -> None:
         self._execute([(
             "INSERT OR REPLACE INTO entries(night_id, model, status, started) VALUES (?, ?, 'running', ?)",
-            (night_id, model, utc_now()),
+            (night_id, model, _timestamp(started, "started")),
         )])
 
     def record_run(self, night_id: str, model: str, role: str, run_id: str, kind: str, path: Path | str) -> None:
@@ -232,21 +297,35 @@ class History:
             self._execute(statements)
 
     def finish_entry(self, night_id: str, model: str, entry_run: str | None, verdict: Any | None, baseline_night: str | None,
-                     error: str | None = None) -> None:
-        """Close a model's entry: its verdict (a ``GateVerdict``) or the error that stopped it, in one transaction."""
+                     error: str | None = None, *, gpu_type: str | None = None, gpus: tuple[str, ...] | list[str] = (),
+                     finished: str | None = None) -> None:
+        """Close a model's entry: its verdict (a ``GateVerdict``) and the figures it measured, or the error that
+        stopped it, and the GPU type it asked for and the GPUs (names) it ran on, in one transaction."""
+        finished = _timestamp(finished, "finished")
         statements: list[tuple[str, tuple]] = [(
-            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ? WHERE night_id = ? AND model = ?",
-            ("error" if error else "done", error, entry_run, utc_now(), night_id, model),
+            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ?, gpu_type = ?, gpus = ? "
+            "WHERE night_id = ? AND model = ?",
+            ("error" if error else "done", error, entry_run, finished, gpu_type, json.dumps([str(g) for g in gpus]),
+             night_id, model),
         )]
         if verdict is not None:
             data = verdict.to_json()
             statements.append((
                 "INSERT OR REPLACE INTO verdicts(night_id, model, passed, baseline_night, changed_stages, "
-                "first_diverging_node, reasons, verdict, recorded) VALUES (?,?,?,?,?,?,?,?,?)",
+                "first_diverging_node, reasons, verdict, recorded, origin_nodes) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (night_id, model, int(verdict.passed), baseline_night, json.dumps(data["changed_stages"]),
-                 data["first_diverging_node"], json.dumps(data["reasons"]), json.dumps(data), utc_now()),
+                 data["first_diverging_node"], json.dumps(data["reasons"]), json.dumps(data), finished,
+                 json.dumps(list(data.get("origin_nodes") or []))),
             ))
+            statements += _figure_rows(night_id, model, verdict_figures(data))
         self._execute(statements)
+
+    def record_figures(self, night_id: str, model: str, figures: dict[str, float]) -> None:
+        """Record figures of a model's night beside the verdict's (``qconsist.history.figures``: the run accuracy,
+        say, as ``{"accuracy.top1": 0.91, "accuracy.top5": 0.99}``); a figure recorded again is replaced."""
+        statements = _figure_rows(night_id, model, check_figures(figures))
+        if statements:
+            self._execute(statements)
 
     # -- reading -------------------------------------------------------------------------------------------
     # Nights are ordered by insertion (the table's rowid): start times have a resolution of one second, and
@@ -278,10 +357,12 @@ class History:
             return [r[0] for r in conn.execute("SELECT DISTINCT model FROM entries ORDER BY model")]
 
     def model_rows(self, model: str) -> list[dict[str, Any]]:
-        """Every night of ``model``, oldest first, with its hashes, verdict and environment."""
+        """Every night of ``model``, oldest first, with its hashes, verdict, figures, GPUs and environment (a
+        version-1 file: figures and origin nodes from the verdict's JSON, GPUs from the night's environment)."""
+        old = self.version < 2
         with self._connect() as conn:
             entries = conn.execute(
-                "SELECT e.*, n.status AS night_status, n.environment_sha, env.data AS environment "
+                "SELECT e.*, n.status AS night_status, n.started AS night_started, n.environment_sha, env.data AS environment "
                 "FROM entries e JOIN nights n USING (night_id) LEFT JOIN environments env ON env.sha = n.environment_sha "
                 "WHERE e.model = ? ORDER BY n.rowid",
                 (model,),
@@ -289,23 +370,49 @@ class History:
             rows = []
             for entry in entries:
                 row = dict(entry)
+                key = (entry["night_id"], model)
                 row["environment"] = json.loads(row["environment"]) if row["environment"] else {}
                 row["hashes"] = {
                     h["stage"]: {"md5": h["md5"], "sha256": h["sha256"], "content": h["content"]}
-                    for h in conn.execute("SELECT * FROM hashes WHERE night_id = ? AND model = ?", (entry["night_id"], model))
+                    for h in conn.execute("SELECT * FROM hashes WHERE night_id = ? AND model = ?", key)
                 }
-                verdict = conn.execute("SELECT * FROM verdicts WHERE night_id = ? AND model = ?", (entry["night_id"], model)).fetchone()
+                columns = "verdict" if old else "origin_nodes"
+                verdict = conn.execute(
+                    "SELECT passed, baseline_night, changed_stages, first_diverging_node, reasons, "
+                    f"{columns} FROM verdicts WHERE night_id = ? AND model = ?", key).fetchone()
+                data = _json_object(verdict["verdict"]) if old and verdict is not None else {}
                 row["verdict"] = None if verdict is None else {
                     "passed": bool(verdict["passed"]), "baseline_night": verdict["baseline_night"],
                     "changed_stages": json.loads(verdict["changed_stages"]),
                     "first_diverging_node": verdict["first_diverging_node"], "reasons": json.loads(verdict["reasons"]),
+                    "origin_nodes": list(data.get("origin_nodes") or []) if old else json.loads(verdict["origin_nodes"] or "[]"),
                 }
+                row["figures"] = verdict_figures(data) if old else {
+                    f["name"]: f["value"] for f in conn.execute("SELECT name, value FROM figures WHERE night_id = ? AND model = ?", key)}
+                row["gpu_type"] = row.get("gpu_type") or (model.rsplit("@", 1)[1] if "@" in model else None)
+                recorded = row.get("gpus")
+                row["gpus"] = json.loads(recorded) if recorded is not None else [
+                    str(g.get("name")) for g in row["environment"].get("gpus") or [] if isinstance(g, dict)]
                 row["runs"] = {
                     r["role"]: r["path"]
-                    for r in conn.execute("SELECT role, path FROM runs WHERE night_id = ? AND model = ?", (entry["night_id"], model))
+                    for r in conn.execute("SELECT role, path FROM runs WHERE night_id = ? AND model = ?", key)
                 }
                 rows.append(row)
         return rows
+
+
+def _figure_rows(night_id: str, model: str, figures: dict[str, float]) -> list[tuple[str, tuple]]:
+    return [("INSERT OR REPLACE INTO figures(night_id, model, name, value) VALUES (?,?,?,?)", (night_id, model, name, value))
+            for name, value in figures.items()]
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A verdict's JSON as recorded ({} where it is not an object: a damaged row is shown without figures)."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _incomplete(night_id: str) -> list[tuple[str, tuple]]:

@@ -56,7 +56,8 @@ class Timeline:
             nights.append({
                 "night_id": row["night_id"], "started": row["started"], "status": row["status"],
                 "night_status": row["night_status"], "error": row["error"], "entry_run": row["entry_run"],
-                "hashes": row["hashes"], "verdict": row["verdict"],
+                "hashes": row["hashes"], "verdict": row["verdict"], "figures": row["figures"],
+                "gpu_type": row["gpu_type"], "gpus": row["gpus"],
             })
         return {"model": self.model, "nights": nights, "changes": [c.to_json() for c in self.changes]}
 

@@ -29,6 +29,7 @@ from qconsist.gate import GateVerdict, evaluate_gate, load_policy
 from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, Side, evaluation_inputs
 from qconsist.gpu.config import GpuConfig
 from qconsist.gpu.run import LocateRequest, run_locate
+from qconsist.history.summary import gpu_label
 from qconsist.inference.model import resolve_model
 from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import require_provider
@@ -147,7 +148,7 @@ class EntryOutcome:
     @property
     def gpu_label(self) -> str:
         """The GPU-type column of reports: the type asked for, else the GPUs the entry's node has, else none."""
-        return self.gpu_type or ", ".join(sorted(set(self.gpus))) or "none (CPU)"
+        return gpu_label(self.gpu_type, self.gpus)
 
 
 def _locate(entry: ModelEntry, pipeline_run: Path, runs_dir: Path, progress: Progress) -> tuple[Path | None, str | None]:

@@ -24,6 +24,10 @@ finished and marks itself ``incomplete`` at once. A rerun starts a new night; it
 interrupted night's runs. An entry whose Ray worker was lost is run again by the executor (a bounded
 number of times); the lost attempt's run directory stays incomplete, and the outcome and the night's
 summary (``retries``) say which entry needed retries and why.
+
+Once a night is recorded, the history page (``qconsist.report.history``: every night of every model at a glance)
+is written again beside the history database (``history.sqlite`` -> ``history.html``); the night's report links
+to it. A page that cannot be written is logged; the night stands.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from qconsist.nightly.entry import EntryOutcome, EntryTask, write_text
 from qconsist.nightly.executors import Executor, ExecutorOptions, make_executor
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_nightly_report
+from qconsist.report.history import history_page_path, nightly_history_page
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import dumps
@@ -111,7 +116,8 @@ def _record(history: History, night_id: str, task: EntryTask, outcome: EntryOutc
         history.record_run(night_id, task.key, run.role, run.run_id, run.kind, Path(run.path))
     if outcome.hashes:
         history.record_hashes(night_id, task.key, outcome.hashes)
-    history.finish_entry(night_id, task.key, outcome.entry_run, outcome.verdict, outcome.baseline_night, outcome.error)
+    history.finish_entry(night_id, task.key, outcome.entry_run, outcome.verdict, outcome.baseline_night, outcome.error,
+                         gpu_type=outcome.gpu_type, gpus=outcome.gpus)
 
 
 class _InOrder:
@@ -207,7 +213,9 @@ def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Se
                             sections={"nightly": result.to_json(), "config": config.to_json()})
 
         write_text(night.file("summary.json"), dumps(result))
-        write_text(night.file("report.html"), render_nightly_report(result))
+        page = os.path.relpath(history_page_path(config.history), night.path)  # written once the night is recorded
+        write_text(night.file("report.html"), render_nightly_report(result, page))
         night.finish(manifest)
         history.finish_night(night.run_id, result.summary())
+    nightly_history_page(config.history)
     return result

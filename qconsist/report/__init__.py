@@ -11,6 +11,7 @@ from qconsist.diff import DiffResult
 from qconsist.errors import InputError, QconsistError, RunStoreError
 from qconsist.explain.explorer import explorer_overlay
 from qconsist.store.serde import loads
+from qconsist.report.history import history_link, render_history, write_history_page
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
@@ -20,7 +21,7 @@ from qconsist.store.confine import linked_run
 from qconsist.store.rundir import open_run
 from qconsist.store.verify import verify_artifacts
 
-__all__ = ["render_entry_report", "render_nightly_report", "render_paths", "write_report"]
+__all__ = ["render_entry_report", "render_history", "render_nightly_report", "render_paths", "write_history_page", "write_report"]
 
 
 def _locate_section(path: Path | None) -> dict[str, Any] | None:
@@ -71,8 +72,8 @@ def render_entry_report(path: Path, manifest: Manifest, side: Any = None) -> str
                                      "<main>", *body, "</main>"])
 
 
-def render_nightly_report(result: Any) -> str:
-    """A night: the summary table, then every model's section."""
+def render_nightly_report(result: Any, history_page: str | None = None) -> str:
+    """A night: the summary table, then every model's section; ``history_page``: the link to the history page."""
     data = result.to_json() if hasattr(result, "to_json") else result
     entries = data["entries"]
     summary = data.get("summary") or {}
@@ -87,7 +88,9 @@ def render_nightly_report(result: Any) -> str:
                     f"<td>{_esc(entry.get('gpu_label') or '—')}</td>"
                     f"<td>{_esc(detail)}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
                     f"<td>{entry.get('seconds', 0):.1f}</td></tr>")
-    body = [banner(state, title, f"config {data.get('config')}"), "<main>", "<h2>Summary</h2>",
+    history = (f'<p class="history-link">Every night of these models, at a glance: <a href="{_esc(history_page)}">the history '
+               "page</a> (hashes, verdicts, figures and what changed first, by model and GPU type).</p>") if history_page else ""
+    body = [banner(state, title, f"config {data.get('config')}"), "<main>", history, "<h2>Summary</h2>",
             "<table><tr><th>model</th><th>status</th><th>GPU type</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
             + "".join(rows) + "</table>"]
     retries = data.get("retries") or {}
@@ -169,7 +172,7 @@ def _diff_parts(diff: dict[str, Any], label: str, explorer: str = "") -> list[st
     return parts
 
 
-def _run_parts(path: Path) -> tuple[str, list[str]]:
+def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[str]]:
     manifest = open_run(path)
     if manifest.kind == "nightly-entry":
         name, body = _entry_parts(path, manifest)
@@ -183,7 +186,7 @@ def _run_parts(path: Path) -> tuple[str, list[str]]:
         # the entries' runs are siblings in the night's runs directory, never elsewhere
         data["entries"] = [{**e, "entry_run": str(linked_run(path, e["entry_run"], "entry run"))} if e.get("entry_run") else e
                            for e in entries]
-        html = render_nightly_report(data)
+        html = render_nightly_report(data, history_link(data.get("history"), relative_to or path))
         return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
     _verified(path, manifest)
     name = str(manifest.model.get("name") or manifest.run_id)
@@ -219,7 +222,7 @@ def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, 
             body += _diff_parts(diff, path.stem, overlay)
             names.append(path.stem)
         else:
-            name, parts = _run_parts(path)
+            name, parts = _run_parts(path, relative_to)
             body += parts
             names.append(name)
     return page("qconsist report: " + ", ".join(names), body)

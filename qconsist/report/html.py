@@ -1,4 +1,5 @@
-"""Self-contained HTML reports (no scripts, no external files): a run, a diff, a nightly entry, a night.
+"""Self-contained HTML reports (no external files; no scripts but the history page's filters): a run, a diff, a
+nightly entry, a night, the history.
 
 Every report is built from the same pieces: the verdict banner and its checks, the artifacts table, the
 per-node divergence along the topological order (inline SVG), the origin nodes, and the GPU configuration
@@ -40,10 +41,13 @@ code {{ font-family: "DejaVu Sans Mono", monospace; font-size: 12px; }}
 """
 
 
-def page(title: str, body: Iterable[str]) -> str:
+def page(title: str, body: Iterable[str], css: str = "", script: str = "") -> str:
+    """A whole HTML page; ``css`` adds to the reports' style, ``script`` (the history page's filters) runs last."""
+    tail = f"<script>{script}</script>\n" if script else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<title>{escape(title)}</title><style>{_CSS}{css}</style></head><body>\n" + "\n".join(body) + "\n" + tail
+        + "</body></html>\n"
     )
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 from typer.testing import CliRunner
+
+from browser import screenshot
 
 from qconsist.cli import app
 from qconsist.history import History, model_timeline
@@ -22,7 +23,6 @@ from qconsist.store.rundir import run_state
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ["open_nsfw-minmax", "open_nsfw-percentile", "nudenet-320n"]
-CHROMIUM = "/usr/bin/chromium"
 
 
 def nightly_file(folder: Path) -> Path:
@@ -105,14 +105,7 @@ def test_report_shows_the_failure_in_a_browser(two_nights, tmp_path):
         assert f'id="model-{model}"' in html
     assert html.count("artifacts: stage &#x27;quantize&#x27; changed") >= 3
     assert html.count("Divergence starts at <code>") == 3
-    png = night / "report.png"
-    subprocess.run([
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1280,1600",
-        (night / "report.html").as_uri(),
-    ], check=True, capture_output=True, timeout=120)
-    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    pixels = screenshot(night / "report.html", night / "report.png", tmp_path, size="1280,1600").astype(int)
     red = (np.abs(pixels - [198, 40, 40]).max(axis=-1) <= 12)
     assert red[5:50].mean() > 0.75 and pixels.std() > 10  # FAIL banner, page not blank
 
@@ -133,5 +126,12 @@ def test_history_shows_both_nights(two_nights):
     assert result.exit_code == 0, result.output
     assert f"{nights[1]}: stage 'quantize' md5 " in result.output
     assert f"{nights[1]}: verdict pass -> fail (was {nights[0]}); environment unchanged" in result.output
+    page = (folder / "runs" / "history.html").read_text()  # the history page, written after each night
+    for model in MODELS:
+        assert f'<section data-model="{model}"' in page
+    assert page.count('<td class="md5-changed">') == 3  # each model's quantized md5 changed on the second night
+    for night in (first, second):
+        report = (Path(json.loads(night.stdout)["path"]) / "report.html").read_text()
+        assert '<a href="../history.html">the history page</a>' in report
     runs = [p for p in (folder / "runs").iterdir() if p.is_dir()]
     assert all(run_state(p) == "complete" for p in runs)

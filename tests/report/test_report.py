@@ -1,6 +1,6 @@
 """HTML reports, rendered in a real headless browser (Debian chromium) and checked pixel by pixel.
 
-A small conv net built here runs two nightlies; between them one calibration sample changes, so the second
+A small conv net built in code (``onnx_builders.small_convnet``) runs two nightlies; between them one calibration sample changes, so the second
 night's gate fails with a real divergence whose report is rendered and screenshotted.
 """
 
@@ -9,96 +9,31 @@ from __future__ import annotations
 import re
 import shutil
 from html import escape
-import subprocess
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from PIL import Image
 from typer.testing import CliRunner
 
+from browser import screenshot
+from nightly_files import convnet_nightly
 from qconsist.cli import app
 from qconsist.nightly import load_nightly, run_nightly
 from qconsist.report import render_paths
 from qconsist.report.html import FAIL_COLOUR, PASS_COLOUR
 from qconsist.report.svg import BAR_COLOUR, ORIGIN_COLOUR
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-def small_convnet(path: Path) -> None:
-    """Conv → Relu → Conv → Relu → GlobalAveragePool → Flatten → Gemm → Softmax, weights seeded."""
-    rng = np.random.default_rng(7)
-    inits = [
-        numpy_helper.from_array(rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "b1"),
-        numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "w2"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "b2"),
-        numpy_helper.from_array(rng.normal(0, 0.5, (8, 4)).astype(np.float32), "w3"),
-        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "b3"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="pool"),
-        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc"),
-        helper.make_node("Softmax", ["logits"], ["prob"], name="softmax", axis=1),
-    ]
-    graph = helper.make_graph(
-        nodes, "small_convnet", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
-def write_nightly(folder: Path) -> Path:
-    small_convnet(folder / "convnet.onnx")
-    rng = np.random.default_rng(11)
-    np.save(folder / "calibration.npy", rng.normal(0, 1, (4, 3, 16, 16)).astype(np.float32))
-    np.save(folder / "evaluation.npy", rng.normal(0, 1, (3, 3, 16, 16)).astype(np.float32))
-    (folder / "policy.toml").write_text("[drift.float]\nmax_abs_diff = 0.2\nmin_top1_agreement = 0.6\n")
-    config = folder / "nightly.toml"
-    config.write_text(
-        'runs_dir = "runs"\npolicy = "policy.toml"\n[[models]]\nname = "convnet"\n'
-        '[models.pipeline.model]\nonnx = "convnet.onnx"\n'
-        '[models.pipeline.calibration]\ndata = "calibration.npy"\nrepeat = 2\n'
-        '[models.pipeline.quantize]\nper_channel = true\n'
-        '[models.pipeline.evaluation]\ndata = "evaluation.npy"\n'
-    )
-    return config
-
 
 @pytest.fixture(scope="module")
 def two_nights(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report-nightly")
-    config = write_nightly(folder)
+    config = convnet_nightly(folder)
     first = run_nightly(load_nightly(config))
     calibration = np.load(folder / "calibration.npy")
     calibration[2] *= 4.0  # one calibration input changes
     np.save(folder / "calibration.npy", calibration)
     second = run_nightly(load_nightly(config))
     return first, second
-
-
-def screenshot(html_file: Path, png: Path, tmp_path: Path, size: str = "1280,2000") -> np.ndarray:
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install -y chromium)")
-    profile = tmp_path / "chromium-profile"
-    command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={size}", html_file.resolve().as_uri(),
-    ]
-    subprocess.run(command, check=True, capture_output=True, timeout=120)
-    return np.asarray(Image.open(png).convert("RGB")).astype(np.int16)
 
 
 def _rgb(colour: str) -> np.ndarray:
