@@ -1,0 +1,305 @@
+"""Tensor layouts from the graph: in which axis order ORT's optimized graph holds a tensor of the original model.
+
+On the CPU EP onnxruntime changes layouts: the NHWC transformer runs QLinearConv, MaxPool, AveragePool… with
+``channels_last = 1`` (com.microsoft) and moves the Transposes it inserts through element-wise ops,
+DequantizeLinear and PRelu, cancelling pairs; the NCHWc transformer (com.microsoft.nchwc) holds channels in
+blocks padded to the vector width. A tensor that keeps its original name can then hold the original's values in
+another axis order — with the same shape when C == H == W. qconsist never decides a layout from shapes; it
+labels every axis of every tensor, in both graphs, from the graph inputs forward:
+
+* a graph input's axes are labelled by the input (``Whole(name)``: all of its axes, in order);
+* ops that keep their input's axes in place (element-wise ops, Q/DQ, Cast, Conv and pooling in whatever layout
+  they run — an NHWC QLinearConv keeps NHWC positions —, normalization, Softmax, Concat, Slice, Pad, Resize,
+  reductions with ``keepdims``…) give their output the labels of their data input (the longest activation
+  input for broadcasting element-wise ops);
+* Transpose permutes its input's labels; Squeeze and Unsqueeze remove or insert labels (axes from the node);
+* com.microsoft.nchwc ops and what is computed from their output before a ReorderOutput hold channel blocks,
+  which no permutation turns into the original: *blocked*;
+* any other op (Reshape, Flatten, MatMul, Gemm, Shape…) computes a new value in its canonical order: its
+  output gets new labels named after that value (in the original graph its own name; in ORT's graph the original
+  tensor it maps to by name, else its own).
+
+A tensor's layout relative to an original tensor is the permutation ``p`` with ``observed =
+numpy.transpose(original, p)``: it exists when both label tuples are known and hold the same labels. Otherwise
+the layout cannot be established, and the tensor is not compared with the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_ONNX = ("", "ai.onnx")
+_MS = "com.microsoft"
+_NCHWC = "com.microsoft.nchwc"
+
+# ops whose output keeps the axes of their data input (input 0), in any layout they run in
+_POSITIONAL = frozenset({
+    "Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool",
+    "GlobalMaxPool", "GlobalLpPool", "BatchNormalization", "InstanceNormalization", "LRN", "LayerNormalization",
+    "GroupNormalization", "Softmax", "LogSoftmax", "Hardmax", "Concat", "Split", "Slice", "Pad", "Resize", "Upsample",
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Cast", "CastLike", "Clip", "Relu", "LeakyRelu",
+    "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Gelu", "Mish",
+    "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf", "Not", "IsNaN",
+    "IsInf", "Identity", "Dropout", "Shrink", "ThresholdedRelu", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
+    "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Tile", "CumSum", "TopK", "DepthToSpace", "SpaceToDepth",
+    "LpNormalization", "MeanVarianceNormalization",
+    # com.microsoft kernels ORT fuses or re-lays out (QLinearConv & co. with channels_last keep NHWC positions)
+    "QLinearConv", "QLinearAveragePool", "QLinearGlobalAveragePool", "NhwcMaxPool", "NhwcConv", "NhwcFusedConv",
+    "FusedConv", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "FastGelu", "BiasGelu", "QuickGelu",
+    "QLinearReduceMean",
+})
+# element-wise ops with broadcasting: the labels of the longest activation input
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "PRelu", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "Where", "BiasAdd", "QLinearAdd",
+    "QLinearMul", "QLinearWhere",
+})
+_REDUCE = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"})
+# where the data input of an op is, when it is not input 0
+_DATA_INPUT = {"QLinearConcat": 2}
+
+
+@dataclass(frozen=True)
+class Whole:
+    """Every axis of the value ``key``, in its canonical order (the rank need not be known)."""
+
+    key: str
+
+
+Labels = "tuple[tuple[str, int], ...] | Whole | None"
+
+
+def _expand(labels, rank: int):
+    return tuple((labels.key, i) for i in range(rank)) if isinstance(labels, Whole) else labels
+
+
+def permutation(observed, original) -> tuple[int, ...] | None:
+    """``p`` with ``observed = transpose(original, p)`` (``()``: the same order), or ``None``: not established."""
+    if observed is None or original is None:
+        return None
+    if isinstance(observed, Whole) and isinstance(original, Whole):
+        return () if observed == original else None
+    if isinstance(observed, Whole):
+        observed = _expand(observed, len(original))
+    if isinstance(original, Whole):
+        original = _expand(original, len(observed))
+    if len(observed) != len(original) or set(observed) != set(original) or len(set(original)) != len(original):
+        return None
+    perm = tuple(original.index(label) for label in observed)
+    return () if perm == tuple(range(len(perm))) else perm
+
+
+def to_original(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
+    """An observed tensor in its original's axis order (contiguous), given ``permutation(observed, original)``."""
+    if not perm:
+        return array
+    if array.ndim != len(perm):
+        raise ValueError(f"a tensor of rank {array.ndim} cannot take the layout permutation {perm}")
+    return np.ascontiguousarray(np.transpose(array, np.argsort(perm)))
+
+
+def describe(perm: tuple[int, ...] | None) -> str:
+    if perm is None:
+        return "unknown"
+    if not perm:
+        return "original"
+    if perm == (0, 2, 3, 1):
+        return "NHWC"
+    if len(perm) >= 3 and perm == (0, *range(2, len(perm)), 1):
+        return "channels last"
+    return "permuted " + ",".join(map(str, perm))
+
+
+def _broadcast(candidates: list):
+    """The labels of a broadcasting op's output: its longest input's, where every input of unknown rank is that
+    same value; else not established."""
+    tuples = [c for c in candidates if not isinstance(c, Whole)]
+    wholes = {c for c in candidates if isinstance(c, Whole)}
+    if not tuples:
+        return wholes.pop() if len(wholes) == 1 else None
+    longest = max(tuples, key=len)
+    if sum(1 for t in tuples if len(t) == len(longest) and t != longest):
+        return None
+    return longest if all(_expand(w, len(longest)) == longest for w in wholes) else None
+
+
+def _attribute(node: onnx.NodeProto, name: str, default=None):
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return default
+
+
+def _axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """A Squeeze's, Unsqueeze's or reduction's axes: the attribute (older opsets) or the constant input."""
+    given = _attribute(node, "axes")
+    if given is not None:
+        return [int(a) for a in given]
+    if len(node.input) > 1 and node.input[1]:
+        value = constants.get(node.input[1])
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    return None
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    found = {}
+    for init in graph.initializer:
+        if init.data_type == onnx.TensorProto.INT64:
+            found[init.name] = numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = _attribute(node, "value")
+            if isinstance(value, onnx.TensorProto) and value.data_type == onnx.TensorProto.INT64:
+                found[node.output[0]] = numpy_helper.to_array(value)
+    return found
+
+
+def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    produced = {out for node in graph.node for out in node.output if out}
+    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    pending, order = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(not i or i in ready or i not in produced for i in node.input):
+                order.append(node)
+                ready.update(o for o in node.output if o)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle: keep the file's order for the rest
+            order.extend(rest)
+            break
+        pending = rest
+    return order
+
+
+class GraphLayout:
+    """The axis labels of every tensor of one graph (see the module docstring), and which are blocked."""
+
+    def __init__(self, model: onnx.ModelProto, fresh_key: Callable[[str], str] | None = None) -> None:
+        graph = model.graph
+        self.labels: dict[str, object] = {}
+        self.blocked: set[str] = set()
+        self._initializers = {i.name for i in graph.initializer}
+        self._constants = _constants(graph)
+        for value in graph.input:
+            if value.name not in self._initializers:
+                self.labels[value.name] = Whole(value.name)
+        # values computed from constants alone (Constant nodes, shape arithmetic on them) are no activations
+        self._static = set(self._initializers)
+        key = fresh_key or (lambda name: name)
+        for node in _topological(graph):
+            if all(not i or i in self._static for i in node.input):
+                self._static.update(o for o in node.output if o)
+            self._visit(node, key)
+
+    def _activation(self, name: str) -> bool:
+        return bool(name) and name not in self._static
+
+    def _visit(self, node: onnx.NodeProto, key: Callable[[str], str]) -> None:
+        op, domain = node.op_type, node.domain
+        outputs = [o for o in node.output if o]
+        data = node.input[_DATA_INPUT.get(op, 0)] if len(node.input) > _DATA_INPUT.get(op, 0) else ""
+        source, blocked = self.labels.get(data), data in self.blocked
+        if domain == _NCHWC:
+            labels = source
+            if op in ("ReorderInput", "ReorderOutput") and _attribute(node, "channels_last", 0) and source is not None:
+                # ReorderInput reads NHWC positions into NCHW ones; ReorderOutput writes NCHW positions as NHWC
+                labels = self._permuted(source, (0, 3, 1, 2) if op == "ReorderInput" else (0, 2, 3, 1))
+            self._set(outputs, labels, blocked=op != "ReorderOutput")
+            return
+        if domain not in (*_ONNX, _MS):
+            self._fresh(outputs, key)
+            return
+        if op == "Transpose":
+            perm = _attribute(node, "perm")
+            if source is None or blocked:
+                self._set(outputs, None)
+            elif perm is None:
+                self._set(outputs, tuple(reversed(source)) if not isinstance(source, Whole) else None)
+            else:
+                self._set(outputs, self._permuted(source, tuple(int(p) for p in perm)))
+            return
+        if op in ("Squeeze", "Unsqueeze") or (op in _REDUCE and not _attribute(node, "keepdims", 1)):
+            self._set(outputs, self._squeezed(node, source), blocked=blocked)
+            return
+        if op in _BROADCASTING:
+            candidates = [self.labels.get(i) for i in node.input if self._activation(i)]
+            if not candidates or any(c is None for c in candidates):
+                self._set(outputs[:1], None)
+                return
+            self._set(outputs[:1], _broadcast(candidates), blocked=any(i in self.blocked for i in node.input))
+            return
+        if op in _POSITIONAL or op in _REDUCE:
+            if not self._activation(data):
+                self._fresh(outputs, key)
+                return
+            # Split, TopK, DynamicQuantizeLinear…: only outputs of the data's rank keep its labels
+            first = outputs[:1] if op in ("DynamicQuantizeLinear", "TopK", "Dropout") else outputs
+            self._set(first, source, blocked=blocked)
+            if op == "TopK" and len(outputs) > 1:
+                self._set(outputs[1:], source, blocked=blocked)
+            elif first is not outputs:
+                self._fresh(outputs[1:], key)
+            return
+        self._fresh(outputs, key)
+
+    def _permuted(self, source, perm: tuple[int, ...]):
+        expanded = _expand(source, len(perm))
+        if len(expanded) != len(perm) or sorted(perm) != list(range(len(perm))):
+            return None
+        return tuple(expanded[p] for p in perm)
+
+    def _squeezed(self, node: onnx.NodeProto, source):
+        axes = _axes(node, self._constants)
+        if source is None or axes is None or isinstance(source, Whole):
+            return None
+        labels = list(source)
+        if node.op_type == "Unsqueeze":
+            rank = len(labels) + len(axes)
+            for axis in sorted(a % rank for a in axes):
+                labels.insert(axis, (f"{node.output[0]}:new", axis))
+            return tuple(labels)
+        rank = len(labels)
+        drop = {a % rank for a in axes}
+        return tuple(label for i, label in enumerate(labels) if i not in drop)
+
+    def _set(self, outputs: Iterable[str], labels, blocked: bool = False) -> None:
+        for out in outputs:
+            self.labels[out] = labels
+            if blocked:
+                self.blocked.add(out)
+
+    def _fresh(self, outputs: Iterable[str], key: Callable[[str], str]) -> None:
+        for out in outputs:
+            self.labels[out] = Whole(key(out))
+
+
+@dataclass
+class Layouts:
+    """Labels of the original model and of ORT's optimized graph: the layout of any observed tensor against any
+    original tensor."""
+
+    original: GraphLayout
+    optimized: GraphLayout
+
+    @classmethod
+    def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto, twins: dict[str, str]) -> "Layouts":
+        """``twins``: optimized tensor → the original tensor it maps to by name (new values are named after it)."""
+        return cls(GraphLayout(original), GraphLayout(optimized, lambda name: twins.get(name, "\0optimized:" + name)))
+
+    def permutation(self, observed: str, original: str) -> tuple[int, ...] | None:
+        """``p`` with ``observed = transpose(original, p)``; ``()`` the same order; ``None`` not established
+        (unknown labels, other labels, or NCHWc blocks)."""
+        if observed in self.optimized.blocked or original in self.original.blocked:
+            return None
+        return permutation(self.optimized.labels.get(observed), self.original.labels.get(original))
+
+    def blocked(self, observed: str) -> bool:
+        return observed in self.optimized.blocked
