@@ -233,7 +233,7 @@ def map_tensors(
             mapped[out] = target
             starts[out] = node_starts if anchor is None else {anchor}
             found.append((index, out, target, how, anchor, _covered(orig, anchor, node_starts) if anchor else []))
-    layouts = Layouts.of(original, optimized, {out: target for _, out, target, _, _, _ in found if target})
+    layouts = Layouts.of(original, optimized)
     result: list[TensorOrigin] = []
     for index, out, target, how, anchor, covered in found:
         node = optimized.graph.node[index]

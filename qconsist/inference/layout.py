@@ -15,13 +15,14 @@ labels every axis of every tensor, in both graphs, from the graph inputs forward
 * Transpose permutes its input's labels; Squeeze and Unsqueeze remove or insert labels (axes from the node);
 * com.microsoft.nchwc ops and what is computed from their output before a ReorderOutput hold channel blocks,
   which no permutation turns into the original: *blocked*;
-* any other op (Reshape, Flatten, MatMul, Gemm, Shape…) computes a new value in its canonical order: its
-  output gets new labels named after that value (in the original graph its own name; in ORT's graph the original
-  tensor it maps to by name, else its own).
+* any other op (Reshape, Flatten, MatMul, Gemm, Shape…) computes a new value, in its canonical order (ORT
+  lays out only through the ops above): its output gets new labels, named after it.
 
 A tensor's layout relative to an original tensor is the permutation ``p`` with ``observed =
-numpy.transpose(original, p)``: it exists when both label tuples are known and hold the same labels. Otherwise
-the layout cannot be established, and the tensor is not compared with the original.
+numpy.transpose(original, p)``: it exists when both label tuples are known and name the same axes of the same
+values (values are matched one to one by the axes they contribute: the two graphs name them differently).
+Otherwise — NCHWc blocks, an unknown op's layout, axes that do not correspond — the layout cannot be
+established, and the tensor is not compared with the original.
 """
 
 from __future__ import annotations
@@ -80,19 +81,48 @@ def _expand(labels, rank: int):
 
 
 def permutation(observed, original) -> tuple[int, ...] | None:
-    """``p`` with ``observed = transpose(original, p)`` (``()``: the same order), or ``None``: not established."""
+    """``p`` with ``observed = transpose(original, p)`` (``()``: the same order), or ``None``: not established.
+
+    Labels name the value they come from (a graph input, or the output of an op that computes a new value); the
+    two graphs name the same value differently (ORT renames and fuses), so values are matched by the axes they
+    contribute, one to one, in order of appearance."""
     if observed is None or original is None:
         return None
     if isinstance(observed, Whole) and isinstance(original, Whole):
-        return () if observed == original else None
+        return ()
     if isinstance(observed, Whole):
         observed = _expand(observed, len(original))
     if isinstance(original, Whole):
         original = _expand(original, len(observed))
-    if len(observed) != len(original) or set(observed) != set(original) or len(set(original)) != len(original):
+    if len(observed) != len(original) or len(set(observed)) != len(observed) or len(set(original)) != len(original):
         return None
-    perm = tuple(original.index(label) for label in observed)
+    renamed = _rename(observed, original)
+    if renamed is None:
+        return None
+    perm = tuple(original.index(label) for label in renamed)
     return () if perm == tuple(range(len(perm))) else perm
+
+
+def _rename(observed: tuple, original: tuple) -> tuple | None:
+    """``observed`` with each value's name replaced by the original's value that contributes the same axes."""
+    def values(labels: tuple) -> dict:
+        found: dict = {}
+        for key, axis in labels:
+            found.setdefault(key, set()).add(axis)
+        return found
+
+    mine, theirs = values(observed), values(original)
+    if len(mine) != len(theirs):
+        return None
+    names: dict = {}
+    free = list(theirs)
+    for key, axes in mine.items():
+        match = next((other for other in free if theirs[other] == axes), None)
+        if match is None:
+            return None
+        names[key] = match
+        free.remove(match)
+    return tuple((names[key], axis) for key, axis in observed)
 
 
 def to_original(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
@@ -182,7 +212,7 @@ def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 class GraphLayout:
     """The axis labels of every tensor of one graph (see the module docstring), and which are blocked."""
 
-    def __init__(self, model: onnx.ModelProto, fresh_key: Callable[[str], str] | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto) -> None:
         graph = model.graph
         self.labels: dict[str, object] = {}
         self.blocked: set[str] = set()
@@ -193,7 +223,7 @@ class GraphLayout:
                 self.labels[value.name] = Whole(value.name)
         # values computed from constants alone (Constant nodes, shape arithmetic on them) are no activations
         self._static = set(self._initializers)
-        key = fresh_key or (lambda name: name)
+        key = lambda name: name  # noqa: E731 - a new value is named after its tensor
         for node in _topological(graph):
             if all(not i or i in self._static for i in node.input):
                 self._static.update(o for o in node.output if o)
@@ -290,9 +320,8 @@ class Layouts:
     optimized: GraphLayout
 
     @classmethod
-    def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto, twins: dict[str, str]) -> "Layouts":
-        """``twins``: optimized tensor → the original tensor it maps to by name (new values are named after it)."""
-        return cls(GraphLayout(original), GraphLayout(optimized, lambda name: twins.get(name, "\0optimized:" + name)))
+    def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto) -> "Layouts":
+        return cls(GraphLayout(original), GraphLayout(optimized))
 
     def permutation(self, observed: str, original: str) -> tuple[int, ...] | None:
         """``p`` with ``observed = transpose(original, p)``; ``()`` the same order; ``None`` not established

@@ -21,7 +21,9 @@ def test_permutation_is_read_from_labels():
     nhwc = tuple(labels[i] for i in (0, 2, 3, 1))
     assert permutation(nhwc, labels) == (0, 2, 3, 1)
     assert permutation(labels, Whole("x")) == ()
-    assert permutation(Whole("x"), Whole("y")) is None
+    assert permutation(Whole("x"), Whole("y")) == ()  # two graphs name one value differently
+    assert permutation(tuple(("y", i) for i in (0, 2, 3, 1)), Whole("x")) == (0, 2, 3, 1)
+    assert permutation((("a", 0), ("b", 0)), (("x", 0), ("x", 1))) is None  # two values are not one
     assert permutation(None, labels) is None
     assert permutation(nhwc[:3], labels) is None
     x = np.arange(2 * 3 * 3 * 3).reshape(2, 3, 3, 3)  # C == H == W
@@ -39,7 +41,7 @@ def test_keras_input_transposes_that_cancel_leave_the_conv_channels_last():
                       [("x", [1, 3, 3, 3])], ["y"], [w])
     optimized = _model([helper.make_node("NhwcConv", ["x", "w"], ["c"], domain="com.microsoft"),
                         helper.make_node("Identity", ["c"], ["y"])], [("x", [1, 3, 3, 3])], ["y"], [w], ["com.microsoft"])
-    layouts = Layouts.of(original, optimized, {"c": "c", "y": "y"})
+    layouts = Layouts.of(original, optimized)
     assert layouts.permutation("c", "c") == (0, 2, 3, 1)
     assert layouts.permutation("y", "y") == ()
 
@@ -55,6 +57,6 @@ def test_nchwc_blocks_are_no_permutation():
                         helper.make_node("ReorderOutput", ["c"], ["o"], domain="com.microsoft.nchwc", channels=8),
                         helper.make_node("Relu", ["o"], ["y"])],
                        [("x", [1, 8, 8, 8])], ["y"], [w], ["com.microsoft.nchwc"])
-    layouts = Layouts.of(original, optimized, {"c": "c", "y": "y"})
+    layouts = Layouts.of(original, optimized)
     assert layouts.permutation("c", "c") is None and layouts.blocked("c")
     assert layouts.permutation("y", "y") == ()
