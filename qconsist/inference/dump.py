@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.fingerprint import FingerprintTable
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
@@ -95,6 +95,7 @@ class DumpPlan:
     session: object  # ort.InferenceSession of the exposed graph, optimizations off
     batched: list[bool] = field(default_factory=list)  # per column: its first axis is the batch (split per sample)
     layouts: Layouts | None = None  # axis labels of the original and the optimized graph
+    repair: str = ""  # what qconsist changed in the graph ORT saved so that ORT reloads it ("" nothing)
 
     def column(self, name: str) -> int:
         return [t.name for t in self.tensors].index(name)
@@ -162,6 +163,7 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
         optimized = onnx.load(str(optimized_path))
     except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
         raise InputError(f"cannot read ORT's optimized graph of {model_path}: {exc}") from None
+    optimized, repair = reloadable(optimized, optimized_path, options)
     exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
     runtime = {}
@@ -188,9 +190,46 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
         dtypes=[runtime[n][0] for n in names],
         session=session,
         layouts=layouts,
+        repair=repair,
     )
     plan.batched = batched_columns(session, names, probe, plan.to_original) if probe is not None else [True] * len(names)
     return plan
+
+
+def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions) -> tuple[onnx.ModelProto, str]:
+    """ORT's saved optimized graph, and what was repaired so that ORT loads it again.
+
+    ORT saves the graph it will run with the model's own opset, even where its rewrites need a newer one (a
+    per-axis DequantizeLinear in an opset-12 graph: ``axis`` came with opset 13), and then cannot load its own
+    file. The repair raises the saved graph's ai.onnx opset with ``onnx.version_converter`` to the first that
+    onnxruntime loads (written back to ``path``); the dump's faithfulness check — final outputs bit for bit
+    against a production session — then shows whether the repaired graph computes what production computes."""
+    from onnx import version_converter
+
+    from qconsist.inference.session import onnxruntime_limits
+
+    try:
+        create_session(optimized.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+        return optimized, ""
+    except QconsistError as exc:
+        failure = " ".join(exc.message.split())
+    current = next((o.version for o in optimized.opset_import if o.domain in ("", "ai.onnx")), None)
+    newest = onnxruntime_limits()[0] or 0
+    for opset in range(current + 1 if current else newest + 1, newest + 1):
+        try:
+            repaired = version_converter.convert_version(optimized, opset)
+            create_session(repaired.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+        except Exception:  # noqa: BLE001 - the converter and onnxruntime raise several kinds; try the next opset
+            continue
+        onnx.save(repaired, str(path))
+        note = f"ORT's saved graph raised from opset {current} to {opset} (onnx.version_converter): ORT could not reload it"
+        log.warning("dump: %s (%s)", note, failure[:160])
+        return repaired, note
+    level = options.graph_optimization_level.value
+    raise UnsupportedModelError(
+        f"onnxruntime cannot reload the graph it optimized at level {level} and qconsist could not repair it "
+        f"({failure[:160]}); dump at --level disable, or raise the model's opset ([convert] opset = 13 in a pipeline)"
+    )
 
 
 def select_raw(plan: DumpPlan, raw: RawSelection) -> set[int]:

@@ -380,6 +380,7 @@ def run_inference(
                 "schema": "qconsist.dump/1",
                 "hash_function": HASH_NAME,
                 "axis_order": "original",  # relaid tensors (a "layout" permutation) are recorded in the original's order
+                "repair": plan.repair,  # what was changed in ORT's saved graph so that it reloads ("" nothing)
                 "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
                 "shapes": dump_table.shapes.to_json(),
                 "outputs": plan.outputs,
