@@ -166,11 +166,13 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
     optimized, repair = reloadable(optimized, optimized_path, options)
     exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
-    runtime = {}
+    runtime, ranks = {}, {}
     for out in session.get_outputs():
         shape = tuple(out.shape) if all(isinstance(d, int) for d in out.shape) else None
         runtime[out.name] = (_ORT_TYPES.get(out.type, out.type), shape)
-    origins, layouts = map_tensors(original, optimized, runtime)
+        if out.shape:  # [] is a scalar or an unknown shape: no rank
+            ranks[out.name] = len(out.shape)
+    origins, layouts = map_tensors(original, optimized, runtime, ranks)
     by_name = {t.name: t for t in origins}
     tensors = [by_name[n] for n in names]
     outputs = [o.name for o in optimized.graph.output]

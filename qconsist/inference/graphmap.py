@@ -83,6 +83,7 @@ class GraphIndex:
     initializers: set[str]
     inputs: set[str]
     types: dict[str, tuple[str, tuple | None]]  # tensor -> (numpy dtype name, shape or None)
+    ranks: dict[str, int] = field(default_factory=dict)  # tensor -> rank, where shape inference knows it
 
     @classmethod
     def of(cls, model: onnx.ModelProto, infer: bool = True) -> "GraphIndex":
@@ -100,13 +101,15 @@ class GraphIndex:
             for inp in node.input:
                 if inp:
                     consumers.setdefault(inp, []).append(i)
-        types = {}
+        types, ranks = {}, {}
         for value in list(graph.value_info) + list(graph.output) + list(graph.input):
             typed = _value_type(value)
             if typed is not None:
                 types[value.name] = typed
+            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+                ranks[value.name] = len(value.type.tensor_type.shape.dim)
         inits = {init.name for init in graph.initializer}
-        return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types)
+        return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types, ranks)
 
     def activation_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [i for i in node.input if i and i not in self.initializers]
@@ -199,11 +202,13 @@ def map_tensors(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
     runtime_types: dict[str, tuple[str, tuple | None]],
+    runtime_ranks: dict[str, int] | None = None,
 ) -> tuple[list[TensorOrigin], Layouts]:
     """Where each tensor of ``optimized`` (node outputs, in node order) comes from in ``original``, and the
     layouts of both graphs.
 
-    ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them.
+    ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them, and
+    ``runtime_ranks`` their ranks where known (broadcasting ops take the layout of their highest-rank input).
     """
     orig = GraphIndex.of(original)
     opt = GraphIndex.of(optimized, infer=False)
@@ -233,7 +238,8 @@ def map_tensors(
             mapped[out] = target
             starts[out] = node_starts if anchor is None else {anchor}
             found.append((index, out, target, how, anchor, _covered(orig, anchor, node_starts) if anchor else []))
-    layouts = Layouts.of(original, optimized)
+    inferred = GraphIndex.of(optimized).ranks  # onnx's shape inference knows a scalar's rank where ORT says []
+    layouts = Layouts.of(original, optimized, orig.ranks, {**inferred, **(runtime_ranks or {})})
     result: list[TensorOrigin] = []
     for index, out, target, how, anchor, covered in found:
         node = optimized.graph.node[index]

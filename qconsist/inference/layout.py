@@ -146,17 +146,22 @@ def describe(perm: tuple[int, ...] | None) -> str:
     return "permuted " + ",".join(map(str, perm))
 
 
-def _broadcast(candidates: list):
-    """The labels of a broadcasting op's output: its longest input's, where every input of unknown rank is that
-    same value; else not established."""
-    tuples = [c for c in candidates if not isinstance(c, Whole)]
-    wholes = {c for c in candidates if isinstance(c, Whole)}
-    if not tuples:
-        return wholes.pop() if len(wholes) == 1 else None
-    longest = max(tuples, key=len)
-    if sum(1 for t in tuples if len(t) == len(longest) and t != longest):
-        return None
-    return longest if all(_expand(w, len(longest)) == longest for w in wholes) else None
+def _broadcast(candidates: list, ranks: list):
+    """The labels of a broadcasting op's output: those of its first input of the highest rank (inputs of lower
+    rank — a bias, a dynamic scale — broadcast into it; one of the same rank is aligned axis by axis). Not
+    established where an input of unknown rank could be the highest, or where two inputs hold the same value in
+    two axis orders."""
+    known = [r for r in ranks if r is not None]
+    if len(known) < len(ranks):
+        wholes = {c for c in candidates if isinstance(c, Whole)}
+        return candidates[0] if len(set(map(str, candidates))) == 1 or (len(wholes) == 1 and len(candidates) == 1) else None
+    top = max(known)
+    full = [_expand(c, top) if isinstance(c, Whole) else c for c, r in zip(candidates, ranks) if r == top]
+    first = full[0]
+    for other in full[1:]:
+        if other != first and {k for k, _ in other} == {k for k, _ in first}:
+            return None
+    return first
 
 
 def _attribute(node: onnx.NodeProto, name: str, default=None):
@@ -212,8 +217,9 @@ def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 class GraphLayout:
     """The axis labels of every tensor of one graph (see the module docstring), and which are blocked."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, ranks: dict[str, int] | None = None) -> None:
         graph = model.graph
+        self.ranks = dict(ranks or {})
         self.labels: dict[str, object] = {}
         self.blocked: set[str] = set()
         self._initializers = {i.name for i in graph.initializer}
@@ -228,6 +234,12 @@ class GraphLayout:
             if all(not i or i in self._static for i in node.input):
                 self._static.update(o for o in node.output if o)
             self._visit(node, key)
+
+    def _rank(self, name: str) -> int | None:
+        labels = self.labels.get(name)
+        if labels is not None and not isinstance(labels, Whole):
+            return len(labels)
+        return self.ranks.get(name)
 
     def _activation(self, name: str) -> bool:
         return bool(name) and name not in self._static
@@ -260,11 +272,13 @@ class GraphLayout:
             self._set(outputs, self._squeezed(node, source), blocked=blocked)
             return
         if op in _BROADCASTING:
-            candidates = [self.labels.get(i) for i in node.input if self._activation(i)]
+            names = [i for i in node.input if self._activation(i)]
+            candidates = [self.labels.get(i) for i in names]
             if not candidates or any(c is None for c in candidates):
                 self._set(outputs[:1], None)
                 return
-            self._set(outputs[:1], _broadcast(candidates), blocked=any(i in self.blocked for i in node.input))
+            self._set(outputs[:1], _broadcast(candidates, [self._rank(i) for i in names]),
+                      blocked=any(i in self.blocked for i in node.input))
             return
         if op in _POSITIONAL or op in _REDUCE:
             if not self._activation(data):
@@ -288,6 +302,8 @@ class GraphLayout:
 
     def _squeezed(self, node: onnx.NodeProto, source):
         axes = _axes(node, self._constants)
+        if isinstance(source, Whole) and self.ranks.get(node.input[0]) is not None:
+            source = _expand(source, self.ranks[node.input[0]])
         if source is None or axes is None or isinstance(source, Whole):
             return None
         labels = list(source)
@@ -320,8 +336,10 @@ class Layouts:
     optimized: GraphLayout
 
     @classmethod
-    def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto) -> "Layouts":
-        return cls(GraphLayout(original), GraphLayout(optimized))
+    def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto, original_ranks: dict[str, int] | None = None,
+           optimized_ranks: dict[str, int] | None = None) -> "Layouts":
+        """``*_ranks``: tensor ranks where known (shape inference; onnxruntime's types)."""
+        return cls(GraphLayout(original, original_ranks), GraphLayout(optimized, optimized_ranks))
 
     def permutation(self, observed: str, original: str) -> tuple[int, ...] | None:
         """``p`` with ``observed = transpose(original, p)``; ``()`` the same order; ``None`` not established
