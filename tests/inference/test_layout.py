@@ -130,3 +130,30 @@ def test_no_origin_agrees_after_the_permutation_and_sqnr_agrees_across_levels(tm
             assert key not in diverging
     assert {"conv1", "conv2", "conv3"} <= set(_sqnr(found["errors"]["all"]))  # (ORT renames some PRelu outputs)
     assert _agree(found["errors"]["all"], found["errors"]["disable"]) >= 3
+
+
+@pytest.mark.gpu
+def test_cuda_nhwc_tensors_are_recorded_in_the_original_order_on_the_device(tmp_path):
+    """With ``prefer_nhwc`` the CUDA EP runs the convs channels last: the relaid tensors go through the host
+    (put back in NCHW) while the others are fingerprinted on the device; both fingerprint paths give the same
+    records, and against the CPU at level disable an origin is only ever a tensor whose values differ."""
+    from qconsist.inference.fingerprint import read_table
+    from qconsist.inference.model import ModelSource
+
+    model = prelu_conv_model(10, 10, 10)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    np.save(tmp_path / "samples.npy", np.random.default_rng(0).normal(0, 1, (SAMPLES, 3, 12, 12)).astype(np.float32))
+    inputs = open_input_set(str(tmp_path / "samples.npy"), None, "x")
+    cuda = ExecutionOptions("cuda", {"prefer_nhwc": True, "cudnn_conv_algo_search": "HEURISTIC"})
+    runs = {}
+    for key, options, where in (("device", cuda, "device"), ("host", cuda, "host"),
+                                ("cpu", ExecutionOptions(graph_optimization_level="disable"), "host")):
+        request = RunRequest(options, dump=True, raw=RawSelection.parse("all"), fingerprints=where)
+        runs[key] = run_inference(ModelSource(tmp_path / "model.onnx"), inputs, request, tmp_path / "runs", run_id=key).run_dir
+    index = json.loads((runs["device"] / "dump" / "index.json").read_text())["tensors"]
+    assert any(t["how"] == "relayout" for t in index), [(t["name"], t["op_type"]) for t in index]
+    device, host = read_table(runs["device"] / "dump" / "fingerprints.npy"), read_table(runs["host"] / "dump" / "fingerprints.npy")
+    assert np.array_equal(device["hash"], host["hash"])
+    a, b = _raw(runs["device"]), _raw(runs["cpu"])
+    for node in diff_runs(runs["device"], runs["cpu"]).tensors.origins:
+        assert any(not np.array_equal(x, y) for x, y in zip(a[node.key], b[node.key])), node.label
