@@ -35,13 +35,14 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+from onnx import version_converter
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.fingerprint import FingerprintTable
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +207,6 @@ def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions
     file. The repair raises the saved graph's ai.onnx opset with ``onnx.version_converter`` to the first that
     onnxruntime loads (written back to ``path``); the dump's faithfulness check — final outputs bit for bit
     against a production session — then shows whether the repaired graph computes what production computes."""
-    from onnx import version_converter
-
-    from qconsist.inference.session import onnxruntime_limits
-
     try:
         create_session(optimized.SerializeToString(), options, level=OptimizationLevel.DISABLE)
         return optimized, ""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import version_converter
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
@@ -33,7 +34,8 @@ from qconsist.stages.caffe.normalize import prepare
 from qconsist.stages.caffe.reference import weights_by_layer
 from qconsist.stages.caffe.repair import repair_model
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.inference.session import create_session
+from qconsist.compare import compare_outputs
+from qconsist.inference.session import create_session, onnxruntime_limits, outputs_of
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
@@ -390,10 +392,6 @@ def upgrade_opset(entry: Path, model: onnx.ModelProto, opset: int, output: Path,
     atomically once checked: ``onnx.checker``, onnxruntime, and — with ``evaluation`` — its outputs against the
     original's within ``UPGRADE_ATOL + UPGRADE_RTOL·|x|``). Returns the stage's parameters and checks."""
     import onnxruntime as ort
-    from onnx import version_converter
-
-    from qconsist.compare import compare_outputs
-    from qconsist.inference.session import onnxruntime_limits, outputs_of
 
     current = onnx_opset(model)
     if current is None:
