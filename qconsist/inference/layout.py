@@ -28,7 +28,7 @@ established, and the tensor is not compared with the original.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 import onnx
@@ -172,7 +172,10 @@ def _attribute(node: onnx.NodeProto, name: str, default=None):
 
 
 def _axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
-    """A Squeeze's, Unsqueeze's or reduction's axes: the attribute (older opsets) or the constant input."""
+    """A Squeeze's, Unsqueeze's or reduction's axes: the attribute (older opsets) or the constant input; ArgMax's
+    and ArgMin's ``axis``."""
+    if node.op_type in ("ArgMax", "ArgMin"):
+        return [int(_attribute(node, "axis", 0))]
     given = _attribute(node, "axes")
     if given is not None:
         return [int(a) for a in given]
@@ -229,11 +232,10 @@ class GraphLayout:
                 self.labels[value.name] = Whole(value.name)
         # values computed from constants alone (Constant nodes, shape arithmetic on them) are no activations
         self._static = set(self._initializers)
-        key = lambda name: name  # noqa: E731 - a new value is named after its tensor
         for node in _topological(graph):
             if all(not i or i in self._static for i in node.input):
                 self._static.update(o for o in node.output if o)
-            self._visit(node, key)
+            self._visit(node)
 
     def _rank(self, name: str) -> int | None:
         labels = self.labels.get(name)
@@ -244,7 +246,7 @@ class GraphLayout:
     def _activation(self, name: str) -> bool:
         return bool(name) and name not in self._static
 
-    def _visit(self, node: onnx.NodeProto, key: Callable[[str], str]) -> None:
+    def _visit(self, node: onnx.NodeProto) -> None:
         op, domain = node.op_type, node.domain
         outputs = [o for o in node.output if o]
         data = node.input[_DATA_INPUT.get(op, 0)] if len(node.input) > _DATA_INPUT.get(op, 0) else ""
@@ -257,7 +259,7 @@ class GraphLayout:
             self._set(outputs, labels, blocked=op != "ReorderOutput")
             return
         if domain not in (*_ONNX, _MS):
-            self._fresh(outputs, key)
+            self._fresh(outputs)
             return
         if op == "Transpose":
             perm = _attribute(node, "perm")
@@ -269,7 +271,10 @@ class GraphLayout:
                 self._set(outputs, self._permuted(source, tuple(int(p) for p in perm)))
             return
         if op in ("Squeeze", "Unsqueeze") or (op in _REDUCE and not _attribute(node, "keepdims", 1)):
-            self._set(outputs, self._squeezed(node, source), blocked=blocked)
+            if op in _REDUCE and _axes(node, self._constants) is None:
+                self._fresh(outputs)  # every axis reduced: a scalar
+            else:
+                self._set(outputs, self._squeezed(node, source), blocked=blocked)
             return
         if op in _BROADCASTING:
             names = [i for i in node.input if self._activation(i)]
@@ -282,7 +287,7 @@ class GraphLayout:
             return
         if op in _POSITIONAL or op in _REDUCE:
             if not self._activation(data):
-                self._fresh(outputs, key)
+                self._fresh(outputs)
                 return
             # Split, TopK, DynamicQuantizeLinear…: only outputs of the data's rank keep its labels
             first = outputs[:1] if op in ("DynamicQuantizeLinear", "TopK", "Dropout") else outputs
@@ -290,9 +295,9 @@ class GraphLayout:
             if op == "TopK" and len(outputs) > 1:
                 self._set(outputs[1:], source, blocked=blocked)
             elif first is not outputs:
-                self._fresh(outputs[1:], key)
+                self._fresh(outputs[1:])
             return
-        self._fresh(outputs, key)
+        self._fresh(outputs)
 
     def _permuted(self, source, perm: tuple[int, ...]):
         expanded = _expand(source, len(perm))
@@ -322,9 +327,10 @@ class GraphLayout:
             if blocked:
                 self.blocked.add(out)
 
-    def _fresh(self, outputs: Iterable[str], key: Callable[[str], str]) -> None:
+    def _fresh(self, outputs: Iterable[str]) -> None:
+        """A new value: labelled after its own tensor."""
         for out in outputs:
-            self.labels[out] = Whole(key(out))
+            self.labels[out] = Whole(out)
 
 
 @dataclass
