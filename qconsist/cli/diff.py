@@ -61,6 +61,9 @@ def _render(result) -> None:  # result: DiffResult
         console.print(f"tolerance: |b - a| <= atol {tolerance.atol:g} + rtol {tolerance.rtol:g}·|a|{per_node}")
     tensors = result.tensors
     if tensors is not None:
+        if tensors.layout_unknown:
+            shown = ", ".join(tensors.layout_unknown[:5]) + (", ..." if len(tensors.layout_unknown) > 5 else "")
+            console.print(f"not compared: {len(tensors.layout_unknown)} tensor(s) whose layout ORT's graph does not establish ({shown})")
         if not tolerance.exact and tensors.nodes:
             beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
             unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]

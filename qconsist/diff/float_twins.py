@@ -6,7 +6,10 @@ renamed graph output does, for that tensor); an integer tensor of a fused kernel
 for the float tensor quantized where its value goes (``conv_1`` → Relu → QuantizeLinear: ``relu_1``), a QOperator
 model's ``<name>_quantized`` for ``<name>``, and forward through a Relu or Clip the quantizer folded away; an
 integer tensor is dequantized with the scale and zero point ORT's own graph gives it (its DequantizeLinear
-consumer's, or its producer's output parameters), and transposed back where ORT computed it channels last; a float
+consumer's, or its producer's output parameters); every observed tensor is put back in its float twin's axis order
+where ORT held it in another (an NHWC QLinearConv, a DequantizeLinear or PRelu the NHWC transformer moved a
+Transpose through), the permutation read from the graph (``inference/layout.py``), never guessed from shapes — a
+tensor whose layout cannot be established is left out; a float
 tensor computed by the quantized graph keeps its name when the same op computes it in the float model.
 Constants (dequantized weights and biases) are counted and left out.
 """
@@ -21,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from qconsist.inference.dump import DumpPlan
+from qconsist.inference.layout import describe, to_original
 
 # Where a quantized kernel's output scale and zero point are among its inputs (onnx and com.microsoft ops).
 _OUTPUT_PARAMS = {
@@ -32,7 +36,6 @@ _OUTPUT_PARAMS = {
 _PASS_THROUGH = {"Transpose", "Reshape", "MaxPool", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split"}
 # Float ops the quantizer folds into the quantization of their input (a Relu after a Conv quantized as one).
 _FOLDED = {"Relu", "Clip"}
-_NHWC_TO_NCHW = (0, 3, 1, 2)
 _QOPERATOR_SUFFIX = "_quantized"  # onnxruntime's QOperator quantizer names a quantized tensor <float name>_quantized
 
 
@@ -122,11 +125,6 @@ def _output_params(graph: Graph, name: str) -> tuple[float, int] | None:
     return None
 
 
-def _channels_last(graph: Graph, name: str) -> bool:
-    node = graph.producer.get(name)
-    return node is not None and any(a.name == "channels_last" and a.i == 1 for a in node.attribute)
-
-
 @dataclass
 class Match:
     float_column: int
@@ -135,25 +133,23 @@ class Match:
     observed: str
     params: tuple[float, int] | None  # dequantize with these
     how: str = "float"
-    nhwc: bool | None = None  # decided on the first sample
-    nhwc_hint: bool = False  # the producer computes channels last
+    layout: tuple[int, ...] = ()  # ORT holds the observed tensor as numpy.transpose(float tensor, layout)
+
+    @property
+    def described(self) -> str:
+        """How the observed tensor is read: ``float``, ``dequantized, NHWC``…"""
+        return self.how + (f", {describe(self.layout)}" if self.layout else "")
 
     def value(self, array: np.ndarray, reference_shape: tuple[int, ...]) -> np.ndarray | None:
+        """The observed tensor as a value of its float twin (dequantized, in its axis order); ``None`` when its
+        shape is then not the twin's."""
         if self.params is not None:  # as DequantizeLinear computes it: float32 (x - zero point) * scale
             scale, zero = self.params
             array = (array.astype(np.int32) - np.int32(zero)).astype(np.float32) * np.float32(scale)
-        if self.nhwc is None:
-            if array.shape == reference_shape and not (self.nhwc_hint and array.ndim == 4):
-                self.nhwc = False
-            elif array.ndim == 4 and tuple(array.shape[i] for i in _NHWC_TO_NCHW) == tuple(reference_shape):
-                self.nhwc = True
-            elif array.shape == reference_shape:
-                self.nhwc = False
-            else:
-                return None
-        if self.nhwc:
-            array = np.transpose(array, _NHWC_TO_NCHW)
-        return array if array.shape == reference_shape else None
+        if self.layout and array.ndim != len(self.layout):
+            return None
+        array = to_original(array, self.layout)
+        return array if array.shape == tuple(reference_shape) else None
 
 
 def _named_start(origin: Any, qgraph: Graph, integer: bool) -> str | None:
@@ -188,15 +184,16 @@ def _folded_forward(fgraph: Graph, qgraph: Graph, tensor: str) -> str:
 
 # preference when several observed tensors stand for one float tensor: the DequantizeLinear output ORT
 # computes, then an integer tensor dequantized here, then a float computed before quantization
-_PREFERENCE = {"DequantizeLinear output": 0, "dequantized": 1, "dequantized, NHWC": 1, "float": 2}
+_PREFERENCE = {"DequantizeLinear output": 0, "dequantized": 1, "float": 2}
 
 
 def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_model: onnx.ModelProto,
                   quantized_optimized: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[list[Match], int, list[str]]:
     """The observed quantized tensors matched to observed float tensors (one per float tensor, by
-    ``_PREFERENCE``); the number of constants left out; the labels of observed tensors with no float twin."""
+    ``_PREFERENCE``); the number of constants left out; the labels of observed tensors with no float twin or whose
+    layout against it cannot be established."""
     qgraph, optimized, fgraph = Graph(quantized_model), Graph(quantized_optimized), Graph(float_model)
-    float_columns = {t.original: i for i, t in enumerate(float_plan.tensors) if t.original and t.how == "same"}
+    float_columns = {t.original: i for i, t in enumerate(float_plan.tensors) if t.original and t.how in ("same", "relayout")}
     float_columns.update({i.name: -1 for i in float_model.graph.input if i.name not in fgraph.constants})  # the sample itself
     found: dict[str, Match] = {}
     constants, internal = 0, []
@@ -232,8 +229,13 @@ def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_mode
         else:  # the float value before quantization of a tensor whose activation the quantizer folded away
             internal.append(origin.label)
             continue
-        match = Match(float_columns[tensor], column, tensor, origin.name, params, how)
-        match.nhwc_hint = integer and _channels_last(optimized, origin.name)
+        # the quantized model's tensor standing for the float one (QDQ keeps the float names; QOperator renames)
+        standing = tensor if tensor in qgraph.tensors else start
+        layout = quantized_plan.layouts.permutation(origin.name, standing) if quantized_plan.layouts else ()
+        if layout is None:
+            internal.append(f"{origin.label} (layout unknown)")
+            continue
+        match = Match(float_columns[tensor], column, tensor, origin.name, params, how, layout)
         if tensor not in found or _PREFERENCE[how] < _PREFERENCE[found[tensor].how]:
             found[tensor] = match
     return sorted(found.values(), key=lambda m: m.float_column), constants, internal

@@ -8,8 +8,9 @@ quantized model depart from the float one, and which node makes it depart — as
 * **faithful**: the quantized model is observed through the dump machinery (``plan_dump``): ORT's optimized
   graph at the production level and execution provider, every tensor exposed, reloaded with optimizations
   off, its final outputs checked bit for bit against a production session. The values compared are those
-  ORT computes in production — the uint8 outputs of fused QLinearConv kernels, in their NHWC layout where
-  ORT chose it — not those of a copy with every tensor exposed, which blocks the fusions;
+  ORT computes in production — the uint8 outputs of fused QLinearConv kernels, put back from their NHWC
+  layout where ORT chose it (the permutation read from the graph, never from shapes) — not those of a copy
+  with every tensor exposed, which blocks the fusions;
 * **flat memory**: one sample at a time, per-tensor sums only (``NoiseStats``).
 
 **Matching** (``float_twins.py``): every observed tensor of the quantized run is traced to the float tensor
@@ -36,6 +37,7 @@ from qconsist.compare.noise import NoiseStats
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import FaithfulCheck, plan_dump
+from qconsist.inference.layout import to_original
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
 from qconsist.inputs import InputSet
@@ -53,7 +55,7 @@ class TensorError:
     op_type: str
     tensor: str  # the float tensor
     observed: str  # the tensor of the quantized run it is compared with
-    how: str  # "float" | "dequantized" | "dequantized, NHWC"
+    how: str  # "float" | "dequantized" | "DequantizeLinear output", with ", NHWC" where ORT held it so
     position: int  # topological position in the float graph
     elements: int
     sqnr_db: float
@@ -150,6 +152,7 @@ def _observe(matches: list[Match], plans: dict[str, Any], productions: dict[str,
     unreadable: set[int] = set()
     names = {"float": [plans["float"].tensors[m.float_column].name for m in matches if m.float_column >= 0],
              "quantized": [plans["quantized"].tensors[m.quantized_column].name for m in matches]}
+    float_layouts = [plans["float"].tensors[m.float_column].layout for m in matches if m.float_column >= 0]
     with progress.task("quant-error", len(inputs)) as task:
         for index in range(len(inputs)):
             sample = inputs.sample(index)
@@ -159,7 +162,7 @@ def _observe(matches: list[Match], plans: dict[str, Any], productions: dict[str,
                 arrays = dict(zip(wanted, plan.session.run(wanted, sample)))
                 checks[side].add(index, productions[side].run(None, sample), [arrays[o] for o in plan.outputs])
                 observed[side] = [arrays[n] for n in names[side]]
-            references = iter(observed["float"])
+            references = iter(to_original(a, p) for a, p in zip(observed["float"], float_layouts))
             for i, (match, value) in enumerate(zip(matches, observed["quantized"])):
                 reference = sample[match.tensor] if match.float_column < 0 else next(references)  # a graph input: the sample
                 if i in unreadable:
@@ -211,7 +214,7 @@ def quantization_error(
         if i in unmatched_layout:
             internal.append(quantized_plan.tensors[match.quantized_column].label)
             continue
-        how = match.how + (", NHWC" if match.nhwc else "")
+        how = match.described
         errors[match.tensor] = TensorError(
             node=labels.get(match.tensor, match.tensor), op_type=ops.get(match.tensor, "input"), tensor=match.tensor,
             observed=match.observed, how=how, position=match.float_column, elements=stat.elements // max(len(inputs), 1),

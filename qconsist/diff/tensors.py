@@ -76,6 +76,7 @@ class TensorComparison:
     nodes: list[TensorDiff] = field(default_factory=list)  # diverging ones, topological order
     raw_missing: list[str] = field(default_factory=list)  # keys whose element stats need raw tensors
     tolerance: Tolerance = field(default_factory=Tolerance)
+    layout_unknown: list[str] = field(default_factory=list)  # original-graph comparisons: tensors whose layout ORT's graph does not establish
 
     @property
     def first(self) -> TensorDiff | None:
@@ -96,7 +97,7 @@ class TensorComparison:
             "samples": self.samples, "first": self.first.label if self.first else None,
             "origins": [n.label for n in self.origins], "nodes": [n.to_json() for n in self.nodes],
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
-            "beyond": [n.label for n in self.beyond],
+            "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
         }
 
     @classmethod
@@ -106,6 +107,7 @@ class TensorComparison:
             samples=data["samples"], nodes=[TensorDiff.from_json(n) for n in data["nodes"]],
             raw_missing=data["raw_missing"],
             tolerance=Tolerance.from_json(data["tolerance"]) if isinstance(data.get("tolerance"), dict) else Tolerance(),
+            layout_unknown=list(data.get("layout_unknown", [])),
         )
 
 
@@ -226,6 +228,8 @@ def compare_tensors(
         )
     keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
     shared = [k for k in keys_a if k in keys_b]
+    if space == "original":
+        _check_axis_order(a, b, keys_a, keys_b, shared)
     cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
     differ = _differ(a, b, cols_a, cols_b) if shared else np.zeros((a.table.shape[0], 0), dtype=bool)
     graph = _Graph(graph_a, set(shared))
@@ -233,6 +237,8 @@ def compare_tensors(
     position = {k: i for i, k in enumerate(shared)}
     result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]),
                               tolerance=tolerance)
+    if space == "original":
+        result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
     # each compared tensor is a node of this graph: its inputs are the nearest compared tensors it is computed from
     nodes = [([position[t] for t in graph.inputs(key)[0] if t in position], [p]) for p, key in enumerate(shared)]
     origin = origins(differ, nodes)
@@ -257,6 +263,21 @@ def compare_tensors(
         unknown = [n.key for n in result.nodes if n.tolerance == "unknown"]
         result.raw_missing = list(dict.fromkeys([*result.raw_missing, *unknown]))
     return result
+
+
+def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int], shared: list[str]) -> None:
+    """A dump written before qconsist put relaid tensors back in the original's axis order cannot be compared,
+    through the original graph, with one that did, where a shared tensor is relaid."""
+    if a.original_order == b.original_order:
+        return
+    new, old, keys = (a, b, keys_a) if a.original_order else (b, a, keys_b)
+    relaid = [k for k in shared if new.tensors[keys[k]].layout]
+    if relaid:
+        raise RunStoreError(
+            f"run {old.run_dir} was dumped by an earlier qconsist, which recorded {len(relaid)} tensor(s) such as "
+            f"{relaid[0]} in the axis order ORT held them in (run {new.run_dir} records them in the original model's); "
+            "dump it again with this qconsist version"
+        )
 
 
 def _judge(a: LoadedDump, b: LoadedDump, node: TensorDiff, col_a: int, col_b: int, atol: float, rtol: float) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError, InputError, UnsupportedModelError
+from qconsist.inference.layout import to_original
 from qconsist.gpu.observe import Observer
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.compare import OutputEffect
@@ -228,6 +229,15 @@ def _order(observer: Observer) -> list[tuple[str, str, str]]:
     return [(out, node.label, node.op_type) for node in observer.graph.nodes for out in node.outputs]
 
 
+def _in_original_order(observer: Observer, arrays: dict) -> dict:
+    """Tensors ORT holds in another axis order than their original (``TensorOrigin.layout``) put back in it: the
+    float32 and float16 graphs are compared through the original model's tensors."""
+    for t in observer.plan.tensors:
+        if t.layout and t.name in arrays:
+            arrays[t.name] = to_original(arrays[t.name], t.layout)
+    return arrays
+
+
 def _covers(observer: Observer) -> dict[str, tuple[str, ...]]:
     return {t.name: tuple(t.covers) for t in observer.plan.tensors}
 
@@ -247,8 +257,8 @@ def _compare(model: str, execution: ExecutionOptions, samples: Sequence[dict[str
     outputs = list(ref.graph.outputs)
     with progress.task("fp16 vs fp32", len(samples)) as handle:
         for s, sample in enumerate(samples):
-            a = Observer.observe(ref_session, sample).arrays
-            b = Observer.observe(half_session, sample).arrays
+            a = _in_original_order(ref, Observer.observe(ref_session, sample).arrays)
+            b = _in_original_order(half, Observer.observe(half_session, sample).arrays)
             for position, (name, label, op) in enumerate(ref_order):
                 x = a.get(name)
                 if x is None or x.dtype.kind != "f" or x.size == 0:

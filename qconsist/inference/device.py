@@ -14,7 +14,10 @@ Integer arithmetic for the hash and a fixed order for the float sums: the same b
 every run, whatever the scheduling. The hash is the CPU's (``kernels.mix64``), so a GPU dump and a CPU dump
 compare hash for hash; min, max, NaN and Inf are exact; the mean of a float tensor may differ from the CPU's in
 the last bits (summation order), that of an integer tensor is exact. Only the records (56 bytes per tensor per
-sample), the final outputs (for the faithfulness check) and raw tensors asked for come back to the host.
+sample), the final outputs (for the faithfulness check) and raw tensors asked for come back to the host —
+and the tensors ORT holds in another axis order than the original model's (``relaid``, rare on the CUDA EP:
+``prefer_nhwc``), which are put back in the original's order and fingerprinted on the host, as a host dump
+records them.
 
 CuPy (``cupy-cuda13x``, extra ``gpu``) is imported when a CUDA dump starts, never before.
 """
@@ -28,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from qconsist.errors import UnavailableError
-from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTION, RECORD, ShapeTable
+from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTION, RECORD, ShapeTable, fingerprint
+from qconsist.inference.layout import to_original
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +181,8 @@ class DeviceDump:
     """Runs the exposed graph with every output bound to CUDA memory and fingerprints it there."""
 
     def __init__(self, session: Any, names: Sequence[str], dtypes: Sequence[str], batched: Sequence[bool],
-                 shapes: ShapeTable, device_id: int = 0) -> None:
+                 shapes: ShapeTable, device_id: int = 0, relaid: dict[int, tuple[int, ...]] | None = None) -> None:
+        self.relaid = dict(relaid or {})  # column -> layout permutation (``dump.DumpPlan.relaid``)
         self.cp = _cupy()
         self.session, self.names, self.batched = session, list(names), list(batched)
         self.codes = [DTYPES.index(d) if d in DTYPES else 0 for d in dtypes]
@@ -272,12 +277,19 @@ class DeviceDump:
             out[0], out[1].view(cp.float64), out[2].view(cp.float64), out[3].view(cp.float64), out[4], out[5]))
         result = out.get()
         finished = time.perf_counter()
-        host = {c: self._host(layout, c) for c in host_columns}
+        host = {c: self._host(layout, c) for c in sorted(set(host_columns) | set(self.relaid))}
         done = time.perf_counter()
         self.seconds["exposure"] += middle - start
         self.seconds["fingerprints"] += finished - middle
         self.seconds["transfers"] += done - finished
-        return self._records(layout, result, count), host
+        records = self._records(layout, result, count)
+        for column, perm in self.relaid.items():
+            host[column] = whole = to_original(host[column], perm)
+            split = count > 1 and self.batched[column] and whole.ndim > 0 and whole.shape[0] == count
+            for row in range(count):
+                array = whole[row:row + 1] if split else whole
+                records[row, column] = fingerprint(array, self.shape_table.id(array.shape))
+        return records, {c: host[c] for c in host_columns}
 
     def _host(self, layout: _Layout, column: int) -> np.ndarray:
         numpy_type = self.numpy_types[column]

@@ -8,6 +8,9 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
 3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
    ``DumpRecorder``, overlapping ORT's next sample), keeps raw tensors only when asked, and
+   (a tensor ORT holds in another axis order than the original model's — an NHWC QLinearConv output, a
+   DequantizeLinear the NHWC transformer moved — is recorded in the original's order: ``DumpPlan.to_original``,
+   the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``), and
 4. runs every sample through a production session (same options, no dumps) and compares the final outputs
    bit for bit. The verdict (``faithful``) and the greatest difference go into the manifest.
 
@@ -22,6 +25,7 @@ Run-directory files (``dump/``)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,12 +35,14 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+from onnx import version_converter
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.fingerprint import FingerprintTable
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.inference.layout import Layouts, to_original
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +95,26 @@ class DumpPlan:
     dtypes: list[str]
     session: object  # ort.InferenceSession of the exposed graph, optimizations off
     batched: list[bool] = field(default_factory=list)  # per column: its first axis is the batch (split per sample)
+    layouts: Layouts | None = None  # axis labels of the original and the optimized graph
+    repair: str = ""  # what qconsist changed in the graph ORT saved so that ORT reloads it ("" nothing)
 
     def column(self, name: str) -> int:
         return [t.name for t in self.tensors].index(name)
+
+    @property
+    def relaid(self) -> list[int]:
+        """Columns ORT holds in another axis order than their original tensor's."""
+        return [c for c, t in enumerate(self.tensors) if t.layout]
+
+    def to_original(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One step's tensors (column order) with every relaid tensor put back in its original's axis order."""
+        relaid = self.relaid
+        if not relaid:
+            return arrays
+        arrays = list(arrays)
+        for c in relaid:
+            arrays[c] = to_original(arrays[c], self.tensors[c].layout)
+        return arrays
 
     def rows(self, arrays: list[np.ndarray], count: int) -> list[list[np.ndarray]]:
         """One step's tensors as ``count`` samples: batched tensors split along their first axis (each row
@@ -120,11 +143,12 @@ def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return exposed, names
 
 
-def batched_columns(session: Any, names: list[str], probe: dict[str, np.ndarray]) -> list[bool]:
-    """Which tensors carry the batch: their first axis doubles when one sample becomes two (asked of the
-    session itself; a tensor computed from constants keeps its shape)."""
-    one = session.run(names, probe)
-    two = session.run(names, {k: np.concatenate([v, v]) for k, v in probe.items()})
+def batched_columns(session: Any, names: list[str], probe: dict[str, np.ndarray],
+                    put_back: Callable[[list[np.ndarray]], list[np.ndarray]] = lambda arrays: arrays) -> list[bool]:
+    """Which tensors carry the batch: their first axis (in the recorded axis order, ``put_back``) doubles when
+    one sample becomes two (asked of the session itself; a tensor computed from constants keeps its shape)."""
+    one = put_back(session.run(names, probe))
+    two = put_back(session.run(names, {k: np.concatenate([v, v]) for k, v in probe.items()}))
     return [a.ndim > 0 and b.ndim == a.ndim and b.shape[0] == 2 * a.shape[0] for a, b in zip(one, two)]
 
 
@@ -140,25 +164,70 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
         optimized = onnx.load(str(optimized_path))
     except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
         raise InputError(f"cannot read ORT's optimized graph of {model_path}: {exc}") from None
+    optimized, repair = reloadable(optimized, optimized_path, options)
     exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
-    runtime = {}
+    runtime, ranks = {}, {}
     for out in session.get_outputs():
         shape = tuple(out.shape) if all(isinstance(d, int) for d in out.shape) else None
         runtime[out.name] = (_ORT_TYPES.get(out.type, out.type), shape)
-    origins = map_tensors(original, optimized, runtime)
+        if out.shape:  # [] is a scalar or an unknown shape: no rank
+            ranks[out.name] = len(out.shape)
+    origins, layouts = map_tensors(original, optimized, runtime, ranks)
     by_name = {t.name: t for t in origins}
     tensors = [by_name[n] for n in names]
-    log.info("dump: %d tensors of ORT's optimized graph (%d nodes)", len(tensors), len(optimized.graph.node))
-    return DumpPlan(
+    outputs = [o.name for o in optimized.graph.output]
+    # the graph's outputs are the original model's outputs, in their own order whatever ORT did inside
+    tensors = [dataclasses.replace(t, layout=(), how="same", original=t.name)
+               if t.name in outputs and (t.layout or t.how == "layout unknown") else t for t in tensors]
+    relaid = sum(1 for t in tensors if t.layout)
+    unknown = [t.name for t in tensors if t.how == "layout unknown"]
+    log.info("dump: %d tensors of ORT's optimized graph (%d nodes); %d held in another axis order, %d of unknown layout%s",
+             len(tensors), len(optimized.graph.node), relaid, len(unknown), f" ({', '.join(unknown[:5])})" if unknown else "")
+    plan = DumpPlan(
         optimized_path=optimized_path,
         structure=structure_hash(optimized),
         original_structure=structure_hash(original),
-        outputs=[o.name for o in optimized.graph.output],
+        outputs=outputs,
         tensors=tensors,
         dtypes=[runtime[n][0] for n in names],
         session=session,
-        batched=batched_columns(session, names, probe) if probe is not None else [True] * len(names),
+        layouts=layouts,
+        repair=repair,
+    )
+    plan.batched = batched_columns(session, names, probe, plan.to_original) if probe is not None else [True] * len(names)
+    return plan
+
+
+def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions) -> tuple[onnx.ModelProto, str]:
+    """ORT's saved optimized graph, and what was repaired so that ORT loads it again.
+
+    ORT saves the graph it will run with the model's own opset, even where its rewrites need a newer one (a
+    per-axis DequantizeLinear in an opset-12 graph: ``axis`` came with opset 13), and then cannot load its own
+    file. The repair raises the saved graph's ai.onnx opset with ``onnx.version_converter`` to the first that
+    onnxruntime loads (written back to ``path``); the dump's faithfulness check — final outputs bit for bit
+    against a production session — then shows whether the repaired graph computes what production computes."""
+    try:
+        create_session(optimized.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+        return optimized, ""
+    except QconsistError as exc:
+        failure = " ".join(exc.message.split())
+    current = next((o.version for o in optimized.opset_import if o.domain in ("", "ai.onnx")), None)
+    newest = onnxruntime_limits()[0] or 0
+    for opset in range(current + 1 if current else newest + 1, newest + 1):
+        try:
+            repaired = version_converter.convert_version(optimized, opset)
+            create_session(repaired.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+        except Exception:  # noqa: BLE001 - the converter and onnxruntime raise several kinds; try the next opset
+            continue
+        onnx.save(repaired, str(path))
+        note = f"ORT's saved graph raised from opset {current} to {opset} (onnx.version_converter): ORT could not reload it"
+        log.warning("dump: %s (%s)", note, failure[:160])
+        return repaired, note
+    level = options.graph_optimization_level.value
+    raise UnsupportedModelError(
+        f"onnxruntime cannot reload the graph it optimized at level {level} and qconsist could not repair it "
+        f"({failure[:160]}); dump at --level disable, or raise the model's opset ([convert] opset = 13 in a pipeline)"
     )
 
 

@@ -7,8 +7,13 @@ ORT's optimizer fuses nodes (QDQ groups into QLinearConv, Conv+Relu into FusedCo
   name with the same element type is that tensor ("same"). A surviving name whose element type changed
   (a QLinearConv output keeps the float Conv output's name but holds its quantized value) is followed
   forward through value-preserving original nodes (QuantizeLinear, DequantizeLinear, Relu, Clip, Cast,
-  Identity) to the first tensor of the right element type and shape ("renamed"). Otherwise the tensor is
-  ``internal`` to the optimized graph (a layout change, a fusion's intermediate) and has no original twin.
+  Identity) to the first tensor of the right element type and rank ("renamed"). Otherwise the tensor is
+  ``internal`` to the optimized graph (a fusion's intermediate) and has no original twin.
+* ``layout``: the axis order ORT holds it in, from the graph (``layout.py``), never from shapes: the same as
+  the original's, or a permutation of it ("relayout": an NHWC QLinearConv, a DequantizeLinear the NHWC
+  transformer moved a Transpose through — with C == H == W its shape is the original's), or not established
+  ("layout unknown": NCHWc channel blocks, labels that do not match): such a tensor has no original twin and is
+  never compared with one.
 * ``covers``: the original nodes the optimized node computes: those between the original tensors its
   inputs stand for and the original tensor its output stands for.
 """
@@ -23,6 +28,8 @@ from typing import Iterable
 import numpy as np
 import onnx
 
+from qconsist.inference.layout import Layouts, describe
+
 _VALUE_PRESERVING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Cast", "Identity"}
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
 _MAX_FOLLOW = 4
@@ -36,21 +43,23 @@ class TensorOrigin:
     node: str  # optimized node producing it ("" for a graph input)
     op_type: str  # that node's op, "domain:op" outside the ONNX domain
     original: str | None  # original tensor with the same value, if any
-    how: str  # "same" | "renamed" | "relayout" (same name, other layout) | "internal"
+    how: str  # "same" | "renamed" | "relayout" (another axis order: ``layout``) | "layout unknown" | "internal"
     label: str  # name users know: the original node that computes it
     covers: tuple[str, ...] = field(default=())  # original nodes the optimized node computes
+    # with ``original``: ORT holds it as numpy.transpose(original, layout); () the original's own order
+    layout: tuple[int, ...] = field(default=())
 
     def to_json(self) -> dict:
         return {
             "name": self.name, "node": self.node, "op_type": self.op_type, "original": self.original,
-            "how": self.how, "label": self.label, "covers": list(self.covers),
+            "how": self.how, "label": self.label, "covers": list(self.covers), "layout": list(self.layout),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> "TensorOrigin":
         return cls(
             name=data["name"], node=data["node"], op_type=data["op_type"], original=data["original"],
-            how=data["how"], label=data["label"], covers=tuple(data["covers"]),
+            how=data["how"], label=data["label"], covers=tuple(data["covers"]), layout=tuple(data.get("layout", ())),
         )
 
 
@@ -74,6 +83,7 @@ class GraphIndex:
     initializers: set[str]
     inputs: set[str]
     types: dict[str, tuple[str, tuple | None]]  # tensor -> (numpy dtype name, shape or None)
+    ranks: dict[str, int] = field(default_factory=dict)  # tensor -> rank, where shape inference knows it
 
     @classmethod
     def of(cls, model: onnx.ModelProto, infer: bool = True) -> "GraphIndex":
@@ -91,13 +101,15 @@ class GraphIndex:
             for inp in node.input:
                 if inp:
                     consumers.setdefault(inp, []).append(i)
-        types = {}
+        types, ranks = {}, {}
         for value in list(graph.value_info) + list(graph.output) + list(graph.input):
             typed = _value_type(value)
             if typed is not None:
                 types[value.name] = typed
+            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+                ranks[value.name] = len(value.type.tensor_type.shape.dim)
         inits = {init.name for init in graph.initializer}
-        return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types)
+        return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types, ranks)
 
     def activation_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [i for i in node.input if i and i not in self.initializers]
@@ -119,11 +131,13 @@ def _value_type(value: onnx.ValueInfoProto) -> tuple[str, tuple | None] | None:
 
 
 def _type_fits(original: tuple[str, tuple | None] | None, dtype: str, shape: tuple | None) -> bool:
+    """The same element type (and rank, where both are known). Never the same shape: a tensor ORT holds in
+    another layout has another shape, or — when C == H == W — the same one; ``layout.py`` decides."""
     if original is None:
         return True
     if original[0] != dtype:
         return False
-    return original[1] is None or shape is None or tuple(original[1]) == tuple(shape)
+    return original[1] is None or shape is None or len(original[1]) == len(shape)
 
 
 def _follow(orig: GraphIndex, start: str, dtype: str, shape: tuple | None) -> str | None:
@@ -188,17 +202,20 @@ def map_tensors(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
     runtime_types: dict[str, tuple[str, tuple | None]],
-) -> list[TensorOrigin]:
-    """Where each tensor of ``optimized`` (node outputs, in node order) comes from in ``original``.
+    runtime_ranks: dict[str, int] | None = None,
+) -> tuple[list[TensorOrigin], Layouts]:
+    """Where each tensor of ``optimized`` (node outputs, in node order) comes from in ``original``, and the
+    layouts of both graphs.
 
-    ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them.
+    ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them, and
+    ``runtime_ranks`` their ranks where known (broadcasting ops take the layout of their highest-rank input).
     """
     orig = GraphIndex.of(original)
     opt = GraphIndex.of(optimized, infer=False)
     by_node_name = {name: i for i, name in enumerate(orig.names)}
     mapped: dict[str, str | None] = {name: name for name in opt.inputs}
     starts: dict[str, set[str]] = {name: {name} for name in opt.inputs}
-    result: list[TensorOrigin] = []
+    found: list[tuple[int, str, str | None, str, str | None, list[int]]] = []
     for index, node in enumerate(optimized.graph.node):
         node_starts: set[str] = set()
         for inp in opt.activation_inputs(node):
@@ -216,18 +233,37 @@ def map_tensors(
                     target, how = out, "same"
                 else:
                     target = anchor if _type_fits(orig.types.get(anchor), dtype, shape) else _follow(orig, anchor, dtype, shape)
-                    how = "renamed" if target else "relayout"
+                    how = "renamed" if target else "internal"
                     anchor = target or anchor
             mapped[out] = target
             starts[out] = node_starts if anchor is None else {anchor}
-            covered = _covered(orig, anchor, node_starts) if anchor else []
-            principal = _principal(orig, covered, anchor)
-            label = principal or f"{opt.names[index]} ({op_name(node)}, internal to ORT's optimized graph)"
-            result.append(TensorOrigin(
-                name=out, node=opt.names[index], op_type=op_name(node), original=target, how=how,
-                label=label, covers=tuple(orig.names[i] for i in covered),
-            ))
-    return result
+            found.append((index, out, target, how, anchor, _covered(orig, anchor, node_starts) if anchor else []))
+    inferred = GraphIndex.of(optimized).ranks  # onnx's shape inference knows a scalar's rank where ORT says []
+    layouts = Layouts.of(original, optimized, orig.ranks, {**inferred, **(runtime_ranks or {})})
+    result: list[TensorOrigin] = []
+    for index, out, target, how, anchor, covered in found:
+        node = optimized.graph.node[index]
+        layout: tuple[int, ...] = ()
+        if target is not None:
+            perm = layouts.permutation(out, target)
+            if perm is None:
+                how, target = "layout unknown", None
+            elif perm:
+                how, layout = "relayout", perm
+        principal = _principal(orig, covered, anchor)
+        label = principal or f"{opt.names[index]} ({op_name(node)}, internal to ORT's optimized graph)"
+        result.append(TensorOrigin(
+            name=out, node=opt.names[index], op_type=op_name(node), original=target, how=how,
+            label=label, covers=tuple(orig.names[i] for i in covered), layout=layout,
+        ))
+    return result, layouts
+
+
+def layout_note(origin: TensorOrigin) -> str:
+    """How ORT holds a dumped tensor against its original, in words."""
+    if origin.how == "layout unknown":
+        return "layout unknown"
+    return describe(origin.layout) if origin.original else ""
 
 
 def structure_hash(model: onnx.ModelProto) -> str:

@@ -105,6 +105,7 @@ CUDA = register_provider(ProviderSpec(
         "cudnn_conv_algo_search": ProviderOption(ConvAlgoSearch, "cuDNN convolution algorithm search"),
         "use_tf32": ProviderOption(bool, "allow TF32 in cuDNN and cuBLAS (Ampere and newer)"),
         "cudnn_conv_use_max_workspace": ProviderOption(bool, "let cuDNN use the largest workspace"),
+        "prefer_nhwc": ProviderOption(bool, "run convolutions channels last (NHWC): the dump records them in the original's order"),
     },
     fallback=("CPUExecutionProvider",),
     preload=preload_cuda,

@@ -33,6 +33,7 @@ class LoadedDump:
     optimized_path: Path
     faithful: bool
     manifest: Manifest | None = None
+    original_order: bool = True  # relaid tensors recorded in the original's axis order (dumps since layouts)
 
     def shape(self, sample: int, column: int) -> tuple[int, ...]:
         return self.shapes[int(self.table[sample, column]["shape"])]
@@ -100,7 +101,8 @@ def load_dump(run_dir: Path, manifest: Manifest | None = None) -> LoadedDump:
     if not isinstance(section, dict):
         raise RunStoreError(f"run {run_dir} has no tensor dump; rerun it with `qconsist run ... --dump`")
     index_path = run_file(run_dir, manifest, _section(run_dir, section, "index"), "dump index path")
-    records, shapes = _index(run_dir, _read_json(index_path))
+    index = _read_json(index_path)
+    records, shapes = _index(run_dir, index)
     table_name = _section(run_dir, section, "fingerprints")
     table_path = run_file(run_dir, manifest, table_name, "dump fingerprints path")
     check_npy(table_path, f"run {run_dir}: {table_name}", ndim=2)  # read_table checks the record type
@@ -129,6 +131,7 @@ def load_dump(run_dir: Path, manifest: Manifest | None = None) -> LoadedDump:
         optimized_path=optimized,
         faithful=bool(section.get("faithful")),
         manifest=manifest,
+        original_order=index.get("axis_order") == "original",
     )
 
 

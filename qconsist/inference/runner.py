@@ -302,7 +302,7 @@ def run_inference(
         device = None
         if on_device:
             device = DeviceDump(plan.session, names, plan.dtypes, plan.batched, recorder.table.shapes,  # type: ignore[union-attr]
-                                int(options.option("device_id") or 0))
+                                int(options.option("device_id") or 0), {c: plan.tensors[c].layout for c in plan.relaid})  # type: ignore[union-attr]
             host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
         try:
             with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
@@ -318,7 +318,7 @@ def run_inference(
                         seconds["dump"] += time.perf_counter() - start
                     elif recorder is not None:
                         start = time.perf_counter()
-                        arrays = plan.session.run(names, step)  # type: ignore[union-attr]
+                        arrays = plan.to_original(plan.session.run(names, step))  # type: ignore[union-attr]
                         recorder.wait()
                         seconds["dump"] += time.perf_counter() - start
                     start = time.perf_counter()
@@ -379,6 +379,8 @@ def run_inference(
             index = {
                 "schema": "qconsist.dump/1",
                 "hash_function": HASH_NAME,
+                "axis_order": "original",  # relaid tensors (a "layout" permutation) are recorded in the original's order
+                "repair": plan.repair,  # what was changed in ORT's saved graph so that it reloads ("" nothing)
                 "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
                 "shapes": dump_table.shapes.to_json(),
                 "outputs": plan.outputs,

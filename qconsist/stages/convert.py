@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import version_converter
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
@@ -33,7 +34,8 @@ from qconsist.stages.caffe.normalize import prepare
 from qconsist.stages.caffe.reference import weights_by_layer
 from qconsist.stages.caffe.repair import repair_model
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.inference.session import create_session
+from qconsist.compare import compare_outputs
+from qconsist.inference.session import create_session, onnxruntime_limits, outputs_of
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
@@ -54,18 +56,27 @@ SUPPORTED_LAYERS = frozenset({
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    opset: int = DEFAULT_OPSET
+    """``opset``: a Caffe model's converted opset (``None``: ``DEFAULT_OPSET``); an ONNX entry's opset upgrade
+    (``None``: the model's own), through ``onnx.version_converter``. ``check``: compare with the numpy Caffe
+    reference on a seeded input, or the upgraded ONNX entry with the original on the evaluation inputs."""
+
+    opset: int | None = None
     dynamic_batch: bool = False
-    check: bool = True  # compare with the numpy Caffe reference on a seeded input
+    check: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dynamic_batch", "check"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"convert.{name} must be true or false, got {getattr(self, name)!r}")
-        if isinstance(self.opset, bool) or not isinstance(self.opset, int) or self.opset not in SUPPORTED_OPSETS:
+        if self.opset is not None and (isinstance(self.opset, bool) or not isinstance(self.opset, int)
+                                       or self.opset not in SUPPORTED_OPSETS):
             raise ConfigError(
                 f"convert.opset {self.opset} is not supported; choose one of {', '.join(map(str, SUPPORTED_OPSETS))}"
             )
+
+    @property
+    def caffe_opset(self) -> int:
+        return DEFAULT_OPSET if self.opset is None else self.opset
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -230,8 +241,8 @@ def convert_caffe(prototxt: Path, caffemodel: Path, output: Path, options: Conve
     net_for_tool, weights_for_tool, notes = prepare(net, weights)
     model = _run_caffe2onnx(net_for_tool, weights_for_tool, prototxt, output)
     del model.opset_import[:]
-    model.opset_import.add(domain="", version=options.opset)
-    model.ir_version = ir_version_for(options.opset)
+    model.opset_import.add(domain="", version=options.caffe_opset)
+    model.ir_version = ir_version_for(options.caffe_opset)
     model.producer_name = "qconsist (caffe2onnx 2.0.1)"
     params = weights_by_layer(weights)  # float64 arrays, read once for the repairs and the check
     repairs = notes + repair_model(model, net, params, options)
@@ -252,7 +263,7 @@ def convert_caffe(prototxt: Path, caffemodel: Path, output: Path, options: Conve
             raise FidelityError(f"converted model differs from the numpy Caffe reference: {worst.describe()}")
     write_bytes_atomic(Path(output), data)
     return ConvertResult(
-        path=Path(output), opset=options.opset, ir_version=model.ir_version,
+        path=Path(output), opset=options.caffe_opset, ir_version=model.ir_version,
         seconds=time.perf_counter() - start, repairs=repairs, check=check, convert_seconds=convert_seconds,
     )
 
@@ -367,6 +378,57 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
     return model
 
 
+def onnx_opset(model: onnx.ModelProto) -> int | None:
+    """A model's ai.onnx opset (``None``: it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+# an upgraded ONNX entry against the original, as optimize is checked
+UPGRADE_ATOL, UPGRADE_RTOL = 1e-5, 1e-4
+
+
+def upgrade_opset(entry: Path, model: onnx.ModelProto, opset: int, output: Path, evaluation=None) -> tuple[dict, dict]:
+    """Raise an ONNX entry's ai.onnx opset to ``opset`` with ``onnx.version_converter`` (written to ``output``
+    atomically once checked: ``onnx.checker``, onnxruntime, and — with ``evaluation`` — its outputs against the
+    original's within ``UPGRADE_ATOL + UPGRADE_RTOL·|x|``). Returns the stage's parameters and checks."""
+    import onnxruntime as ort
+
+    current = onnx_opset(model)
+    if current is None:
+        raise UnsupportedModelError(f"{entry} imports no ai.onnx opset; convert.opset cannot upgrade it")
+    if opset < current:
+        raise ConfigError(f"convert.opset {opset} is older than {entry}'s opset {current}: an ONNX entry's opset can "
+                          "only be raised (remove the setting to keep the model's)")
+    newest = onnxruntime_limits()[0]
+    if newest is not None and opset > newest:
+        raise ConfigError(f"convert.opset {opset}: onnxruntime {ort.__version__} loads up to opset {newest}")
+    try:
+        upgraded = version_converter.convert_version(model, opset)
+    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError, ValueError, its own errors
+        raise UnsupportedModelError(f"onnx.version_converter cannot raise {entry} from opset {current} to {opset}: "
+                                    f"{' '.join(str(exc).split())[:200]}") from None
+    upgraded.ir_version = max(model.ir_version, ir_version_for(opset))
+    try:
+        onnx.checker.check_model(upgraded, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise UnsupportedModelError(f"{entry} raised to opset {opset} fails onnx.checker: {' '.join(str(exc).split())[:200]}") from None
+    data = upgraded.SerializeToString()
+    create_session(data)
+    checks: dict = {"onnx_checker": "passed", "onnxruntime_load": "passed", "outputs_vs_entry": None}
+    if evaluation is not None:
+        comparison = compare_outputs(outputs_of(entry, evaluation), outputs_of(data, evaluation),
+                                     atol=UPGRADE_ATOL, rtol=UPGRADE_RTOL)
+        if not comparison.passed:
+            raise FidelityError(f"raising {entry} from opset {current} to {opset} changed its outputs beyond tolerance: "
+                                f"{comparison.summary()}")
+        checks["outputs_vs_entry"] = comparison.to_json()
+    write_bytes_atomic(Path(output), data)
+    params = {"entry": "onnx", "source": str(entry), "opset": opset, "opset_of_entry": current,
+              "ir_version": upgraded.ir_version, "tool": f"onnx.version_converter (onnx {onnx.__version__})",
+              "atol": UPGRADE_ATOL, "rtol": UPGRADE_RTOL}
+    return params, checks
+
+
 class ConvertStage:
     """Caffe → ONNX (or, for an ONNX entry, the checked source model copied in)."""
 
@@ -381,7 +443,7 @@ class ConvertStage:
             return ConvertOptions()
 
         options = guard(table, lambda: ConvertOptions(
-            opset=table.get("opset", int, ConvertOptions.opset), dynamic_batch=table.get("dynamic_batch", bool, False),
+            opset=table.get("opset", int), dynamic_batch=table.get("dynamic_batch", bool, False),
             check=table.get("check", bool, True),
         ))
         table.finish()
@@ -394,16 +456,23 @@ class ConvertStage:
         files = context.model_files
         start = time.perf_counter()
         result = None
-        if "onnx" in files:  # an ONNX entry, given or bundled: nothing to convert
+        if "onnx" in files:  # an ONNX entry, given or bundled: nothing to convert, the opset raised if asked
             entry = Path(files["onnx"])
+            if options.dynamic_batch:
+                raise ConfigError("convert.dynamic_batch does not apply to an ONNX model (an ONNX entry takes "
+                                  "convert.opset and convert.check); export it with a dynamic batch")
             model = check_onnx_entry(entry)
-            write_atomic(target, lambda tmp: shutil.copyfile(entry, tmp))
-            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-            params = {"entry": "onnx", "source": str(entry), "opset": opset, "ir_version": model.ir_version}
-            checks = {"onnx_checker": "passed", "onnxruntime_load": "passed"}
+            opset = onnx_opset(model)
+            if options.opset is not None and options.opset != opset:
+                evaluation = context.evaluation(entry) if context.evaluation and options.check else None
+                params, checks = upgrade_opset(entry, model, options.opset, target, evaluation)
+            else:
+                write_atomic(target, lambda tmp: shutil.copyfile(entry, tmp))
+                params = {"entry": "onnx", "source": str(entry), "opset": opset, "ir_version": model.ir_version}
+                checks = {"onnx_checker": "passed", "onnxruntime_load": "passed"}
         else:
             result = convert_file(files["prototxt"], files["caffemodel"], target, options)
-            params = {**options.to_json(), "ir_version": result.ir_version, "repairs": result.repairs,
+            params = {**options.to_json(), "opset": result.opset, "ir_version": result.ir_version, "repairs": result.repairs,
                       "tool": "caffe2onnx 2.0.1 + qconsist repairs"}
             checks = {"onnx_checker": "passed", "onnxruntime_load": "passed",
                       "caffe_reference": result.check.to_json() if result.check is not None else None}

@@ -379,20 +379,36 @@ def quantizable_op_types(options: QuantizeOptions) -> list[str]:
     return sorted(registry)
 
 
+# what a quantization needs of the model's ai.onnx opset (onnxruntime's quantizer writes an invalid model below it)
+PER_CHANNEL_QDQ_OPSET = 13  # DequantizeLinear's axis
+
+
+def check_opset(source: Path, model: onnx.ModelProto, options: QuantizeOptions) -> None:
+    """A quantization that needs a newer opset than the model has is refused, in one line naming the setting."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if options.format is QuantFormatChoice.QDQ and options.per_channel and opset is not None and opset < PER_CHANNEL_QDQ_OPSET:
+        raise ConfigError(
+            f"quantize.per_channel with format QDQ needs ai.onnx opset {PER_CHANNEL_QDQ_OPSET} (DequantizeLinear's axis); "
+            f"the model to quantize ({source.name}) has opset {opset}: set [convert] opset = {PER_CHANNEL_QDQ_OPSET} in the pipeline file "
+            "(an ONNX entry is upgraded by onnx.version_converter and checked against the original)"
+        )
+
+
 def check_selection(source: Path, options: QuantizeOptions) -> None:
-    """``op_types`` that onnxruntime cannot quantize, ``nodes_to_exclude`` that are not in the model, and a model
-    that is already quantized are refused before any calibration (ORT would silently quantize nothing)."""
+    """``op_types`` that onnxruntime cannot quantize, ``nodes_to_exclude`` that are not in the model, a model
+    that is already quantized and an opset the quantization cannot use are refused before any calibration (ORT
+    would silently quantize nothing, or write a model it cannot load)."""
     unknown = sorted(set(options.op_types) - set(quantizable_op_types(options)))
     if unknown:
         raise ConfigError(
             f"quantize.op_types: onnxruntime cannot quantize {', '.join(unknown)} in {options.format.value} format "
             f"(it quantizes {', '.join(quantizable_op_types(options))})"
         )
-    if not options.nodes_to_exclude:
-        refuse_quantized(source, onnx.load(str(source), load_external_data=False))
-        return
     model = onnx.load(str(source), load_external_data=False)
     refuse_quantized(source, model)
+    check_opset(source, model, options)
+    if not options.nodes_to_exclude:
+        return
     missing = sorted(set(options.nodes_to_exclude) - {n.name for n in model.graph.node})
     if missing:
         names = [n.name for n in model.graph.node if n.name]
