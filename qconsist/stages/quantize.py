@@ -22,6 +22,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, buil
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, compare_outputs
-from qconsist.inference.session import ExecutionOptions, create_session, input_specs, outputs_of, require_provider
+from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_logged, outputs_of, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
@@ -255,6 +256,27 @@ def _ort_enums(options: QuantizeOptions):
     return quant_format, types[options.activation_type], types[options.weight_type]
 
 
+class _OnnxruntimeAdvice(logging.Filter):
+    """onnxruntime.quantization logs advice on the root logger ("Please consider to run pre-processing …",
+    meant for its own scripts): kept at debug level under qconsist's logger, off the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "root" and f"{os.sep}onnxruntime{os.sep}" in record.pathname:
+            log.debug("onnxruntime.quantization: %s", record.getMessage())
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _onnxruntime_advice_kept():
+    advice = _OnnxruntimeAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
+
+
 def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, workdir: Path, progress: Progress = NULL_PROGRESS):
     """Run ORT's calibrator over ``inputs``; returns its ``TensorsData`` (tensor → range)."""
     from onnxruntime.quantization.calibrate import create_calibrator
@@ -265,13 +287,15 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     providers = calibration.ort_providers()
     checked = inputs.checked(input_specs(create_session(model)), calibration.batch_size)
     op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
-    calibrator = create_calibrator(
-        Path(model), op_types, augmented_model_path=str(workdir / "augmented.onnx"),
-        calibrate_method=_ort_method(calibration), providers=providers,
-        extra_options=calibration.resolved(),
-    )
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
-    with progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter), warnings.catch_warnings():
+    # the calibrator opens its own sessions (onnxruntime's default log level): their log is captured too
+    with ort_logged(), progress.task("calibrating", len(checked)) as handle, contextlib.redirect_stdout(chatter), \
+            warnings.catch_warnings():
+        calibrator = create_calibrator(
+            Path(model), op_types, augmented_model_path=str(workdir / "augmented.onnx"),
+            calibrate_method=_ort_method(calibration), providers=providers,
+            extra_options=calibration.resolved(),
+        )
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN warnings: NaN ranges are refused below
         calibrator.collect_data(InputSetReader(checked, handle, calibration.batch_size))
         ranges = calibrator.compute_data()
@@ -333,7 +357,7 @@ def quantize_model(
             )
 
         try:
-            with warnings.catch_warnings():  # numpy's divide/cast warnings on bad ranges: validated below
+            with warnings.catch_warnings(), ort_logged(), _onnxruntime_advice_kept():  # numpy's divide/cast warnings: validated below
                 warnings.simplefilter("ignore", RuntimeWarning)
                 write_atomic(output, write)
         except (ValueError, TypeError, KeyError) as exc:
