@@ -19,16 +19,17 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from qconsist.store.serde import loads
-from qconsist.errors import OutputError, RunStoreError
+from qconsist.errors import OutputError, QconsistError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
-from qconsist.store.scratch import scratch_root
+from qconsist.store.scratch import NO_SPACE, scratch_root
 from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
@@ -108,6 +109,9 @@ class RunDirectory:
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        # a failure while the disk holding the run is full is said as such: the tools that write (onnx,
+        # onnxruntime's quantizer) report it as a broken model or without a path
+        full = disk_full(self.path) if isinstance(exc, Exception) and not isinstance(exc, OutputError) else None
         scratch = getattr(self, "_scratch", None)
         if scratch is not None:
             scratch.__exit__(exc_type, exc, tb)  # temporary files go, whatever happened
@@ -115,6 +119,37 @@ class RunDirectory:
             return
         if isinstance(exc, Exception):  # a user error or a bug: nothing half-written stays; an interrupt keeps it
             self.abandon()
+        if full is not None:
+            what = exc.message if isinstance(exc, QconsistError) else " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise OutputError(f"cannot write in {self.path}: the disk is full ({full} bytes free there); "
+                              f"what failed: {what}") from None
+
+
+PROBE_BYTES = 1 << 16
+
+
+def disk_full(folder: Path) -> int | None:
+    """The free bytes of ``folder``'s file system when ``PROBE_BYTES`` cannot be written there for want of space
+    (a real allocation, not a guess from the free count), else None."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".qconsist-space-", dir=folder)
+    except OSError as exc:
+        return _free(folder) if exc.errno in NO_SPACE else None
+    try:
+        os.posix_fallocate(fd, 0, PROBE_BYTES)
+    except OSError as exc:
+        return _free(folder) if exc.errno in NO_SPACE else None
+    finally:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+    return None
+
+
+def _free(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
 
 
 def run_state(path: Path) -> str:
