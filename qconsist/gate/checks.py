@@ -17,7 +17,7 @@ from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.gpu.config import GpuConfig
-from qconsist.store.rundir import open_run
+from qconsist.store.rundir import open_run, same_run
 from qconsist.gpu.run import load_report_data
 from qconsist.environment import compare_environments
 
@@ -94,6 +94,16 @@ def _divergence_note(divergence: dict[str, Any] | None) -> str:
     listed = divergence.get("origin_nodes") or []
     origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
     return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins})"
+
+
+def check_baseline_is_another_run(candidate: Side, baseline: Side | None) -> CheckResult | None:
+    """A baseline that is the candidate's own pipeline run (the same folder, a copy, or a nightly entry of it)
+    makes every baseline check pass by construction: the gate fails, saying so (``None``: another run)."""
+    if baseline is None or not same_run(candidate.pipeline_path, candidate.pipeline, baseline.pipeline_path, baseline.pipeline):
+        return None
+    return CheckResult("baseline", FAIL, f"the baseline is the candidate's own run ({candidate.pipeline.run_id}): a run "
+                       "compared with itself passes every baseline check by construction; give the previous release's "
+                       "run as --baseline, or none for a first release", {}, {"same_run": True})
 
 
 def check_artifacts(candidate: Side, baseline: Side | None, policy: Policy,

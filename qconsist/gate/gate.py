@@ -52,7 +52,8 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
         repeat_divergence = _divergence(cand, cand, "quantized", "repeat") if "repeat" in cand.inference else None
         task.advance()
         artifacts, changed = checks.check_artifacts(cand, base, policy, baseline_divergence)
-        results = [artifacts]
+        itself = checks.check_baseline_is_another_run(cand, base)
+        results = [*([itself] if itself else []), artifacts]
         task.advance()
         for check in (
             lambda: checks.check_calibration_repeat(cand, policy),
@@ -75,5 +76,5 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
         model=cand.model, candidate=str(cand.path), baseline=str(base.path) if base else None,
         policy=policy.to_json(), checks=results, created=utc_now(), changed_stages=changed,
         first_diverging_node=first, origin_nodes=list(origins or []),
-        diff=(baseline_divergence or {}).get("diff"),
+        diff=(baseline_divergence or {}).get("diff"), same_run=itself is not None,
     )

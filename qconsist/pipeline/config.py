@@ -6,6 +6,7 @@ key and its default; ``PipelineConfig.to_json`` is what the manifest records.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -212,12 +213,26 @@ def _execution(table: Table) -> ExecutionOptions:
     return ExecutionOptions(spec.name, given)
 
 
+def _check_name(name: str, origin: str) -> None:
+    """A pipeline's name labels its run directories (``<runs_dir>/<name>-<time>-<random>``): a path, or a name
+    that would hide them, is refused saying so."""
+    parts = [part for part in re.split(r"[/\\]", name)]
+    if len(parts) > 1:
+        where = "leads out of the runs directory" if ".." in parts or name.startswith(("/", "\\")) else "would nest its runs in a folder"
+        raise ConfigError(f"{origin}: name {name!r} is a path that {where}; the name labels the run directories "
+                          "(<runs_dir>/<name>-<time>-<random>): give a plain name, without '/' or '\\'")
+    if name.startswith("."):
+        raise ConfigError(f"{origin}: name {name!r} starts with '.', which would hide its run directories (and '..' "
+                          "names the folder above them): start it with a letter or digit")
+
+
 def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str | None = None) -> PipelineConfig:
     """Build a ``PipelineConfig`` from parsed TOML; ``path`` is the file (relative paths start at its folder)."""
     origin = origin or (str(path) if path else "pipeline")
     base = path.parent if path else Path.cwd()
     top = Table(data, "", origin)
     name = top.get("name", str) or (path.stem if path else "pipeline")
+    _check_name(name, origin)
     runs_dir = Path(top.get("runs_dir", str, "runs")).expanduser()  # an output: relative to the working directory
     model = _model(top.sub("model"), base, origin)
     stages = {}

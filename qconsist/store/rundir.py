@@ -40,6 +40,16 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def _run_id_problem(run_id: str) -> str:
+    """What is wrong with a run id that ``_RUN_ID_RE`` refuses, said as it is."""
+    if run_id in (".", ".."):
+        return (f"it names the runs directory{' itself' if run_id == '.' else chr(39) + 's parent'}, not a folder inside it; "
+                "a run id starts with a letter or digit")
+    if re.fullmatch(r"[A-Za-z0-9._-]+", run_id) and run_id.startswith((".", "_", "-")):
+        return f"it starts with {run_id[0]!r}; a run id starts with a letter or digit"
+    return "use letters, digits, '.', '_' and '-'"
+
+
 def new_run_id(label: str) -> str:
     """``<label>-<UTC timestamp>-<random>``, sortable by time, unique across parallel runs."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -61,7 +71,7 @@ class RunDirectory:
         runs_root = Path(runs_root)
         run_id = run_id or new_run_id(label)
         if not _RUN_ID_RE.match(run_id):
-            raise OutputError(f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-'")
+            raise OutputError(f"invalid run id {run_id!r}: {_run_id_problem(run_id)}")
         path = runs_root / run_id
         try:
             runs_root.mkdir(parents=True, exist_ok=True)
@@ -196,6 +206,17 @@ def open_run(path: Path) -> Manifest:
         except (OSError, ValueError, AttributeError):
             pass
     raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
+
+
+def same_run(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> bool:
+    """Whether two run directories are one run: the same folder (by any path), or a copy of it (same run id and
+    start time in the manifest)."""
+    try:
+        if os.path.samefile(path_a, path_b):
+            return True
+    except OSError:
+        pass
+    return bool(a.run_id) and a.run_id == b.run_id and a.started == b.started
 
 
 def list_runs(runs_root: Path) -> list[tuple[Path, str]]:
