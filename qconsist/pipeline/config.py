@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from qconsist.compare.kinds import OutputKind, parse_kinds
 from qconsist.errors import ConfigError
 from qconsist.inference.provider import PROVIDERS, provider_spec
 from qconsist.inference.session import ExecutionOptions
@@ -87,6 +88,7 @@ class PipelineConfig:
     preprocess: Preprocess | None = None
     evaluation: DataConfig | None = None
     runs_dir: Path = Path("runs")
+    outputs: Mapping[str, OutputKind] = field(default_factory=dict)  # [evaluation] outputs: declared kinds
 
     def __post_init__(self) -> None:
         given = dict(self.stages)
@@ -122,6 +124,7 @@ class PipelineConfig:
             "preprocess": self.preprocess.to_json() if self.preprocess is not None else None,
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json() if self.evaluation is not None else None,
+            "outputs": {name: kind.value for name, kind in self.outputs.items()},
         }
 
 
@@ -246,16 +249,20 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
         preprocess = guard(pre_table, lambda: Preprocess.from_dict(pre_table.data))
     calibration = _calibration(top.sub("calibration"), base, origin)
     evaluation = None
+    outputs: dict[str, OutputKind] = {}
     eval_table = top.sub("evaluation")
     if eval_table is not None:
-        evaluation = _data(eval_table, base, required=True)
+        declared = eval_table.get("outputs", dict)
+        if declared is not None:
+            outputs = guard(eval_table, lambda: parse_kinds(declared, "[evaluation] outputs"))
+        evaluation = _data(eval_table, base, required=declared is None)  # only outputs: the calibration inputs
         eval_table.finish()
     top.finish()
     if model.kind is ModelKind.ONNX and "convert" in data:
         raise ConfigError(f"{origin}: [convert] does not apply to an ONNX model (convert is skipped)")
     return PipelineConfig(
         name=name, path=path, model=model, calibration=calibration, stages=stages, preprocess=preprocess,
-        evaluation=evaluation, runs_dir=runs_dir,
+        evaluation=evaluation, runs_dir=runs_dir, outputs=outputs,
     )
 
 
