@@ -7,7 +7,8 @@ flat arg-max over a whole batch.
 
 **Each output judged for what it is** (``compare_outputs(..., judged=...)``, kinds from
 ``qconsist.compare.kinds``): every output and every part of one gets SQNR, cosine similarity and greatest
-difference against the reference (``OutputJudgement``, the one SQNR of ``qconsist.compare.noise``); only a
+difference against the reference (``OutputJudgement``, the one SQNR of ``qconsist.compare.noise``), an output
+of integers (class indices, counts) the share of samples it gives identically instead; only a
 ``class-scores`` output gets a top-1 agreement, and ``OutputComparison.top1_agreement`` is theirs (None when
 the model has none). Called without ``judged`` (the float stages' tolerance checks, which judge no top-1),
 every output is judged whole with no kind, and ``top1_agreement`` stays the first output's, as recorded before.
@@ -119,6 +120,8 @@ class OutputJudgement:
     noise: NoiseStats = field(default_factory=NoiseStats)
     samples: int = 0
     top1_agree: int = 0
+    integer: bool = False  # integer or boolean values (class indices, counts): judged by identity, not by SQNR
+    identical: int = 0  # samples whose values are bit-identical
 
     @property
     def label(self) -> str:
@@ -142,12 +145,18 @@ class OutputJudgement:
         if a.shape != b.shape:
             self.noise.nonfinite += int(max(a.size, b.size))
             return
+        self.identical += rows - int(np.count_nonzero(_row_differs(a, b, rows)))
+        if a.dtype.kind in "biu":
+            self.integer = True
+            return
         self.noise.add(a, b)
         if self.target.kind is OutputKind.CLASS_SCORES and a.size:
             self.top1_agree += int(np.count_nonzero(top1(a) == top1(b)))
 
     def describe(self) -> str:
         """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"."""
+        if self.integer:
+            return f"{self.label} ({self.target.kind_name}, integers): {self.identical}/{self.samples} samples identical"
         text = (f"{self.label} ({self.target.kind_name}): SQNR {self.sqnr_db:.1f} dB, cosine {self.noise.cosine:.5f}, "
                 f"greatest difference {self.noise.max_abs:.4g}")
         if self.top1_agreement is not None:
@@ -157,9 +166,11 @@ class OutputJudgement:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.target.to_json(), "samples": self.samples, "elements": self.noise.elements,
-                "sqnr_db": self.sqnr_db, "cosine": self.noise.cosine, "max_abs": self.noise.max_abs,
-                "mean_abs": self.noise.mean_abs, "nonfinite": self.noise.nonfinite,
+        figures = ({"sqnr_db": None, "cosine": None, "max_abs": None, "mean_abs": None} if self.integer else
+                   {"sqnr_db": self.sqnr_db, "cosine": self.noise.cosine, "max_abs": self.noise.max_abs,
+                    "mean_abs": self.noise.mean_abs})
+        return {**self.target.to_json(), "samples": self.samples, "elements": self.noise.elements, **figures,
+                "nonfinite": self.noise.nonfinite, "identical_samples": self.identical, "integer": self.integer,
                 "top1_agreement": self.top1_agreement}
 
 
@@ -212,7 +223,7 @@ class OutputComparison:
         """The outputs and parts whose SQNR is below ``min_sqnr_db`` (or not finite on one side), lowest first."""
         if min_sqnr_db is None:
             return []
-        low = [j for j in self.judgements if j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db]
+        low = [j for j in self.judgements if not j.integer and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
         return sorted(low, key=lambda j: j.sqnr_db)
 
     @property

@@ -379,6 +379,8 @@ def quantize_model(
                 write_atomic(output, write)
         except (ValueError, TypeError, KeyError) as exc:
             raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {exc}") from None
+        except AssertionError as exc:  # its graph checks assert ("Graph is not a DAG")
+            raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {_why_assertion(source, exc)}") from None
         if ranges_output is not None:
             write_atomic(Path(ranges_output), lambda target: target.write_bytes(cache.read_bytes()))
     seconds = time.perf_counter() - start
@@ -418,6 +420,17 @@ def floor_failures(comparison: OutputComparison, min_sqnr_db: float | None, agai
     return [f"output {j.label} ({j.target.kind_name}): SQNR {j.sqnr_db:.1f} dB against {against}, below the floor of "
             f"{min_sqnr_db:g} dB" + (f" ({j.noise.nonfinite} element(s) NaN or Inf on one side)" if j.noise.nonfinite else "")
             for j in comparison.below(min_sqnr_db)]
+
+
+def _why_assertion(source: Path, exc: AssertionError) -> str:
+    """What made quantize_static assert, where the model shows it: an output that is also an input (the Q/DQ pair
+    it puts on the input then feeds the output it renames, a cycle)."""
+    graph = onnx.load(str(source), load_external_data=False).graph
+    passed = sorted({o.name for o in graph.output} & {i.name for i in graph.input})
+    if passed:
+        return (f"its output(s) {', '.join(passed)} are also its input(s) (passed through unchanged), which onnxruntime's "
+                f"quantizer turns into a cycle ({exc}); leave such an output out of the model")
+    return f"onnxruntime's quantizer failed its own check: {exc or 'AssertionError'}"
 
 
 def quantizable_op_types(options: QuantizeOptions) -> list[str]:

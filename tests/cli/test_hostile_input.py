@@ -570,3 +570,15 @@ def test_gate_with_itself_as_baseline_fails_saying_so(made):
     data = json.loads(_invoke("gate", made["run"], "--baseline", made["run"], "--json").stdout)
     assert data["same_run"] is True and data["passed"] is False
     assert data["reasons"][0].startswith("baseline: the baseline is the candidate's own run (good)")
+
+
+def test_output_that_is_also_an_input_is_one_line(made, tmp_path):
+    """quantize_static asserted ("Graph is not a DAG"): exit 4, "internal error: AssertionError"."""
+    model = onnx.load(str(made["model"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8]))
+    onnx.save(model, str(tmp_path / "passthrough.onnx"))
+    result = _invoke("pipeline", "run", _pipeline(tmp_path, tmp_path / "passthrough.onnx", made["arrays"]), "--run-id", "pass")
+    _error(result, "quantize_static cannot quantize runs/pass/optimize/model.onnx: its output(s) x are also its input(s) "
+                   "(passed through unchanged), which onnxruntime's quantizer turns into a cycle (Graph is not a DAG); "
+                   "leave such an output out of the model")
+    _nothing_left()

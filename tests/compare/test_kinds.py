@@ -123,3 +123,14 @@ def test_top1_only_for_class_scores_and_sqnr_for_every_output_and_part():
     assert result.below(None) == []
     no_class = compare_outputs(reference, candidate, None, None, judged[1:])
     assert no_class.top1_agreement is None
+
+
+def test_integer_outputs_are_judged_by_identity_not_sqnr():
+    """An ArgMax's class indices: an SQNR of labels means nothing; the samples given identically do."""
+    reference = [{"label": np.array([c], np.int64)} for c in (3, 1, 4, 1)]  # four samples of one label each
+    candidate = [{"label": np.array([c], np.int64)} for c in (3, 2, 4, 1)]
+    result = compare_outputs(reference, candidate, None, None, [JudgedOutput("label", None, "not inferred")])
+    (label,) = result.judgements
+    assert label.integer and label.identical == 3 and label.samples == 4
+    assert label.describe() == "label (undeclared, integers): 3/4 samples identical"
+    assert label.to_json()["sqnr_db"] is None and result.below(15.0) == []
