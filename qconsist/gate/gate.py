@@ -13,6 +13,7 @@ from qconsist.gate.verdict import GateVerdict
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.rundir import utc_now
 from qconsist.diff import diff_runs
+from qconsist.inference.session import ort_logged
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def _divergence(reference: Side | None, candidate: Side, role: str, other_role: 
     return run_divergence(a, b)
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | None, policy: Policy,
                   progress: Progress = NULL_PROGRESS) -> GateVerdict:
     """Every check of the policy on ``candidate`` against ``baseline`` (None: first run, nothing to compare)."""

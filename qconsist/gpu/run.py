@@ -28,7 +28,7 @@ from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
 from qconsist.gpu.report import SCHEMA, LocateReport
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
-from qconsist.inference.session import ExecutionOptions, require_provider
+from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs import open_input_set
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.inputs.preprocess import Preprocess
@@ -178,6 +178,7 @@ def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
     )
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def build_report(request: LocateRequest, progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, ModelSource, InputSet]:
     """Everything ``qconsist locate`` measures, as a ``LocateReport`` (no run directory)."""
     source = resolve_model(request.model, request.stage)

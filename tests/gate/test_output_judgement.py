@@ -138,3 +138,28 @@ def test_nudenet_with_int16_activations_passes_the_default_policy(tmp_path):
     assert sorted(judged) == ["output0", "output0[:, 0:4]", "output0[:, 4:22]"]
     assert all(o["top1_agreement"] is None for o in judged.values())
     assert judged["output0[:, 4:22]"]["sqnr_db"] > 15 and judged["output0[:, 0:4]"]["sqnr_db"] > 35
+
+
+def test_runs_and_policies_from_before_kinds_still_read(tmp_path, small_models):
+    """A run recorded before outputs had kinds (no [evaluation] outputs in its pipeline record, a quantize check
+    with only the first output's top-1) and a policy without min_sqnr_db: the gate reads both, reads the kinds from
+    the run's float model and applies the default floor."""
+    from qconsist.gate import parse_policy
+
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'[model]\nonnx = "{small_models["classifier"]}"\n[calibration]\ndata = "{small_models["arrays"]}"\nrepeat = 2\n')
+    assert _invoke("pipeline", "run", pipeline, "--run-id", "old").exit_code == 0
+    manifest_path = Path("runs/old/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["sections"]["pipeline"]["outputs"]
+    check = manifest["stages"][2]["checks"]["outputs_vs_optimize"]
+    for key in ("judged", "below_floor", "min_sqnr_db"):
+        del check[key]
+    manifest_path.write_text(json.dumps(manifest))
+    old_policy = parse_policy('[drift.float]\nmax_abs_diff = 0.05\nmin_top1_agreement = 0.9\n')
+    assert old_policy.drift.float.min_sqnr_db == 15.0
+    verdict = evaluate_gate(Path("runs/old"), None, old_policy)
+    assert verdict.passed, verdict.reasons
+    (prob,) = verdict.check("drift.float").measured["outputs"]
+    assert prob["kind"] == "class-scores" and prob["why"].startswith("inferred: Softmax 'softmax' over axis 1")
+    assert verdict.to_json()["same_run"] is False
