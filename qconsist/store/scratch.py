@@ -30,12 +30,18 @@ _ROOT: ContextVar[Path | None] = ContextVar("qconsist_scratch_root", default=Non
 
 @contextmanager
 def scratch_root(run_path: Path) -> Iterator[Path]:
-    """Make ``run_path/.scratch`` the home of every scratch folder until the block ends, then remove it."""
+    """Make ``run_path/.scratch`` the home of every scratch folder until the block ends, then remove it. It is
+    also the process's temporary folder meanwhile (``tempfile.tempdir``): the folders onnxruntime's own tools make
+    there (``pre.quant.*``, ``ort.quant.*``) then live in the run too, and a killed run leaves them inside it."""
     root = Path(run_path) / SCRATCH_NAME
     token = _ROOT.set(root)
+    saved = tempfile.tempdir
     try:
+        root.mkdir(exist_ok=True)
+        tempfile.tempdir = str(root)
         yield root
     finally:
+        tempfile.tempdir = saved
         _ROOT.reset(token)
         shutil.rmtree(root, ignore_errors=True)
 
