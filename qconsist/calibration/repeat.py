@@ -205,7 +205,8 @@ def calibrate_each(
 ) -> RepeatResult:
     """Calibrate and quantize ``model`` once per input set (``first``: an already made run 1 to reuse)."""
     # repeats compare parameters, so they keep models with invalid scales and skip the evaluation gates
-    quant_options = dataclasses.replace(options, allow_invalid_scales=True, min_top1_agreement=None, max_abs_diff=None)
+    quant_options = dataclasses.replace(options, allow_invalid_scales=True, min_top1_agreement=None, max_abs_diff=None,
+                                        min_sqnr_db=None)
     with scratch_dir("qconsist-repeat-") as tmp:
         folder = Path(workdir) if workdir is not None else Path(tmp)
         results: list[tuple[ArtifactHashes, CalibrationTable]] = []

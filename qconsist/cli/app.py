@@ -3,8 +3,14 @@ aliases, and the terminal helpers every command shares.
 
 The boundary (``QconsistGroup.invoke``) maps what a command raises to one line on stderr and an exit code:
 a ``QconsistError`` to its own code (its message with the command's flags for the parameters it names),
-Ctrl-C to 130, anything else to ``internal error: …`` and 4 — never the code of a failed gate — with the
-traceback under ``-v``.
+Ctrl-C to 130, a write that failed for want of space (``OSError`` ENOSPC/EDQUOT/EFBIG) to 2, anything else to
+``internal error: …`` and 4 — never the code of a failed gate — with the traceback under ``-v``.
+
+The boundary also captures onnxruntime's own log (its C++ logger writes to descriptor 2) for the whole
+command, so none of it lands between qconsist's lines: what a run directory keeps (its ``onnxruntime.log``) the
+command notes itself; anything else is summarized here in one line, ``note: onnxruntime logged …``, after the
+command's output (not after an error, whose line stays the only one; not under ``-q``; with ``-v`` always, and
+the lines themselves are logged).
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ import logging
 import os
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from qconsist.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
+from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
+from qconsist.store.ortlog import capture_ort_log
+from qconsist.store.rundir import NO_SPACE
 
 VERBOSE = ("-v", "--verbose")
 QUIET = ("-q", "--quiet")
@@ -80,7 +88,7 @@ class QconsistGroup(TyperGroup):
         return super().parse_args(ctx, rest)
 
     def invoke(self, ctx: Any) -> Any:
-        with _terminate_as_interrupt():
+        with _terminate_as_interrupt(), _onnxruntime_log():
             return self._invoke(ctx)
 
     def _invoke(self, ctx: Any) -> Any:
@@ -91,17 +99,75 @@ class QconsistGroup(TyperGroup):
         except KeyboardInterrupt:
             sys.stderr.write("error: interrupted\n")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                _internal(exc)
+            if QconsistGroup.verbosity > 0:
+                traceback.print_exception(exc, file=sys.stderr)
+            reason = exc.strerror or os.strerror(exc.errno)
+            _fail(f"cannot write {exc.filename}: {reason}" if exc.filename else f"a write failed: {reason}", EXIT_ERROR)
         except Exception as exc:  # noqa: BLE001 - the boundary: anything else is a bug, said in one line
             if _is_cli_exception(exc):
                 if type(exc).__name__ != "NoArgsIsHelpError" and getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):
                     _fail(exc.format_message(), 2)  # a usage error: one line too, not click's three
                 raise
-            if QconsistGroup.verbosity > 0:
-                traceback.print_exc(file=sys.stderr)
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            _fail(f"{detail} (at {os.path.basename(where.filename)}:{where.lineno}) — rerun with -v for the traceback",
-                  EXIT_INTERNAL, prefix="internal error")
+            _internal(exc)
+
+
+def _internal(exc: BaseException) -> None:
+    """A bug: one line, exit 4 (the traceback under -v)."""
+    if QconsistGroup.verbosity > 0:
+        traceback.print_exception(exc, file=sys.stderr)
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    _fail(f"{detail} (at {os.path.basename(where.filename)}:{where.lineno}) — rerun with -v for the traceback",
+          EXIT_INTERNAL, prefix="internal error")
+
+
+_notes: list[Any] | None = None  # the run directories' logs a command noted, said by the boundary in one line
+
+
+@contextmanager
+def _onnxruntime_log() -> Iterator[None]:
+    """onnxruntime's log of the whole command captured (see the module docstring): it and the logs the command's
+    run directories kept are noted in one line after the command."""
+    global _notes
+    completed = False
+    _notes = []
+    with ExitStack() as stack:
+        record = stack.enter_context(capture_ort_log(None))
+        try:
+            yield
+            completed = True
+        except typer.Exit as done:
+            completed = done.exit_code in (0, EXIT_DIVERGED)
+            raise
+        finally:
+            stack.close()  # the capture ends before anything is said about it
+            kept, _notes = _notes, None
+            if QconsistGroup.verbosity >= 0 and (completed or QconsistGroup.verbosity > 0):
+                if record.lines:
+                    logging.getLogger("qconsist.onnxruntime").info("onnxruntime's log:\n%s", record.text.rstrip())
+                line = combined_summary([*kept, record])
+                if line:
+                    stderr_console().print(f"note: {line}")
+
+
+def combined_summary(logs: list[Any]) -> str | None:
+    """One line for onnxruntime's log of a command: what the run directories kept (``OrtLog`` with a path) and
+    what was captured outside them (not kept)."""
+    logs = [entry for entry in logs if entry.lines]
+    if not logs:
+        return None
+    kept = [entry for entry in logs if entry.path]
+    loose = sum(entry.lines for entry in logs if not entry.path)
+    warnings, errors = sum(e.warnings for e in logs), sum(e.errors for e in logs)
+    counts = f"{warnings} warning(s), {errors} error(s)" if warnings or errors else f"{sum(e.lines for e in logs)} line(s)"
+    where = f" to {', '.join(e.path for e in kept)}" if kept else ""
+    if kept and loose:
+        where += f" ({loose} line(s) outside the run, not kept)"
+    first = next((e.first for e in logs if e.first), None)
+    return f"onnxruntime logged {counts}{where}" + (f"; first: {first}" if first else "")
 
 
 class Terminated(KeyboardInterrupt):
@@ -175,10 +241,23 @@ def stderr_console() -> Console:
 
 
 def note_ort_log(log: Any) -> None:
-    """One line on stderr for onnxruntime's own log lines, which the run directory keeps (``OrtLog``)."""
-    line = log.summary() if log is not None else None
-    if line:
-        stderr_console().print(f"note: {line}")
+    """One line on stderr for onnxruntime's own log lines, which the run directory keeps (``OrtLog``); inside a
+    command, said by the boundary after the command, with the rest of its onnxruntime log."""
+    if log is None or not log.lines:
+        return
+    if _notes is not None:
+        _notes.append(log)
+        return
+    stderr_console().print(f"note: {log.summary()}")
+
+
+def note_run_ort_log(run_dir: Any) -> None:
+    """``note_ort_log`` for the log a complete run directory kept (its manifest's ``onnxruntime_log``)."""
+    from qconsist.store.ortlog import OrtLog
+    from qconsist.store.rundir import open_run
+
+    recorded = open_run(run_dir).sections.get("onnxruntime_log")
+    note_ort_log(OrtLog.from_json(recorded) if isinstance(recorded, dict) else None)
 
 
 def print_json(data: Any) -> None:

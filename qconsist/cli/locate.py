@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qconsist.cli import options as opt
-from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, ConfigError
 
 
@@ -68,7 +68,6 @@ def locate_command(
     from qconsist.gpu.locate import LocateOptions
     from qconsist.gpu.run import LocateRequest, run_locate
 
-    _quiet_onnxruntime()
     if ep != "cuda" and precision != "fp16":
         raise ConfigError("the configuration matrix runs on the CUDA execution provider: `ep` cuda (or `precision` fp16 on another EP)")
     request = LocateRequest(
@@ -88,19 +87,9 @@ def locate_command(
     else:
         render(report, stdout_console())
         stdout_console().print(f"run directory: {path}")
+        note_run_ort_log(path)
     if not report.passed:
         raise typer.Exit(EXIT_DIVERGED)
-
-
-def _quiet_onnxruntime() -> None:
-    """ONNX Runtime's process-wide logger prints kernel warnings on stderr (the CUDA EP warns for every Conv
-    in DEFAULT search: "running in Fallback mode"); keep them for --verbose only."""
-    import logging
-
-    import onnxruntime as ort
-
-    if logging.getLogger().getEffectiveLevel() > logging.INFO:
-        ort.set_default_logger_severity(3)
 
 
 def _choice(value: str, allowed: tuple[str, ...], parameter: str) -> str:

@@ -28,6 +28,9 @@ def render_result(result) -> None:  # PipelineResult
                     f"  check {stage}: max abs diff {check['max_abs_diff']} vs {against} "
                     f"(atol {check['atol']}, rtol {check['rtol']}): {'passed' if check['passed'] else 'FAILED'}"
                 )
+            elif check.get("judged") is not None:  # each output judged for what it is
+                console.print(f"  check {stage}: max abs diff {float(check['max_abs_diff']):.4g} vs {against}; "
+                              f"{'; '.join(_judgement(j) for j in check['judged'])} on {check['samples']} evaluation inputs")
             else:  # recorded: how far quantization moved the outputs
                 console.print(
                     f"  check {stage}: max abs diff {float(check['max_abs_diff']):.4g} vs {against}, top-1 agreement "
@@ -37,10 +40,23 @@ def render_result(result) -> None:  # PipelineResult
         console.print(f"  invalid scale (allowed): {issue['message']}")
     if result.repeat is None:
         console.print("calibration repeat: not run ([calibration] repeat = 1)")
-        return
-    console.print(f"calibration repeat: {result.repeat.verdict()}")
-    for difference in result.repeat.differences:
-        console.print(f"  {difference.line()}")
+    else:
+        console.print(f"calibration repeat: {result.repeat.verdict()}")
+        for difference in result.repeat.differences:
+            console.print(f"  {difference.line()}")
+    for failure in result.failures:
+        console.print(f"FAILED {failure} ([quantize] min_sqnr_db)")
+
+
+def _judgement(entry: dict) -> str:
+    """One output's figures from a recorded judgement (``OutputJudgement.to_json``)."""
+    if entry.get("integer"):
+        return f"{entry['label']} ({entry.get('kind') or 'undeclared'}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
+    text = (f"{entry['label']} ({entry.get('kind') or 'undeclared'}): SQNR {float(entry['sqnr_db']):.1f} dB, "
+            f"cosine {float(entry['cosine']):.5f}")
+    if entry.get("top1_agreement") is not None:
+        text += f", top-1 agreement {entry['top1_agreement']:.0%}"
+    return text
 
 
 def run(
@@ -51,18 +67,26 @@ def run(
 ) -> None:
     """Run every stage of FILE; print the three artifacts with their md5 and the repeated-calibration verdict.
 
-    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree; 2: error;
-    3: [calibration] provider = "cuda" without the CUDA execution provider.
+    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree, or a final output's
+    SQNR against the float model is below [quantize] min_sqnr_db (the run is kept; the nodes that lose most
+    are named); 2: error; 3: [calibration] provider = "cuda" without the CUDA execution provider.
     """
     from qconsist.pipeline.config import load_pipeline
     from qconsist.pipeline.runner import run_pipeline
 
     config = load_pipeline(file)
     result = run_pipeline(config, runs_dir=runs_dir, run_id=run_id, progress=progress_for(json_output))
+    blame = {}
+    if result.failures:  # where the outputs below the floor lost their signal: quant-error on the run kept for it
+        from qconsist.gate.blame import blame_pipeline_run
+
+        blame = blame_pipeline_run(result.path)
     if json_output:
-        print_json(result)
+        print_json({**result.to_json(), "losing_nodes": blame})
     else:
         render_result(result)
+        for label, line in blame.items():
+            stdout_console().print(f"  {label}: {line}")
         note_ort_log(result.onnxruntime_log)
     if not result.passed:
         raise typer.Exit(EXIT_DIVERGED)

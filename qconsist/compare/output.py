@@ -4,6 +4,14 @@ tolerance check the pipeline's stages use. One definition of top-1 for any batch
 **Samples and batches**: an output's first axis is the batch when it has two or more axes, so a batch of
 ``B`` counts as ``B`` samples everywhere: top-1 agreement is over samples, never over steps, and never a
 flat arg-max over a whole batch.
+
+**Each output judged for what it is** (``compare_outputs(..., judged=...)``, kinds from
+``qconsist.compare.kinds``): every output and every part of one gets SQNR, cosine similarity and greatest
+difference against the reference (``OutputJudgement``, the one SQNR of ``qconsist.compare.noise``), an output
+of integers (class indices, counts) the share of samples it gives identically instead; only a
+``class-scores`` output gets a top-1 agreement, and ``OutputComparison.top1_agreement`` is theirs (None when
+the model has none). Called without ``judged`` (the float stages' tolerance checks, which judge no top-1),
+every output is judged whole with no kind, and ``top1_agreement`` stays the first output's, as recorded before.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from qconsist.compare.kinds import JudgedOutput, OutputKind
+from qconsist.compare.noise import NoiseStats
 from qconsist.compare.statistics import TensorStats, differing_mask
 from qconsist.store.serde import to_number
 from qconsist.errors import InputError
@@ -101,6 +111,69 @@ class OutputEffect:
                    greatest_abs=to_number(data["greatest_abs"]), top1_agree=data["top1_agree"], identical=bool(identical))
 
 
+@dataclass
+class OutputJudgement:
+    """One output (or part of one) against its reference over every sample: SQNR, cosine and greatest
+    difference (``NoiseStats``), and for class scores the samples whose top-1 class agrees."""
+
+    target: JudgedOutput
+    noise: NoiseStats = field(default_factory=NoiseStats)
+    samples: int = 0
+    top1_agree: int = 0
+    integer: bool = False  # integer or boolean values (class indices, counts): judged by identity, not by SQNR
+    identical: int = 0  # samples whose values are bit-identical
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    @property
+    def sqnr_db(self) -> float:
+        return self.noise.sqnr_db
+
+    @property
+    def top1_agreement(self) -> float | None:
+        """None unless the output is class scores."""
+        if self.target.kind is not OutputKind.CLASS_SCORES:
+            return None
+        return self.top1_agree / self.samples if self.samples else 1.0
+
+    def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        a, b = self.target.select(reference), self.target.select(candidate)
+        rows = batch_rows(a)
+        self.samples += rows
+        if a.shape != b.shape:
+            self.noise.nonfinite += int(max(a.size, b.size))
+            return
+        self.identical += rows - int(np.count_nonzero(_row_differs(a, b, rows)))
+        if a.dtype.kind in "biu":
+            self.integer = True
+            return
+        self.noise.add(a, b)
+        if self.target.kind is OutputKind.CLASS_SCORES and a.size:
+            self.top1_agree += int(np.count_nonzero(top1(a) == top1(b)))
+
+    def describe(self) -> str:
+        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"."""
+        if self.integer:
+            return f"{self.label} ({self.target.kind_name}, integers): {self.identical}/{self.samples} samples identical"
+        text = (f"{self.label} ({self.target.kind_name}): SQNR {self.sqnr_db:.1f} dB, cosine {self.noise.cosine:.5f}, "
+                f"greatest difference {self.noise.max_abs:.4g}")
+        if self.top1_agreement is not None:
+            text += f", top-1 agreement {self.top1_agreement:.0%}"
+        if self.noise.nonfinite:
+            text += f", {self.noise.nonfinite} element(s) NaN or Inf on one side"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        figures = ({"sqnr_db": None, "cosine": None, "max_abs": None, "mean_abs": None} if self.integer else
+                   {"sqnr_db": self.sqnr_db, "cosine": self.noise.cosine, "max_abs": self.noise.max_abs,
+                    "mean_abs": self.noise.mean_abs})
+        return {**self.target.to_json(), "samples": self.samples, "elements": self.noise.elements, **figures,
+                "nonfinite": self.noise.nonfinite, "identical_samples": self.identical, "integer": self.integer,
+                "top1_agreement": self.top1_agreement}
+
+
 @dataclass(frozen=True)
 class OutputComparison:
     """One model's outputs against a reference model's over an input set, within ``atol + rtol·|ref|``
@@ -110,6 +183,8 @@ class OutputComparison:
     effect: OutputEffect
     atol: float | None
     rtol: float | None
+    judgements: tuple[OutputJudgement, ...] = ()  # every output and part, for what it is (``judged``)
+    judged: bool = False  # the kinds were given: top-1 is the class-scores outputs' only
 
     @property
     def samples(self) -> int:
@@ -137,8 +212,19 @@ class OutputComparison:
         return max((s.max_rel for s in self.stats.values()), default=0.0)
 
     @property
-    def top1_agreement(self) -> float:
-        return self.effect.top1_agreement
+    def top1_agreement(self) -> float | None:
+        """The class-scores outputs' (the lowest of them); None where none is; without kinds, the first output's."""
+        if not self.judged:
+            return self.effect.top1_agreement
+        found = [j.top1_agreement for j in self.judgements if j.top1_agreement is not None and j.target.axis is None]
+        return min(found) if found else None
+
+    def below(self, min_sqnr_db: float | None) -> list[OutputJudgement]:
+        """The outputs and parts whose SQNR is below ``min_sqnr_db`` (or not finite on one side), lowest first."""
+        if min_sqnr_db is None:
+            return []
+        low = [j for j in self.judgements if not j.integer and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
+        return sorted(low, key=lambda j: j.sqnr_db)
 
     @property
     def passed(self) -> bool:
@@ -169,6 +255,7 @@ class OutputComparison:
             "worst_index": list(worst.max_abs_at[1]) if worst and worst.max_abs_at else [],
             "atol": self.atol, "rtol": self.rtol, "top1_agreement": self.top1_agreement, "passed": self.passed,
             "outputs": {name: s.to_json() for name, s in self.stats.items()}, "effect": self.effect.to_json(),
+            **({"judged": [j.to_json() for j in self.judgements]} if self.judged else {}),
         }
 
 
@@ -177,11 +264,18 @@ def compare_outputs(
     candidate: Sequence[Mapping[str, np.ndarray]],
     atol: float | None,
     rtol: float | None,
+    judged: Sequence[JudgedOutput] | None = None,
 ) -> OutputComparison:
-    """Compare two runs' outputs step by step (a step may hold a batch; its rows are samples)."""
+    """Compare two runs' outputs step by step (a step may hold a batch; its rows are samples). ``judged``: what
+    each output (and part) is (``qconsist.compare.kinds.judged_outputs``); see the module docstring."""
 
     if len(reference) != len(candidate) or not reference:
         raise InputError(f"cannot compare {len(reference)} reference samples with {len(candidate)} candidate samples")
+    targets = list(judged) if judged is not None else [JudgedOutput(name, None, "") for name in reference[0]]
+    missing = sorted({t.output for t in targets} - set(reference[0]))
+    if missing:
+        raise InputError(f"the outputs {', '.join(missing)} are not among the model's outputs ({', '.join(reference[0])})")
+    judgements = tuple(OutputJudgement(t) for t in targets)
     stats: dict[str, TensorStats] = {}
     effect = OutputEffect()
     for ref, got in zip(reference, candidate):
@@ -191,4 +285,6 @@ def compare_outputs(
             entry = stats.setdefault(name, TensorStats(name, atol, rtol))
             entry.add(first, ref[name], got[name])
         effect.add(first, [ref[n] for n in names], [got[n] for n in names])
-    return OutputComparison(stats, effect, atol, rtol)
+        for judgement in judgements:
+            judgement.add(ref[judgement.target.output], got[judgement.target.output])
+    return OutputComparison(stats, effect, atol, rtol, judgements, judged is not None)

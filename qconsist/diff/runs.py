@@ -16,7 +16,7 @@ from qconsist.inputs.recorded import recorded_subset
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
 from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run
+from qconsist.store.rundir import open_run, same_run
 from qconsist.store.verify import external_file
 from qconsist.store.serde import structure, to_jsonable
 from qconsist.inference.engines import EngineRecord
@@ -97,6 +97,7 @@ class DiffResult:
     engines: list[EngineChange] = field(default_factory=list)  # cuDNN kernels of conv nodes, when both runs recorded them
     tolerance: Tolerance = field(default_factory=Tolerance)  # exact unless --atol/--rtol or a policy's [diff]
     output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
+    same_run: bool = False  # A and B are one run (one folder, or a copy of it): identical by construction
 
     @property
     def passed(self) -> bool:
@@ -266,7 +267,7 @@ def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tol
     a, b = open_run(path_a), open_run(path_b)
     _check_comparable(a, b, path_a, path_b)
     result = DiffResult(
-        run_a=str(path_a), run_b=str(path_b),
+        run_a=str(path_a), run_b=str(path_b), same_run=same_run(path_a, a, path_b, b),
         artifacts=compare_artifacts(path_a, a, path_b, b),
         calibration=compare_calibration(a, b),
         tensors=None, outputs=None,
@@ -305,4 +306,7 @@ def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tol
     origins = {n.label for n in result.tensors.origins} if result.tensors is not None else set()
     result.engines, notes = compare_engines(a, b, origins)
     result.notes += notes
+    if result.same_run:
+        result.notes.insert(0, f"A and B are the same run ({a.run_id}): a run compared with itself is identical by "
+                               "construction; compare two runs to learn something")
     return result

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from qconsist.compare import OutputComparison, compare_outputs, top1
+from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.errors import QconsistError
+from qconsist.gate.blame import losing_nodes
 from qconsist.gate.evidence import Side, evaluation_inputs
 from qconsist.gate.policy import DriftLimits, Policy
 from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.gpu.config import GpuConfig
-from qconsist.store.rundir import open_run
+from qconsist.store.rundir import open_run, same_run
 from qconsist.gpu.run import load_report_data
 from qconsist.environment import compare_environments
 
@@ -94,6 +96,16 @@ def _divergence_note(divergence: dict[str, Any] | None) -> str:
     listed = divergence.get("origin_nodes") or []
     origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
     return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins})"
+
+
+def check_baseline_is_another_run(candidate: Side, baseline: Side | None) -> CheckResult | None:
+    """A baseline that is the candidate's own pipeline run (the same folder, a copy, or a nightly entry of it)
+    makes every baseline check pass by construction: the gate fails, saying so (``None``: another run)."""
+    if baseline is None or not same_run(candidate.pipeline_path, candidate.pipeline, baseline.pipeline_path, baseline.pipeline):
+        return None
+    return CheckResult("baseline", FAIL, f"the baseline is the candidate's own run ({candidate.pipeline.run_id}): a run "
+                       "compared with itself passes every baseline check by construction; give the previous release's "
+                       "run as --baseline, or none for a first release", {}, {"same_run": True})
 
 
 def check_artifacts(candidate: Side, baseline: Side | None, policy: Policy,
@@ -186,22 +198,32 @@ def check_quantization_params(candidate: Side, policy: Policy) -> CheckResult:
     return CheckResult("calibration.params", PASS, f"every scale is finite and positive{note}", tolerance, measured)
 
 
-def _compare(reference: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], limits: DriftLimits):
+def _compare(reference: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], limits: DriftLimits,
+             judged: Sequence[JudgedOutput] | None = None):
     atol = limits.max_abs_diff
-    return compare_outputs(reference, got, atol, 0.0 if atol is not None else None)
+    return compare_outputs(reference, got, atol, 0.0 if atol is not None else None, judged)
 
 
-def _drift_result(name: str, against: str, comparison: OutputComparison, limits: DriftLimits, extra: str = "") -> CheckResult:
-    tolerance = {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement, "rtol": 0.0}
+def _drift_result(name: str, against: str, comparison: OutputComparison, limits: DriftLimits, extra: str = "",
+                  blame: Callable[[dict[str, float]], dict[str, str]] | None = None) -> CheckResult:
+    """The drift check's verdict: every limit on what it applies to (``max_abs_diff`` every output,
+    ``min_top1_agreement`` the class-scores outputs, ``min_sqnr_db`` every output and part); ``blame`` names
+    where the outputs below the SQNR floor lost their signal."""
+    tolerance = {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement,
+                 "min_sqnr_db": limits.min_sqnr_db, "rtol": 0.0}
     pct = 100.0 * comparison.mismatched / comparison.elements if comparison.elements else 0.0
     record = comparison.to_json()
     measured = {key: record[key] for key in ("samples", "elements", "mismatched", "max_abs_diff", "max_rel_diff",
                                              "worst_output", "worst_sample", "worst_index", "top1_agreement")}
+    top1 = comparison.top1_agreement
     figures = (
         f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
-        f"{record['worst_index']} of sample {record['worst_sample']}, top-1 agreement "
-        f"{comparison.top1_agreement:.1%} over {comparison.samples} samples"
+        f"{record['worst_index']} of sample {record['worst_sample']}"
+        + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
     )
+    if comparison.judged:
+        measured["outputs"] = [j.to_json() for j in comparison.judgements]
+        figures += "; " + "; ".join(j.describe() for j in comparison.judgements)
     failures = []
     if not math.isfinite(comparison.max_abs_diff):  # never passes, with or without a limit
         failures.append("a non-finite difference (NaN or Inf on one side only)")
@@ -209,8 +231,15 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
         failures.append(
             f"Mismatched elements: {comparison.mismatched} / {comparison.elements} ({pct:.1f}%) beyond {limits.max_abs_diff:g}"
         )
-    if limits.min_top1_agreement is not None and comparison.top1_agreement < limits.min_top1_agreement:
-        failures.append(f"top-1 agreement {comparison.top1_agreement:.1%} < {limits.min_top1_agreement:.1%}")
+    if limits.min_top1_agreement is not None and top1 is not None and top1 < limits.min_top1_agreement:
+        failures.append(f"top-1 agreement {top1:.1%} < {limits.min_top1_agreement:.1%}")
+    below = comparison.below(limits.min_sqnr_db) if comparison.judged else []
+    if below:
+        measured["below_floor"] = [j.label for j in below]
+        where = blame({j.label: j.sqnr_db for j in below}) if blame is not None else {}
+        measured["losing_nodes"] = where
+        failures += [f"output {j.label} ({j.target.kind_name}) SQNR {j.sqnr_db:.1f} dB < {limits.min_sqnr_db:g} dB"
+                     + (f" ({where[j.label]})" if where.get(j.label) else "") for j in below]
     if failures:
         return CheckResult(name, FAIL, f"against {against}: {'; '.join(failures)}; {figures}{extra}", tolerance, measured)
     return CheckResult(name, PASS, f"against {against}: {figures}{extra}", tolerance, measured)
@@ -222,8 +251,10 @@ def check_drift_float(candidate: Side, policy: Policy) -> CheckResult:
         return CheckResult("drift.float", FAIL, "the run has no float and quantized artifacts to compare")
     reference = candidate.outputs(float_stage)
     got = candidate.outputs("quantize")
-    return _drift_result("drift.float", f"the float model ({float_stage} stage)", _compare(reference, got, policy.drift.float),
-                         policy.drift.float)
+    judged = candidate.judged()
+    return _drift_result("drift.float", f"the float model ({float_stage} stage)",
+                         _compare(reference, got, policy.drift.float, judged), policy.drift.float,
+                         blame=lambda failing: losing_nodes(candidate, failing, judged, policy.drift.float.min_sqnr_db or 0.0))
 
 
 def _evaluation_digest(side: Side) -> str:
@@ -240,7 +271,8 @@ def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy,
     limits = policy.drift.baseline
     if baseline is None:
         return CheckResult("drift.baseline", NA, "no baseline: nothing to compare the final outputs with",
-                           {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement})
+                           {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement,
+                            "min_sqnr_db": limits.min_sqnr_db})
     if _evaluation_digest(candidate) != _evaluation_digest(baseline):
         return CheckResult("drift.baseline", FAIL,
                            "the evaluation inputs differ from the baseline's (input digests differ); outputs are not comparable")
@@ -249,7 +281,7 @@ def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy,
         extra = "; every dumped tensor is bit-identical to the baseline's"
     elif not extra and divergence and divergence.get("unavailable"):
         extra = f"; first diverging node unknown ({divergence['unavailable']})"
-    comparison = _compare(baseline.outputs("quantize"), candidate.outputs("quantize"), limits)
+    comparison = _compare(baseline.outputs("quantize"), candidate.outputs("quantize"), limits, candidate.judged())
     return _drift_result("drift.baseline", f"the baseline {baseline.path.name}", comparison, limits, extra)
 
 
@@ -308,13 +340,14 @@ def check_labels(candidate: Side, policy: Policy) -> CheckResult:
     scored = [(name, out) for name, out in zip(names, outputs) if name in candidate.labels]
     if not scored:
         return CheckResult("labels.accuracy", FAIL, "no evaluation sample has a label (label names do not match)", tolerance)
-    correct = sum(int(top1(next(iter(out.values())))[0] == int(candidate.labels[name])) for name, out in scored)
+    target = class_scores_output(candidate.judged(), "labels")
+    correct = sum(int(top1(target.select(out[target.output]))[0] == int(candidate.labels[name])) for name, out in scored)
     accuracy = correct / len(scored)
-    measured = {"accuracy": accuracy, "labelled": len(scored), "correct": correct}
+    measured = {"accuracy": accuracy, "labelled": len(scored), "correct": correct, "output": target.output}
     status = PASS if accuracy >= policy.labels.min_accuracy else FAIL
     return CheckResult("labels.accuracy", status,
-                       f"top-1 accuracy {accuracy:.1%} ({correct}/{len(scored)}) against minimum {policy.labels.min_accuracy:.1%}",
-                       tolerance, measured)
+                       f"top-1 accuracy of {target.output} {accuracy:.1%} ({correct}/{len(scored)}) against minimum "
+                       f"{policy.labels.min_accuracy:.1%}", tolerance, measured)
 
 
 def _locate_report(locate: Any) -> dict:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
+from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import RunStoreError
 from qconsist.stages.base import float_stage_names
 from qconsist.store.manifest import Manifest
@@ -48,6 +50,7 @@ class Side:
     pinned_gpu: str | None = None
     labels: dict[str, int] | None = None
     _outputs: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
+    _judged: list[JudgedOutput] | None = None
 
     @property
     def model(self) -> str:
@@ -75,6 +78,18 @@ class Side:
             if isinstance(value, dict) and "calibration" in value:
                 return value
         raise RunStoreError(f"run {self.pipeline_path} does not record its pipeline configuration")
+
+    def judged(self) -> list[JudgedOutput]:
+        """What each final output is (``qconsist.compare.kinds``): declared in the pipeline's ``[evaluation]
+        outputs`` (recorded in the run; runs made before it declare nothing), else read from the float graph."""
+        if self._judged is None:
+            declared = parse_kinds(self.config().get("outputs") or {}, f"run {self.pipeline_path}: [evaluation] outputs")
+            stage = self.float_stage()
+            path = self.artifact(stage) if stage else None
+            if path is None:
+                raise RunStoreError(f"run {self.pipeline_path} has no float model to read its outputs' kinds from")
+            self._judged = judged_outputs(onnx.load(str(path), load_external_data=False), declared)
+        return self._judged
 
     def outputs(self, stage: str) -> list[dict[str, np.ndarray]]:
         """Final outputs of a stage's artifact on the evaluation inputs (computed once, on the CPU)."""

@@ -13,6 +13,7 @@ from qconsist.gate.verdict import GateVerdict
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.rundir import utc_now
 from qconsist.diff import diff_runs
+from qconsist.inference.session import ort_logged
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def _divergence(reference: Side | None, candidate: Side, role: str, other_role: 
     return run_divergence(a, b)
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | None, policy: Policy,
                   progress: Progress = NULL_PROGRESS) -> GateVerdict:
     """Every check of the policy on ``candidate`` against ``baseline`` (None: first run, nothing to compare)."""
@@ -52,7 +54,8 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
         repeat_divergence = _divergence(cand, cand, "quantized", "repeat") if "repeat" in cand.inference else None
         task.advance()
         artifacts, changed = checks.check_artifacts(cand, base, policy, baseline_divergence)
-        results = [artifacts]
+        itself = checks.check_baseline_is_another_run(cand, base)
+        results = [*([itself] if itself else []), artifacts]
         task.advance()
         for check in (
             lambda: checks.check_calibration_repeat(cand, policy),
@@ -75,5 +78,5 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
         model=cand.model, candidate=str(cand.path), baseline=str(base.path) if base else None,
         policy=policy.to_json(), checks=results, created=utc_now(), changed_stages=changed,
         first_diverging_node=first, origin_nodes=list(origins or []),
-        diff=(baseline_divergence or {}).get("diff"),
+        diff=(baseline_divergence or {}).get("diff"), same_run=itself is not None,
     )

@@ -20,13 +20,16 @@ Format (schema ``qconsist.policy/1``) with the defaults::
     repeat_must_be_identical = true   # two inferences of the candidate on the evaluation inputs: same bytes
     allow_nonfinite_outputs = false   # NaN or Inf in the final outputs fails the gate
 
-    [drift.float]                # candidate's quantized outputs against its own float model
-    max_abs_diff = 0.05          # greatest absolute difference of the final outputs; "off" only records it
-    min_top1_agreement = 0.9     # fraction of samples whose top-1 class agrees; "off" only records it
+    [drift.float]                # candidate's quantized outputs against its own float model, each judged for what
+                                 # it is (qconsist.compare.kinds; the pipeline's [evaluation] outputs declares kinds)
+    max_abs_diff = "off"         # greatest absolute difference of every output, in its own units; "off" only records it
+    min_top1_agreement = 0.9     # class-scores outputs: fraction of samples whose top-1 class agrees
+    min_sqnr_db = 15.0           # every output and part of one: SQNR against the reference, dB
 
     [drift.baseline]             # candidate's quantized outputs against the baseline's quantized outputs
     max_abs_diff = 0.0
     min_top1_agreement = 1.0
+    min_sqnr_db = "off"
 
     [labels]
     min_accuracy = 0.0           # top-1 accuracy of the quantized model where the input set has labels
@@ -93,20 +96,29 @@ class InferencePolicy:
 class DriftLimits:
     """``None`` records the figure without judging it."""
 
-    max_abs_diff: float | None = None
-    min_top1_agreement: float | None = None
+    max_abs_diff: float | None = None  # every output, in its own units
+    min_top1_agreement: float | None = None  # class-scores outputs
+    min_sqnr_db: float | None = None  # every output and part of one
 
     def __post_init__(self) -> None:
         if self.max_abs_diff is not None and not (math.isfinite(self.max_abs_diff) and self.max_abs_diff >= 0):
             raise ConfigError(f"max_abs_diff must be a finite number >= 0, got {self.max_abs_diff}")
         if self.min_top1_agreement is not None and not 0.0 <= self.min_top1_agreement <= 1.0:
             raise ConfigError(f"min_top1_agreement must lie in [0, 1], got {self.min_top1_agreement}")
+        if self.min_sqnr_db is not None and not math.isfinite(self.min_sqnr_db):
+            raise ConfigError(f"min_sqnr_db must be a finite number of dB, got {self.min_sqnr_db}")
+
+
+# An absolute limit has the output's own units (pixels for boxes, logits, probabilities), which no default can
+# know: drift against the float model is judged by SQNR for every output (the quantize stage's floor) and by
+# top-1 for class scores; drift against the baseline stays exact.
+DEFAULT_MIN_SQNR_DB = 15.0
 
 
 @dataclass(frozen=True)
 class DriftPolicy:
-    float: DriftLimits = DriftLimits(max_abs_diff=0.05, min_top1_agreement=0.9)
-    baseline: DriftLimits = DriftLimits(max_abs_diff=0.0, min_top1_agreement=1.0)
+    float: DriftLimits = DriftLimits(max_abs_diff=None, min_top1_agreement=0.9, min_sqnr_db=DEFAULT_MIN_SQNR_DB)
+    baseline: DriftLimits = DriftLimits(max_abs_diff=0.0, min_top1_agreement=1.0, min_sqnr_db=None)
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,8 @@ class Policy:
 
 
 def _limits_json(limits: DriftLimits) -> dict[str, Any]:
-    return {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement}
+    return {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement,
+            "min_sqnr_db": limits.min_sqnr_db}
 
 
 def _no_unknown(data: dict, known: set[str], where: str) -> None:
@@ -279,7 +292,8 @@ def _limits(data: dict, default: DriftLimits, where: str) -> DriftLimits:
     off = {key for key, value in data.items() if value == "off"}
     kwargs = _typed({k: v for k, v in data.items() if k not in off}, DriftLimits, where)
     kwargs.update({key: None for key in off})
-    merged = {"max_abs_diff": default.max_abs_diff, "min_top1_agreement": default.min_top1_agreement, **kwargs}
+    merged = {"max_abs_diff": default.max_abs_diff, "min_top1_agreement": default.min_top1_agreement,
+              "min_sqnr_db": default.min_sqnr_db, **kwargs}
     return _build(DriftLimits, merged, where)
 
 

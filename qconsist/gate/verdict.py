@@ -76,6 +76,7 @@ class GateVerdict:
     first_diverging_node: str | None = None
     origin_nodes: list[str] = field(default_factory=list)
     diff: dict[str, Any] | None = None  # ``qconsist diff`` result of the candidate's dump against the baseline's
+    same_run: bool = False  # the baseline was the candidate's own run (the ``baseline`` check fails)
 
     @property
     def passed(self) -> bool:
@@ -116,6 +117,7 @@ class GateVerdict:
             "policy": self.policy,
             "checks": [check.to_json() for check in self.checks],
             "diff": self.diff,
+            "same_run": self.same_run,
         }
 
     @classmethod
@@ -129,7 +131,7 @@ class GateVerdict:
                 policy=dict(data["policy"]), checks=[CheckResult.from_json(c) for c in data["checks"]],
                 created=data.get("created", ""), changed_stages=list(data.get("changed_stages", [])),
                 first_diverging_node=data.get("first_diverging_node"), origin_nodes=list(data.get("origin_nodes", [])),
-                diff=data.get("diff"),
+                diff=data.get("diff"), same_run=bool(data.get("same_run", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RunStoreError(f"gate verdict is malformed: {exc!r}") from None

@@ -20,7 +20,7 @@ from qconsist.errors import QconsistError
 from qconsist.gpu.decision import ConfigOutcome, Recommendation, recommend
 from qconsist.gpu.report import ConfigReport, NoAlternative, RewriteAlternative, SensitiveNode
 from qconsist.inputs.inputset import InputSet
-from qconsist.inference.session import outputs_of
+from qconsist.inference.session import ort_logged, outputs_of
 from qconsist.stages.determinize import DeterminizeOptions, determinize
 from qconsist.store.scratch import scratch_dir
 
@@ -38,6 +38,7 @@ def wanted(nodes: Sequence[SensitiveNode], recommendation: Recommendation | None
     return recommendation is None or not recommendation.accepted or recommendation.config != recommendation.fastest
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def measure_alternative(
     model_path: Path,
     samples: Sequence[dict[str, np.ndarray]],

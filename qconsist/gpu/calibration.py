@@ -22,7 +22,7 @@ from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_qu
 from qconsist.stages.calibration_table import build_table
 from qconsist.errors import ConfigError
 from qconsist.gpu.config import GpuConfig
-from qconsist.inference.session import ExecutionOptions, require_provider
+from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
@@ -99,6 +99,7 @@ class GpuCalibrationReport:
                    params=dict(data.get("params", {})))
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def gpu_calibration(
     model: Path,
     inputs: InputSet,

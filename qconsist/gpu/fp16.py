@@ -36,7 +36,7 @@ import onnx
 from qconsist.errors import ConfigError, InputError, UnsupportedModelError
 from qconsist.inference.layout import to_original
 from qconsist.gpu.observe import Observer
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, ort_logged
 from qconsist.compare import OutputEffect
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.serde import to_number
@@ -202,6 +202,7 @@ class _Tracker:
             self.best = (position, finding)
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def analyse_fp16(
     model_path: Path,
     samples: Sequence[dict[str, np.ndarray]],

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from qconsist.errors import ConfigError
+from qconsist.inference.session import ort_logged
 
 Sample = dict[str, np.ndarray]
 
@@ -67,6 +68,7 @@ def summarise(times_ms: Sequence[float], session_ms: float, first_run_ms: float,
     )
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def time_session(session: Any, samples: Sequence[Sample], options: LatencyOptions = LatencyOptions(),
                  session_ms: float = 0.0) -> LatencyStats:
     """Time a session that has not run yet: its first run, the warm-up runs, then the timed runs."""
@@ -86,6 +88,7 @@ def time_session(session: Any, samples: Sequence[Sample], options: LatencyOption
     return summarise(times, session_ms, first_ms, options.warmup)
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def measure_latency(make_session: Callable[[], Any], samples: Sequence[Sample],
                     options: LatencyOptions = LatencyOptions()) -> tuple[LatencyStats, Any]:
     """Create a session with ``make_session()`` (timed too), time it, and return it for further use."""

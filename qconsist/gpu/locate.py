@@ -37,7 +37,7 @@ from qconsist.gpu.observe import Observer
 from qconsist.gpu.report import ConfigReport, LocateReport, sensitive_nodes
 from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
 from qconsist.inference.dump import FaithfulCheck
-from qconsist.inference.session import ExecutionOptions, require_provider
+from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.gpu.contention import GpuLoad
 from qconsist.gpu.alternative import measure_alternative, recommend_reports, wanted
@@ -127,6 +127,7 @@ def _faithful_and_latency(observer: Observer, reference_session: Any, samples: S
     return stats, check.to_json()
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def explore(
     model_path: Path,
     samples: Sequence[Sample],
@@ -243,6 +244,7 @@ def _engine_recorder(samples: Sequence[Sample], runs: int, records: dict[str, En
     return record
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def locate(
     model_path: Path,
     samples: Sequence[Sample],

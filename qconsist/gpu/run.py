@@ -28,13 +28,15 @@ from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
 from qconsist.gpu.report import SCHEMA, LocateReport
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
-from qconsist.inference.session import ExecutionOptions, require_provider
+from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs import open_input_set
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.manifest import Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG
+from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
 from qconsist.gpu.calibration import gpu_calibration
@@ -176,6 +178,7 @@ def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
     )
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def build_report(request: LocateRequest, progress: Progress = NULL_PROGRESS) -> tuple[LocateReport, ModelSource, InputSet]:
     """Everything ``qconsist locate`` measures, as a ``LocateReport`` (no run directory)."""
     source = resolve_model(request.model, request.stage)
@@ -212,7 +215,8 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
     if request.precision is Precision.FP32 or request.fp16_ep == "cuda":
         require_provider("cuda")  # no GPU: said before a run directory exists
     label = f"locate-{named.describe().get('name') or named.path.stem}"
-    with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir:  # measured inside: its scratch space
+    with RunDirectory.create(runs_dir, label, "locate", run_id) as rundir, \
+            capture_ort_log(rundir.file(ORT_LOG), str(rundir.path / ORT_LOG)) as ort_log:  # measured inside: its scratch space
         report, source, input_set = build_report(request, progress)
         write_json_atomic(rundir.file(REPORT_FILE), report.to_json())
         manifest = Manifest(
@@ -220,6 +224,8 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
             inputs={**input_set.describe(), "digest": input_set.digest()}, environment=fingerprint(),
             sections={"locate": summary(report)},
         )
+        if ort_log.refresh():  # the CUDA EP's kernel warnings ("running in Fallback mode") land here
+            manifest.sections["onnxruntime_log"] = ort_log.to_json()
         path = rundir.finish(manifest)
     return report, path
 

@@ -7,7 +7,17 @@ transformers switched off (``disabled_optimizers``), intra-op threads and determ
 
 ``create_session`` is the only place that constructs ``onnxruntime.InferenceSession`` (through
 ``open_ort_session``): it checks the provider really runs on this machine, builds the session options, and
-turns onnxruntime's errors into one line (``UnsupportedModelError``). ``optimizer_log`` opens a session with
+turns onnxruntime's errors into one line (``UnsupportedModelError``).
+
+**onnxruntime's own log** (its C++ logger writes straight to descriptor 2, at session creation and during
+``run``: the CUDA EP's "running in Fallback mode" warnings come from the first run) never reaches the terminal:
+a session is made, and every call into it runs, inside ``ort_logged()``, which adds nothing where a capture is
+already under way (a run directory's ``onnxruntime.log``, the CLI's capture of the whole command) and otherwise
+captures the call itself and logs one summary line (``qconsist.store.ortlog``). ``create_session`` returns a
+``Session``, which wraps onnxruntime's and routes its calls so; the tools of ``onnxruntime.quantization`` that
+open their own sessions are called inside ``ort_logged()`` as well. The library's long operations (locate, its
+latency timing, the fp16 analysis, the gate…) hold one ``ort_logged()`` around all their sessions: a call inside
+one costs a counter, not a capture of its own (measured: about 65 µs per run otherwise, here). ``optimizer_log`` opens a session with
 onnxruntime's verbose log captured, to read which graph transformers ran and which changed the graph. ``input_specs`` and ``run_outputs``
 run a model over an input set for the stages' checks.
 """
@@ -16,10 +26,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
-import sys
-from contextlib import contextmanager
+import shutil
+import threading
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -28,18 +38,19 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from qconsist.errors import ConfigError, UnavailableError, UnsupportedModelError
+from qconsist.errors import ConfigError, OutputError, QconsistError, UnavailableError, UnsupportedModelError
 from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, ProviderSpec, provider_spec
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
+from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "OptimizationLevel", "create_session", "input_specs",
-    "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_message", "outputs_of", "provider_available",
-    "require_provider", "run_outputs",
+    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "OptimizationLevel", "Session", "create_session", "input_specs",
+    "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged", "ort_message", "outputs_of",
+    "provider_available", "require_provider", "run_outputs",
 ]
 
 
@@ -178,8 +189,93 @@ def ort_message(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
     text = re.sub(r"^Load model from .*? failed:\s*", "", text)
-    text = re.sub(r"^/\S+:\d+ .*?\) (?=[A-Z])", "", text)
-    return text or type(exc).__name__
+    return _without_source_locations(text) or type(exc).__name__
+
+
+_SOURCE_LOCATION = re.compile(r"/\S+\.(?:cc|cpp|cu|h|hpp):\d+ ")
+
+
+def _without_source_locations(text: str) -> str:
+    """onnxruntime's ``/onnxruntime_src/…/file.cc:266 <C++ signature>(…) `` prefixes removed, wherever they are."""
+    while match := _SOURCE_LOCATION.search(text):
+        start, end = match.start(), match.end()
+        opening = text.find("(", end)
+        if opening < 0:
+            break
+        depth, index = 0, opening
+        while index < len(text):
+            depth += {"(": 1, ")": -1}.get(text[index], 0)
+            if depth == 0:
+                break
+            index += 1
+        text = text[:start] + text[index + 1:].lstrip()
+    return text
+
+
+_shared_lock = threading.Lock()
+_shared_depth = 0
+_shared: tuple[ExitStack, OrtLog] | None = None  # the capture of the outermost ort_logged(), while one is open
+
+
+def _close_shared() -> None:
+    global _shared
+    (stack, record), _shared = _shared, None  # type: ignore[misc]
+    stack.close()
+    if record.lines:
+        first = f"; first: {record.first}" if record.first else ""
+        counts = (f"{record.warnings} warning(s), {record.errors} error(s)" if record.warnings or record.errors
+                  else f"{record.lines} line(s)")
+        (log.warning if record.warnings or record.errors else log.debug)(f"onnxruntime logged {counts}{first}")
+        log.debug("onnxruntime's log:\n%s", record.text.rstrip())
+
+
+@contextmanager
+def ort_logged() -> Iterator[None]:
+    """onnxruntime's C++ log (descriptor 2) captured while the block runs. Where a capture is already under way
+    (a run directory's, the CLI's) the block adds nothing; otherwise the block's log is counted and summarized in
+    one logged line (a warning where onnxruntime warned). Shared by threads: the capture ends when the last
+    block does."""
+    global _shared_depth, _shared
+    with _shared_lock:
+        if _shared_depth == 0 and not capturing():
+            stack = ExitStack()
+            _shared = (stack, stack.enter_context(capture_ort_log(None)))
+        _shared_depth += 1
+    try:
+        yield
+    finally:
+        with _shared_lock:
+            _shared_depth -= 1
+            if _shared_depth == 0 and _shared is not None:
+                _close_shared()
+
+
+class Session:
+    """An ``onnxruntime.InferenceSession`` whose every call runs inside ``ort_logged()`` (its attributes and
+    other methods are onnxruntime's: ``get_inputs``, ``get_outputs``, ``io_binding``, ``get_providers`` …)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    @property
+    def ort_session(self) -> Any:
+        """onnxruntime's own session object."""
+        return self._session
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        with ort_logged():
+            return self._session.run(*args, **kwargs)
+
+    def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
+        with ort_logged():
+            return self._session.run_with_iobinding(*args, **kwargs)
+
+    def run_with_ort_values(self, *args: Any, **kwargs: Any) -> Any:
+        with ort_logged():
+            return self._session.run_with_ort_values(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -206,8 +302,9 @@ def open_ort_session(
     disabled_optimizers: Sequence[str] = (),
     fallback: bool = True,
     log_verbose: bool = False,
-):  # -> ort.InferenceSession
-    """The one ``onnxruntime.InferenceSession`` construction (no availability check, no error translation)."""
+) -> Session:
+    """The one ``onnxruntime.InferenceSession`` construction (no availability check, no error translation),
+    made inside ``ort_logged()`` and returned as a ``Session``."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -225,7 +322,8 @@ def open_ort_session(
     source = model if isinstance(model, bytes) else str(model)
     disabled = sorted({*options.disabled_optimizers, *disabled_optimizers})
     kwargs = {"disabled_optimizers": disabled} if disabled else {}
-    return ort.InferenceSession(source, so, providers=providers, **kwargs)
+    with ort_logged():
+        return Session(ort.InferenceSession(source, so, providers=providers, **kwargs))
 
 
 def create_session(
@@ -235,7 +333,7 @@ def create_session(
     level: OptimizationLevel | None = None,
     optimized_model_filepath: Path | None = None,
     disabled_optimizers: Sequence[str] = (),
-):  # -> ort.InferenceSession
+) -> Session:
     """An onnxruntime session of ``model`` (a path or serialized bytes) run as ``options`` say.
 
     ``level`` overrides the options' optimization level (the dump reloads ORT's optimized graph with
@@ -243,35 +341,16 @@ def create_session(
     ``disabled_optimizers`` names graph transformers to switch off besides the options' own. Raises
     ``UnavailableError`` when the provider cannot run here, ``UnsupportedModelError`` (one line) when onnxruntime cannot load the model.
     """
-    import onnxruntime as ort
-
     require_provider(options.provider)
     try:
         session = open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
                                    disabled_optimizers=disabled_optimizers)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph / InvalidArgument / … types
-        where = "the model" if isinstance(model, bytes) else str(model)
-        raise UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}") from None
+        raise _load_failure(model, options, exc, level, optimized_model_filepath, disabled_optimizers) from None
     ort_name = provider_spec(options.provider).ort_name
     if ort_name not in session.get_providers():
         raise UnavailableError(f"onnxruntime fell back from {ort_name} to {', '.join(session.get_providers())}")
     return session
-
-
-@contextmanager
-def _stderr_into(path: Path) -> Iterator[None]:
-    """File descriptor 2 (where onnxruntime's C++ logger writes) redirected into ``path`` for a while."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(path, "wb") as sink:
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-    finally:
-        os.close(saved)
 
 
 def optimizer_log(
@@ -294,13 +373,59 @@ def optimizer_log(
     with scratch_dir("qconsist-ortlog-") as folder:
         path = Path(folder) / "ort.log"
         try:
-            with _stderr_into(path):
+            with capture_ort_log(path):
                 open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
                                  disabled_optimizers=disabled_optimizers, log_verbose=True)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
             where = "the model" if isinstance(model, bytes) else str(model)
             raise UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}") from None
-        return path.read_text(encoding="utf-8", errors="replace")
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: BaseException, level: OptimizationLevel | None,
+                  optimized_model_filepath: Path | None, disabled_optimizers: Sequence[str]) -> QconsistError:
+    """Why onnxruntime could not make a session, in one line that blames what is at fault: a graph with no
+    output (nothing to run), the write of the optimized graph (a full disk: onnxruntime says only "Protobuf
+    serialization failed", so the session is made again without the write: if that works, the write failed),
+    else the model, in onnxruntime's words."""
+    import onnxruntime as ort
+
+    where = "the model" if isinstance(model, bytes) else str(model)
+    outputs = _graph_outputs(model)
+    if outputs == 0:
+        return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
+    if optimized_model_filepath is not None:
+        try:
+            open_ort_session(model, options, level=level, disabled_optimizers=disabled_optimizers)
+        except Exception:  # noqa: BLE001 - the model itself does not load: said below
+            pass
+        else:
+            return OutputError(f"cannot write onnxruntime's optimized graph to {optimized_model_filepath}: "
+                               f"{_write_failure(Path(optimized_model_filepath), ort_message(exc))}")
+    return UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}")
+
+
+def _graph_outputs(model: str | Path | bytes) -> int | None:
+    """How many outputs the model's graph declares (None: unreadable)."""
+    import onnx
+
+    try:
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
+        return None
+    return len(proto.graph.output)
+
+
+def _write_failure(path: Path, said: str) -> str:
+    """Why a file could not be written: the space left where it goes, measured now."""
+    folder = path.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return f"the write failed ({said})"
+    if free < (1 << 20):
+        return f"the disk is full ({free} bytes free in {folder}; onnxruntime said: {said})"
+    return f"the write failed ({said}; {free >> 20} MiB free in {folder})"
 
 
 @dataclass(frozen=True)
@@ -384,6 +509,7 @@ def input_specs(session: Any) -> list[InputSpec]:
     return specs
 
 
+@ort_logged()  # one capture for all its sessions and runs
 def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1) -> list[dict[str, np.ndarray]]:
     """Every step's outputs (``batch_size`` samples stacked), by output name, in input order."""
     checked = inputs.checked(input_specs(session), batch_size)

@@ -39,6 +39,8 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_entry_report
 from qconsist.store.atomic import write_atomic
 from qconsist.store.manifest import Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG
+from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory, open_run
 from qconsist.store.serde import dumps
 
@@ -224,7 +226,8 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
     environment = fingerprint()
     baseline_run, baseline_night = choose_baseline(task, environment)
     runs: list[RunRecord] = []
-    with RunDirectory.create(runs_dir, f"{task.key}-entry", ENTRY_KIND, run_id=task.entry_run_id) as run:
+    with RunDirectory.create(runs_dir, f"{task.key}-entry", ENTRY_KIND, run_id=task.entry_run_id) as run, \
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:  # the gate's and locate's sessions
         record: dict[str, Any] = {
             "model": task.key, "night_id": night_id, "pinned_gpu": entry.gpu_config, "labels": entry.labels,
             "baseline": baseline_run, "baseline_night": baseline_night, "gpu_type": task.gpu_type,
@@ -268,6 +271,8 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
             inputs=pipeline_manifest.inputs, stages=pipeline_manifest.stages, environment=environment,
             sections={ENTRY_SECTION: record, "gate": verdict.to_json(), "policy": policy.to_json()},
         )
+        if ort_log.refresh():
+            manifest.sections["onnxruntime_log"] = ort_log.to_json()
         run.mark_progress("report")
 
         write_text(run.file("report.html"), render_entry_report(run.path, manifest, side))

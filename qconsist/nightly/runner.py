@@ -51,6 +51,8 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_nightly_report
 from qconsist.report.history import history_page_path, nightly_history_page
 from qconsist.store.manifest import Manifest
+from qconsist.store.ortlog import LOG_NAME as ORT_LOG
+from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import dumps
 
@@ -180,7 +182,8 @@ def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only:
 
 def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Sequence[str], across_gpus: bool) -> NightlyResult:
     history = History(config.history)
-    with RunDirectory.create(config.runs_dir, "nightly", NIGHT_KIND) as night:
+    with RunDirectory.create(config.runs_dir, "nightly", NIGHT_KIND) as night, \
+            capture_ort_log(night.file(ORT_LOG), str(night.path / ORT_LOG)) as ort_log:
         tasks = night_tasks(config, history, night.run_id, only)
         abandoned = history.mark_abandoned()
         if abandoned:
@@ -211,6 +214,8 @@ def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Se
             result.across_gpus = compare_across_gpus(result.entries)
         manifest = Manifest(kind=NIGHT_KIND, command=list(sys.argv), environment=fingerprint(),
                             sections={"nightly": result.to_json(), "config": config.to_json()})
+        if ort_log.refresh():
+            manifest.sections["onnxruntime_log"] = ort_log.to_json()
 
         write_text(night.file("summary.json"), dumps(result))
         page = os.path.relpath(history_page_path(config.history), night.path)  # written once the night is recorded

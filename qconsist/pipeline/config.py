@@ -6,12 +6,14 @@ key and its default; ``PipelineConfig.to_json`` is what the manifest records.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from qconsist.compare.kinds import OutputKind, parse_kinds
 from qconsist.errors import ConfigError
 from qconsist.inference.provider import PROVIDERS, provider_spec
 from qconsist.inference.session import ExecutionOptions
@@ -86,6 +88,7 @@ class PipelineConfig:
     preprocess: Preprocess | None = None
     evaluation: DataConfig | None = None
     runs_dir: Path = Path("runs")
+    outputs: Mapping[str, OutputKind] = field(default_factory=dict)  # [evaluation] outputs: declared kinds
 
     def __post_init__(self) -> None:
         given = dict(self.stages)
@@ -121,6 +124,7 @@ class PipelineConfig:
             "preprocess": self.preprocess.to_json() if self.preprocess is not None else None,
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json() if self.evaluation is not None else None,
+            "outputs": {name: kind.value for name, kind in self.outputs.items()},
         }
 
 
@@ -212,12 +216,26 @@ def _execution(table: Table) -> ExecutionOptions:
     return ExecutionOptions(spec.name, given)
 
 
+def _check_name(name: str, origin: str) -> None:
+    """A pipeline's name labels its run directories (``<runs_dir>/<name>-<time>-<random>``): a path, or a name
+    that would hide them, is refused saying so."""
+    parts = [part for part in re.split(r"[/\\]", name)]
+    if len(parts) > 1:
+        where = "leads out of the runs directory" if ".." in parts or name.startswith(("/", "\\")) else "would nest its runs in a folder"
+        raise ConfigError(f"{origin}: name {name!r} is a path that {where}; the name labels the run directories "
+                          "(<runs_dir>/<name>-<time>-<random>): give a plain name, without '/' or '\\'")
+    if name.startswith("."):
+        raise ConfigError(f"{origin}: name {name!r} starts with '.', which would hide its run directories (and '..' "
+                          "names the folder above them): start it with a letter or digit")
+
+
 def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str | None = None) -> PipelineConfig:
     """Build a ``PipelineConfig`` from parsed TOML; ``path`` is the file (relative paths start at its folder)."""
     origin = origin or (str(path) if path else "pipeline")
     base = path.parent if path else Path.cwd()
     top = Table(data, "", origin)
     name = top.get("name", str) or (path.stem if path else "pipeline")
+    _check_name(name, origin)
     runs_dir = Path(top.get("runs_dir", str, "runs")).expanduser()  # an output: relative to the working directory
     model = _model(top.sub("model"), base, origin)
     stages = {}
@@ -231,9 +249,13 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
         preprocess = guard(pre_table, lambda: Preprocess.from_dict(pre_table.data))
     calibration = _calibration(top.sub("calibration"), base, origin)
     evaluation = None
+    outputs: dict[str, OutputKind] = {}
     eval_table = top.sub("evaluation")
     if eval_table is not None:
-        evaluation = _data(eval_table, base, required=True)
+        declared = eval_table.get("outputs", dict)
+        if declared is not None:
+            outputs = guard(eval_table, lambda: parse_kinds(declared, "[evaluation] outputs"))
+        evaluation = _data(eval_table, base, required=declared is None)  # only outputs: the calibration inputs
         eval_table.finish()
     top.finish()
     if model.kind is ModelKind.ONNX and isinstance(data.get("convert"), dict) and "dynamic_batch" in data["convert"]:
@@ -241,7 +263,7 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
                           "convert.opset and convert.check); export it with a dynamic batch")
     return PipelineConfig(
         name=name, path=path, model=model, calibration=calibration, stages=stages, preprocess=preprocess,
-        evaluation=evaluation, runs_dir=runs_dir,
+        evaluation=evaluation, runs_dir=runs_dir, outputs=outputs,
     )
 
 

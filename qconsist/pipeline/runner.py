@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import onnx
+
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
+from qconsist.compare.kinds import check_declared
 from qconsist.environment import fingerprint
 from qconsist.errors import InputError
 from qconsist.inference.session import input_specs, require_provider
@@ -58,11 +61,13 @@ class PipelineResult:
     issues: list[dict[str, Any]] = field(default_factory=list)
     repeat: RepeatResult | None = None
     onnxruntime_log: OrtLog | None = None  # onnxruntime's own log lines, kept in the run directory
+    failures: list[str] = field(default_factory=list)  # stage checks that failed and keep the run (an SQNR floor)
 
     @property
     def passed(self) -> bool:
-        """True unless repeated calibration ran and the quantized models disagreed."""
-        return self.repeat is None or self.repeat.agree
+        """True unless a stage check failed (a final output's SQNR below the floor) or repeated calibration ran
+        and the quantized models disagreed."""
+        return not self.failures and (self.repeat is None or self.repeat.agree)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -74,6 +79,7 @@ class PipelineResult:
             "checks": self.checks, "seconds": self.seconds, "issues": self.issues,
             "onnxruntime_log": self.onnxruntime_log.to_json() if self.onnxruntime_log else None,
             "calib_repeat": self.repeat.to_json() if self.repeat is not None else None,
+            "failures": list(self.failures),
         }
 
     @classmethod
@@ -86,6 +92,7 @@ class PipelineResult:
             checks=dict(data["checks"]), seconds=dict(data["seconds"]), issues=list(data.get("issues", [])),
             repeat=RepeatResult.from_json(data["calib_repeat"]) if data.get("calib_repeat") else None,
             onnxruntime_log=OrtLog.from_json(data["onnxruntime_log"]) if data.get("onnxruntime_log") else None,
+            failures=list(data.get("failures", [])),
         )
 
 
@@ -99,6 +106,13 @@ def _model_files(config: PipelineConfig) -> dict[str, Path]:
         if not Path(path).is_file():  # type: ignore[arg-type]
             raise InputError(f"model file {path} ({role}) does not exist" if not Path(path).exists() else f"model file {path} ({role}) is not a file")  # type: ignore[arg-type]
     return files  # type: ignore[return-value]
+
+
+def _graph_outputs(path: Path) -> list:
+    try:
+        return list(onnx.load(str(path), load_external_data=False).graph.output)
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
+        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
 
 
 def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: str) -> InputSet:
@@ -140,7 +154,7 @@ def _context(config: PipelineConfig, files: dict[str, Path], progress: Progress,
         model_files=dict(files), calibration=calibration,
         evaluation=opener("evaluation", config.evaluation) if config.evaluation else calibration,
         calibration_options=config.calibration.options, file=run.file if run else None,
-        root=run.path if run else None, progress=progress,
+        root=run.path if run else None, progress=progress, output_kinds=dict(config.outputs),
     )
 
 
@@ -166,8 +180,11 @@ def run_pipeline(
 ) -> PipelineResult:
     """Run every stage of ``config`` into a new run directory and return what it produced."""
     files = _model_files(config)
-    # fail before any work: the calibration provider absent here, input sets missing, empty or too short
+    # fail before any work: the calibration provider absent here, input sets missing, empty or too short, a
+    # declared output the ONNX model does not have
     require_provider(config.calibration.options.provider)
+    if config.outputs and "onnx" in files:
+        check_declared([o.name for o in _graph_outputs(Path(files["onnx"]))], config.outputs)
     _input_set(config.calibration.inputs, config, "input", "calibration")
     if config.evaluation:
         _input_set(config.evaluation, config, "input", "evaluation")
@@ -190,6 +207,7 @@ def run_pipeline(
         manifest.calibration = {**manifest.calibration, "params": config.calibration.to_json()}
         quantized = next((r for r in records if r.name == "quantize"), None)
         issues = list(quantized.result.issues) if quantized is not None else []
+        failures = [f"check quantize: {line}" for line in quantized.result.failures] if quantized is not None else []
         repeat = None
         if config.calibration.repeat > 1 and quantized is not None:
             run.mark_progress("calib_repeat")
@@ -206,6 +224,7 @@ def run_pipeline(
         run_id=run.run_id, path=run.path, name=config.name, artifacts={r.name: r.artifact for r in records},
         checks={r.name: r.checks for r in records}, seconds={r.name: r.seconds for r in records},
         issues=[i.to_json() for i in issues], repeat=repeat, onnxruntime_log=ort_log if ort_log.lines else None,
+        failures=failures,
     )
 
 

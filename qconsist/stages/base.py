@@ -34,6 +34,7 @@ class StageContext:
     root: Path | None = None  # the run directory (artifacts are recorded relative to it)
     previous: str | None = None  # the stage whose artifact is ``source``
     progress: Progress = NULL_PROGRESS
+    output_kinds: dict[str, Any] = field(default_factory=dict)  # declared kinds of the model's outputs (OutputKind)
 
 
 @dataclass

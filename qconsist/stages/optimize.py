@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, ort_level, ort_message, outputs_of
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, ort_level, ort_logged, ort_message, outputs_of
 from qconsist.inputs.inputset import InputSet
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
@@ -119,9 +119,14 @@ class OptimizeResult:
 
 
 def _pre_process(source: Path, target: Path, options: OptimizeOptions) -> None:
+    params = options.tool_params()
+    with ort_logged():  # its optimizer session logs at onnxruntime's default level
+        _quant_pre_process(source, target, params)
+
+
+def _quant_pre_process(source: Path, target: Path, params: dict) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    params = options.tool_params()
     quant_pre_process(
         str(source), str(target),
         skip_optimization=params["skip_optimization"], skip_onnx_shape=params["skip_onnx_shape"],

@@ -7,6 +7,11 @@ progress bars and fill CI logs. ``capture_ort_log`` points descriptor 2 at the r
 runs (child processes started meanwhile inherit it too) and keeps Python's own stderr — logging, progress bars,
 messages — on the terminal; afterwards ``OrtLog`` counts what was written, by severity, for a one-line summary
 (``OrtLog.summary``) and the manifest. Captures nest: an inner one writes its own file.
+
+``capture_ort_log(None)`` captures into an anonymous file (unlinked at once: nothing is left anywhere, even when
+the process is killed) for work without a run directory; ``OrtLog.text`` then holds what was written.
+``capturing()`` says whether descriptor 2 is being captured now (``qconsist.inference.session`` makes every
+onnxruntime session and every call into one run under a capture).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,7 @@ class OrtLog:
     errors: int = 0  # error and fatal
     first: str | None = None
     _file: str = ""
+    text: str = ""  # what was written, for an anonymous capture (a file's lines stay in the file)
 
     def summary(self) -> str | None:
         """One line for the terminal, ``None`` when nothing was written."""
@@ -46,7 +53,8 @@ class OrtLog:
             return None
         counts = f"{self.warnings} warning(s), {self.errors} error(s)" if self.warnings or self.errors else f"{self.lines} line(s)"
         first = f"; first: {self.first}" if self.first else ""
-        return f"onnxruntime logged {counts} to {self.path}{first}"
+        where = f" to {self.path}" if self.path else ""
+        return f"onnxruntime logged {counts}{where}{first}"
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "lines": self.lines, "warnings": self.warnings, "errors": self.errors, "first": self.first}
@@ -61,11 +69,16 @@ class OrtLog:
         return cls(str(data["path"]), int(data["lines"]), int(data["warnings"]), int(data["errors"]), data.get("first"))
 
     def read(self, path: Path) -> None:
-        self._file, self.lines, self.warnings, self.errors, self.first = str(path), 0, 0, 0, None
+        self._file = str(path)
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
-            return
+            text = ""
+        self.count(text)
+
+    def count(self, text: str) -> None:
+        """Count ``text`` (what descriptor 2 received) by severity."""
+        self.lines, self.warnings, self.errors, self.first = 0, 0, 0, None
         for raw in text.splitlines():
             line = _ANSI.sub("", raw).strip()
             if not line:
@@ -88,19 +101,40 @@ def _is_descriptor_2(stream: Any) -> bool:
         return False
 
 
+def _anonymous_file() -> int:
+    """A descriptor of a file with no name (memory-backed where the system has ``memfd_create``; else a temporary
+    file unlinked at once): nothing to clean up, nothing left behind by a killed process."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.memfd_create("qconsist-onnxruntime-log", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError:
+            pass
+    with tempfile.TemporaryFile() as anonymous:
+        return os.dup(anonymous.fileno())
+
+
+def capturing() -> bool:
+    """Whether descriptor 2 is being captured now (by any ``capture_ort_log``)."""
+    return _terminal is not None
+
+
 @contextmanager
-def capture_ort_log(path: Path, shown: str | None = None) -> Iterator[OrtLog]:
+def capture_ort_log(path: Path | None, shown: str | None = None) -> Iterator[OrtLog]:
     """Descriptor 2 into ``path`` (appended; removed again when nothing was written) while the block runs;
-    Python's stderr stays on the terminal. ``shown``: the path as the summary names it (default ``path``)."""
+    Python's stderr stays on the terminal. ``shown``: the path as the summary names it (default ``path``).
+    ``path`` None: into an anonymous file, whose text the record keeps (``OrtLog.text``)."""
     global _terminal
-    record = OrtLog(shown or str(path), _file=str(path))
+    record = OrtLog(shown or (str(path) if path is not None else ""), _file=str(path) if path is not None else "")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if path is None:
+        target = _anonymous_file()
+    else:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     saved = os.dup(2)
-    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     outermost = _terminal is None
     python_stderr = sys.stderr
     swapped: list[logging.StreamHandler] = []
@@ -122,13 +156,22 @@ def capture_ort_log(path: Path, shown: str | None = None) -> Iterator[OrtLog]:
             pass
         os.dup2(saved, 2)
         os.close(saved)
-        os.close(target)
         sys.stderr = python_stderr
         for handler in swapped:
             handler.setStream(python_stderr)
         if outermost and _terminal is not None:
             _terminal.close()
             _terminal = None
-        record.read(Path(path))
-        if not record.lines:
-            Path(path).unlink(missing_ok=True)
+        if path is None:
+            os.lseek(target, 0, os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(target, 1 << 16):
+                chunks.append(chunk)
+            os.close(target)
+            record.text = b"".join(chunks).decode("utf-8", errors="replace")
+            record.count(record.text)
+        else:
+            os.close(target)
+            record.read(Path(path))
+            if not record.lines:
+                Path(path).unlink(missing_ok=True)

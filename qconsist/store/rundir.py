@@ -19,16 +19,17 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from qconsist.store.serde import loads
-from qconsist.errors import OutputError, RunStoreError
+from qconsist.errors import OutputError, QconsistError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
-from qconsist.store.scratch import scratch_root
+from qconsist.store.scratch import NO_SPACE, scratch_root
 from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
@@ -37,6 +38,16 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _run_id_problem(run_id: str) -> str:
+    """What is wrong with a run id that ``_RUN_ID_RE`` refuses, said as it is."""
+    if run_id in (".", ".."):
+        return (f"it names the runs directory{' itself' if run_id == '.' else chr(39) + 's parent'}, not a folder inside it; "
+                "a run id starts with a letter or digit")
+    if re.fullmatch(r"[A-Za-z0-9._-]+", run_id) and run_id.startswith((".", "_", "-")):
+        return f"it starts with {run_id[0]!r}; a run id starts with a letter or digit"
+    return "use letters, digits, '.', '_' and '-'"
 
 
 def new_run_id(label: str) -> str:
@@ -60,7 +71,7 @@ class RunDirectory:
         runs_root = Path(runs_root)
         run_id = run_id or new_run_id(label)
         if not _RUN_ID_RE.match(run_id):
-            raise OutputError(f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-'")
+            raise OutputError(f"invalid run id {run_id!r}: {_run_id_problem(run_id)}")
         path = runs_root / run_id
         try:
             runs_root.mkdir(parents=True, exist_ok=True)
@@ -108,6 +119,9 @@ class RunDirectory:
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        # a failure while the disk holding the run is full is said as such: the tools that write (onnx,
+        # onnxruntime's quantizer) report it as a broken model or without a path
+        full = disk_full(self.path) if isinstance(exc, Exception) and not isinstance(exc, OutputError) else None
         scratch = getattr(self, "_scratch", None)
         if scratch is not None:
             scratch.__exit__(exc_type, exc, tb)  # temporary files go, whatever happened
@@ -115,6 +129,37 @@ class RunDirectory:
             return
         if isinstance(exc, Exception):  # a user error or a bug: nothing half-written stays; an interrupt keeps it
             self.abandon()
+        if full is not None:
+            what = exc.message if isinstance(exc, QconsistError) else " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise OutputError(f"cannot write in {self.path}: the disk is full ({full} bytes free there); "
+                              f"what failed: {what}") from None
+
+
+PROBE_BYTES = 1 << 16
+
+
+def disk_full(folder: Path) -> int | None:
+    """The free bytes of ``folder``'s file system when ``PROBE_BYTES`` cannot be written there for want of space
+    (a real allocation, not a guess from the free count), else None."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".qconsist-space-", dir=folder)
+    except OSError as exc:
+        return _free(folder) if exc.errno in NO_SPACE else None
+    try:
+        os.posix_fallocate(fd, 0, PROBE_BYTES)
+    except OSError as exc:
+        return _free(folder) if exc.errno in NO_SPACE else None
+    finally:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+    return None
+
+
+def _free(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
 
 
 def run_state(path: Path) -> str:
@@ -161,6 +206,17 @@ def open_run(path: Path) -> Manifest:
         except (OSError, ValueError, AttributeError):
             pass
     raise RunStoreError(f"run {path} is incomplete{where}: it was interrupted or is still running; rerun it")
+
+
+def same_run(path_a: Path, a: Manifest, path_b: Path, b: Manifest) -> bool:
+    """Whether two run directories are one run: the same folder (by any path), or a copy of it (same run id and
+    start time in the manifest)."""
+    try:
+        if os.path.samefile(path_a, path_b):
+            return True
+    except OSError:
+        pass
+    return bool(a.run_id) and a.run_id == b.run_id and a.started == b.started
 
 
 def list_runs(runs_root: Path) -> list[tuple[Path, str]]:

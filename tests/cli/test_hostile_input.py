@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -401,4 +402,183 @@ def test_model_computing_nan_from_finite_inputs(made, tmp_path):
     result = _invoke("pipeline", "run", _pipeline(tmp_path, tmp_path / "nan.onnx", made["arrays"]))
     _error(result, f"calibration measured a NaN range for tensor(s) y: the model computes NaN from the calibration inputs "
                    f"({made['arrays']}), so no scale can be chosen")
+    _nothing_left()
+
+
+# --- issue 19: bad input is exit 2 and one line --------------------------------------------------------------
+
+QCONSIST = Path(sys.executable).parent / "qconsist"  # the installed entry point: descriptor 2 is real there
+
+
+def _empty_graph(path: Path) -> Path:
+    from onnx import helper
+
+    graph = helper.make_graph([], "empty", [], [])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_empty_graph_is_one_line_without_onnxruntimes_log(made, tmp_path):
+    """onnxruntime printed its multi-line C++ log ("[E:onnxruntime:, inference_session.cc…] Exception during
+    initialization: …SaveInitializedTensors(…)") before the error, on the process's real stderr."""
+    model = _empty_graph(tmp_path / "empty.onnx")
+    pipeline = _pipeline(tmp_path, model, made["arrays"])
+    for args, shown in ((["run", model, "--inputs", made["arrays"]], model),
+                        (["pipeline", "run", pipeline, "--runs-dir", tmp_path / "runs"], model)):
+        done = subprocess.run([str(QCONSIST), *map(str, args)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == f"error: {shown} has an empty graph: it declares no output, so there is nothing to run\n"
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def _big_classifier(path: Path) -> Path:
+    """A classifier of 156 kB (two convolutions of 64 channels): big enough to fill a small disk mid-stage."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, .1, shape).astype(np.float32), name)
+               for name, shape in (("w1", (64, 3, 3, 3)), ("w2", (64, 64, 3, 3)), ("fc", (5, 64)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc"], ["l"], name="fc", transB=1),
+             helper.make_node("Softmax", ["l"], ["prob"], name="softmax", axis=1)]
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 5])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def _on_a_small_disk(size: str, mount: Path, *command: str) -> subprocess.CompletedProcess:
+    """``command`` with a tmpfs of ``size`` mounted at ``mount`` (a private mount namespace: nothing is mounted
+    for anyone else, nothing to unmount)."""
+    import shutil as _shutil
+
+    if _shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount a small tmpfs")
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mount}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this machine cannot mount a tmpfs in a user namespace: {probe.stderr.decode().strip()}")
+    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && shift && exec "$@"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(mount), *command], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_full_disk_while_onnxruntime_writes_blames_the_write(made, tmp_path):
+    """It read "cannot load …/model.onnx: Protobuf serialization failed", blaming the input model."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    model = _big_classifier(tmp_path / "big.onnx")
+    pipeline = _pipeline(tmp_path, model, made["arrays"], '[optimize]\nmethod = "session"\n')
+    done = _on_a_small_disk("240k", mount, str(QCONSIST), "pipeline", "run", str(pipeline), "--runs-dir", str(mount / "runs"),
+                            "--run-id", "full")
+    assert done.returncode == 2, done.stderr
+    scratch = re.escape(str(mount / "runs" / "full" / ".scratch")) + r"/qconsist-optimize-\w+"
+    assert re.fullmatch(rf"error: cannot write onnxruntime's optimized graph to {scratch}/model\.onnx: the disk is full "
+                        rf"\(\d+ bytes free in {scratch}; onnxruntime said: Protobuf serialization failed\.\)\n", done.stderr), done.stderr
+
+
+def test_full_disk_under_a_tool_that_writes_without_a_name(made, monkeypatch):
+    """onnx.save inside onnxruntime's calibrator failing for want of space: an OSError without a file name, which
+    exited 4 ("internal error: OSError: [Errno 28] No space left on device")."""
+    import errno as _errno
+
+    import onnx as _onnx
+
+    real = _onnx._save_bytes
+
+    def full(content, f):
+        if str(f).endswith("augmented.onnx"):
+            raise OSError(_errno.ENOSPC, "No space left on device")
+        return real(content, f)
+
+    monkeypatch.setattr(_onnx, "_save_bytes", full)
+    result = _invoke("calib", "repeat", made["model"], "--inputs", made["arrays"])
+    assert result.exit_code == 2, result.output
+    folder = re.escape(tempfile.gettempdir())  # no run directory: the system's temporary folder holds the scratch
+    assert re.fullmatch(rf"error: cannot write in {folder}/qconsist-quantize-\w+: No space left on device "
+                        r"\(the disk holding it is full\)\n", result.stderr), result.stderr
+
+
+def test_a_run_that_fails_on_a_full_disk_says_the_disk_is_full(made, tmp_path, monkeypatch):
+    """Whatever a tool makes of a full disk (quantize_static read back a model it could not write and said "Failed
+    to find proper ai.onnx domain"), the run says the disk is full, with what failed."""
+    import errno as _errno
+    import os as _os
+
+    import qconsist.stages.quantize as quantize
+
+    def broken(*args, **kwargs):
+        from qconsist.errors import UnsupportedModelError
+
+        raise UnsupportedModelError("quantize_static cannot quantize x.onnx: Failed to find proper ai.onnx domain")
+
+    def no_space(fd, offset, length):
+        raise OSError(_errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(quantize, "calibrate", broken)
+    monkeypatch.setattr(_os, "posix_fallocate", no_space)  # the disk check's 64 KiB reservation fails
+    result = _invoke("pipeline", "run", _pipeline(tmp_path, made["model"], made["arrays"]), "--run-id", "full")
+    assert result.exit_code == 2
+    assert re.fullmatch(r"error: cannot write in runs/full: the disk is full \(\d+ bytes free there\); what failed: "
+                        r"quantize_static cannot quantize x\.onnx: Failed to find proper ai\.onnx domain\n", result.stderr), result.stderr
+    _nothing_left()
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("../../escape", "is a path that leads out of the runs directory"),
+    ("nested/name", "is a path that would nest its runs in a folder"),
+])
+def test_pipeline_name_that_leaves_the_runs_directory(made, tmp_path, name, problem):
+    """"../../escape" was refused as "invalid run id '..-..-escape-…': use letters, digits, '.', '_' and '-'", which
+    it does."""
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'name = "{name}"\n[model]\nonnx = "{made["model"]}"\n[calibration]\ndata = "{made["arrays"]}"\n')
+    _error(_invoke("pipeline", "run", pipeline),
+           f"{pipeline}: name '{name}' {problem}; the name labels the run directories (<runs_dir>/<name>-<time>-<random>): "
+           "give a plain name, without '/' or '\\'")
+    _nothing_left()
+
+
+@pytest.mark.parametrize("run_id, problem", [
+    ("..", "it names the runs directory's parent, not a folder inside it; a run id starts with a letter or digit"),
+    (".hidden", "it starts with '.'; a run id starts with a letter or digit"),
+])
+def test_run_id_of_allowed_characters_says_what_is_wrong(made, run_id, problem):
+    _error(_invoke("run", made["model"], "--inputs", made["arrays"], "--run-id", run_id), f"invalid run id '{run_id}': {problem}")
+    _nothing_left()
+
+
+def test_diff_of_a_run_with_itself_says_so(made):
+    result = _invoke("diff", made["run"], made["run"])
+    assert result.exit_code == 0
+    assert result.stdout.count("same run") == 1
+    assert ("note: A and B are the same run (good): a run compared with itself is identical by construction; compare "
+            "two runs to learn something\n") in result.stdout
+    data = json.loads(_invoke("diff", made["run"], made["run"], "--json").stdout)
+    assert data["same_run"] is True
+
+
+def test_gate_with_itself_as_baseline_fails_saying_so(made):
+    result = _invoke("gate", made["run"], "--baseline", made["run"])
+    assert result.exit_code == 1
+    assert ("  FAIL           baseline: the baseline is the candidate's own run (good): a run compared with itself passes "
+            "every baseline check by construction; give the previous release's run as --baseline, or none for a first "
+            "release\n") in result.stdout
+    data = json.loads(_invoke("gate", made["run"], "--baseline", made["run"], "--json").stdout)
+    assert data["same_run"] is True and data["passed"] is False
+    assert data["reasons"][0].startswith("baseline: the baseline is the candidate's own run (good)")
+
+
+def test_output_that_is_also_an_input_is_one_line(made, tmp_path):
+    """quantize_static asserted ("Graph is not a DAG"): exit 4, "internal error: AssertionError"."""
+    model = onnx.load(str(made["model"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8]))
+    onnx.save(model, str(tmp_path / "passthrough.onnx"))
+    result = _invoke("pipeline", "run", _pipeline(tmp_path, tmp_path / "passthrough.onnx", made["arrays"]), "--run-id", "pass")
+    _error(result, "quantize_static cannot quantize runs/pass/optimize/model.onnx: its output(s) x are also its input(s) "
+                   "(passed through unchanged), which onnxruntime's quantizer turns into a cycle (Graph is not a DAG); "
+                   "leave such an output out of the model")
     _nothing_left()

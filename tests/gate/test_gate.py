@@ -49,7 +49,7 @@ def test_identical_rebuild_passes(gate_runs):
     expected = float(np.abs(_outputs(gate_runs["same"] / "quantize/model.onnx") - _outputs(gate_runs["same"] / "optimize/model.onnx")).max())
     drift = verdict.check("drift.float")
     assert drift.measured["max_abs_diff"] == pytest.approx(expected, rel=1e-6) and expected > 0
-    assert drift.tolerance == {"max_abs_diff": 0.05, "min_top1_agreement": 0.9, "rtol": 0.0}
+    assert drift.tolerance == {"max_abs_diff": None, "min_top1_agreement": 0.9, "min_sqnr_db": 15.0, "rtol": 0.0}
     assert verdict.check("drift.baseline").measured["max_abs_diff"] == 0.0
     assert "no baseline" not in verdict.check("artifacts").message
     assert verdict.check("gpu.pinned").message.startswith("no GPU recommendation to enforce")
@@ -78,7 +78,7 @@ def test_expected_change_and_loose_baseline_tolerance_pass(gate_runs):
     verdict = evaluate_gate(gate_runs["other"], gate_runs["baseline"], policy)
     assert verdict.passed, verdict.reasons
     assert "; expected by the policy" in verdict.check("artifacts").message
-    assert verdict.policy["drift"]["baseline"] == {"max_abs_diff": 0.5, "min_top1_agreement": 0.5}
+    assert verdict.policy["drift"]["baseline"] == {"max_abs_diff": 0.5, "min_top1_agreement": 0.5, "min_sqnr_db": None}
 
 
 def test_first_release_has_nothing_to_compare(gate_runs):
@@ -161,7 +161,7 @@ def test_cli_errors(gate_runs, tmp_path):
     policy.write_text("[drift.float]\nmax_abs = 1\n")
     bad = runner.invoke(app, ["gate", str(gate_runs["same"]), "--baseline", str(gate_runs["baseline"]), "--policy", str(policy)])
     assert bad.exit_code == 2
-    assert bad.stderr == f"error: {policy}: [drift.float]: unknown key(s) max_abs; known: max_abs_diff, min_top1_agreement\n"
+    assert bad.stderr == f"error: {policy}: [drift.float]: unknown key(s) max_abs; known: max_abs_diff, min_sqnr_db, min_top1_agreement\n"
 
 
 def test_computation_hash_tells_metadata_from_computation(gate_runs, tmp_path):

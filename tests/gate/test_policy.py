@@ -15,8 +15,8 @@ def test_defaults_are_documented_and_equal_to_the_default_file():
     shipped = load_policy(POLICIES / "default.toml").to_json()
     builtin.pop("source"), shipped.pop("source")
     assert builtin == shipped
-    assert builtin["drift"]["float"] == {"max_abs_diff": 0.05, "min_top1_agreement": 0.9}
-    assert builtin["drift"]["baseline"] == {"max_abs_diff": 0.0, "min_top1_agreement": 1.0}
+    assert builtin["drift"]["float"] == {"max_abs_diff": None, "min_top1_agreement": 0.9, "min_sqnr_db": 15.0}
+    assert builtin["drift"]["baseline"] == {"max_abs_diff": 0.0, "min_top1_agreement": 1.0, "min_sqnr_db": None}
     assert builtin["artifacts"] == {"hash": "md5", "expect_changed": []}
 
 

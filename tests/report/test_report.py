@@ -149,6 +149,8 @@ def test_gate_cli_on_nightly_entries(two_nights, tmp_path):
     assert f"first diverging node: {verdict.first_diverging_node}" in result.output
     assert "FAIL           artifacts: stage 'quantize' changed" in result.output
     assert 'name="drift.baseline"' in junit.read_text()
+    # an entry as its own baseline: every baseline check passes by construction, so the gate fails saying so
     same = CliRunner().invoke(app, ["gate", first.entries[0].entry_run, "--baseline", first.entries[0].entry_run])
-    assert same.exit_code == 0, same.output
+    assert same.exit_code == 1, same.output
+    assert [line.split(":")[0] for line in same.output.splitlines() if line.startswith("  FAIL")] == ["  FAIL           baseline"]
     assert "PASS           inference.repeat: two dumped inferences are bit-identical" in same.output
