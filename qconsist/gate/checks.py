@@ -11,7 +11,7 @@ import numpy as np
 
 from qconsist.compare import OutputComparison, compare_outputs, top1
 from qconsist.errors import QconsistError
-from qconsist.gate.evidence import Side, evaluation_inputs
+from qconsist.gate.evidence import Side, evaluation_inputs, same_role_inputs
 from qconsist.gate.policy import DriftLimits, Policy
 from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
@@ -79,13 +79,7 @@ def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def _changed_inputs(candidate: Side, baseline: Side) -> list[str]:
     """Which recorded input sets (calibration, evaluation) differ from the baseline's, by digest."""
-    changed = []
-    for role in ("calibration", "evaluation"):
-        mine = (candidate.pipeline.inputs.get(role) or {})
-        theirs = (baseline.pipeline.inputs.get(role) or {})
-        if isinstance(mine, dict) and isinstance(theirs, dict) and mine.get("digest") != theirs.get("digest"):
-            changed.append(role)
-    return changed
+    return [role for role in ("calibration", "evaluation") if same_role_inputs(candidate, baseline, role) is False]
 
 
 def _divergence_note(divergence: dict[str, Any] | None) -> str:
@@ -226,22 +220,12 @@ def check_drift_float(candidate: Side, policy: Policy) -> CheckResult:
                          policy.drift.float)
 
 
-def _evaluation_digest(side: Side) -> str:
-    """The evaluation inputs' digest as the pipeline recorded it, or computed when it did not."""
-    recorded = side.pipeline.inputs.get("evaluation")
-    if isinstance(recorded, dict) and recorded.get("same_as") == "calibration":
-        recorded = side.pipeline.inputs.get("calibration")
-    if isinstance(recorded, dict) and isinstance(recorded.get("digest"), str):
-        return recorded["digest"]
-    return evaluation_inputs(side).digest()
-
-
 def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy, divergence: dict[str, Any] | None) -> CheckResult:
     limits = policy.drift.baseline
     if baseline is None:
         return CheckResult("drift.baseline", NA, "no baseline: nothing to compare the final outputs with",
                            {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement})
-    if _evaluation_digest(candidate) != _evaluation_digest(baseline):
+    if same_role_inputs(candidate, baseline, "evaluation") is False:
         return CheckResult("drift.baseline", FAIL,
                            "the evaluation inputs differ from the baseline's (input digests differ); outputs are not comparable")
     extra = _divergence_note(divergence)

@@ -8,6 +8,8 @@ Layout of a pipeline run directory::
       <stage>/model.onnx           each stage's artifact: convert (the Caffe conversion, or the checked ONNX
                                    entry), optimize (ORT's offline optimization), quantize (quantize_static's)
       quantize/calibration_ranges.json   ORT's calibration cache (tensor ranges), reusable by quantize_static
+      inputs/calibration.jsonl     the calibration samples: names, digests, file digests, labels
+      inputs/evaluation.jsonl      the evaluation samples (qconsist.inputs.record)
       manifest.json                written last: the run is complete
 
 A ``QconsistError`` removes the directory; an interrupt leaves it without a manifest (incomplete).
@@ -26,6 +28,7 @@ from qconsist.environment import fingerprint
 from qconsist.errors import InputError
 from qconsist.inference.session import input_specs, require_provider
 from qconsist.inputs.inputset import InputSet, open_input_set
+from qconsist.inputs.record import record_inputs
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import Stage, StageContext, StageRecord
@@ -110,9 +113,12 @@ def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: 
     return inputs.subset(data.offset, data.count)
 
 
-def _describe(inputs: InputSet, model: Path) -> dict[str, Any]:
-    """The input set as the model sees it (conversions and casts reported), with the digest of its samples."""
-    return {**inputs.checked(input_specs(model)).describe(), "digest": inputs.digest()}
+def _describe(inputs: InputSet, model: Path, run: RunDirectory, role: str) -> dict[str, Any]:
+    """The input set as the model sees it (conversions and casts reported), with the digest of its samples and
+    their table (``inputs/<role>.jsonl``)."""
+    relative = f"inputs/{role}.jsonl"
+    recorded = record_inputs(inputs, inputs.sample_infos(), run.file(relative), relative)
+    return {**recorded, **inputs.checked(input_specs(model)).describe(inputs.sample_infos())}
 
 
 def _model_record(config: PipelineConfig, files: dict[str, Path]) -> dict[str, Any]:
@@ -180,8 +186,9 @@ def run_pipeline(
                              run.mark_progress)
         first = records[0].path
         manifest.inputs = {
-            "calibration": _describe(context.calibration(first), first),
-            "evaluation": _describe(context.evaluation(first), first) if config.evaluation else {"same_as": "calibration"},
+            "calibration": _describe(context.calibration(first), first, run, "calibration"),
+            "evaluation": _describe(context.evaluation(first), first, run, "evaluation") if config.evaluation
+            else {"same_as": "calibration"},
         }
         manifest.stages = [r.to_json() for r in records]
         for record in records:
