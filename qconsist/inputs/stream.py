@@ -7,10 +7,10 @@ Workers (``resolve_workers``):
 * **0**: in the caller's thread, one sample after the other (nothing ahead);
 * **1**: one thread of this process, a few steps ahead (array inputs always take this road: reading them
   needs no decoding);
-* **2 or more**: worker processes (``forkserver``: started from a clean interpreter, never a fork of a process
-  holding ONNX Runtime's threads), each preparing chunks of a step and writing them straight into a shared
-  ring of step buffers (a memory-mapped file in ``/dev/shm``), so no tensor is pickled; the main process only
-  learns which chunk is ready and its samples' digests.
+* **2 or more**: worker processes (fresh interpreters, never a fork of a process holding ONNX Runtime's
+  threads), each preparing chunks of a step and writing them straight into a shared ring of step buffers (a
+  memory-mapped file in ``/dev/shm``), so no tensor is pickled; the main process only learns which chunk is
+  ready and its samples' digests.
 
 Threads or processes: decoding a JPEG of 500x375 and preparing it (Pillow and numpy) holds the GIL for part of
 its 2.4 ms (the header parse, the Python around each call), and the consumer — the session loop, the output
@@ -23,8 +23,8 @@ valid until two more steps have been requested — the current and the previous 
 
 Errors: a sample that cannot be prepared raises its one-line error (``InputError``…) when the consumer reaches
 its step, exactly as in one thread; a crash in a worker is a bug, raised as such. Ctrl-C, SIGTERM and any
-error stop the workers at once (``terminate``) and remove the ring; workers ignore SIGINT (the terminal sends
-it to the whole process group), so only the main process decides what happens.
+error stop the workers at once (``terminate``) and remove the ring; workers run in sessions of their own, so the
+terminal's Ctrl-C reaches the main process only, which decides what happens.
 """
 
 from __future__ import annotations
@@ -32,14 +32,17 @@ from __future__ import annotations
 import logging
 import math
 import mmap
-import multiprocessing
 import os
 import queue
-import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -232,14 +235,19 @@ def _fits(sample: Sample, layout: list[tuple[str, tuple[int, ...], np.dtype]]) -
         name in sample and sample[name].shape == (1, *shape) and sample[name].dtype == dtype for name, shape, dtype in layout)
 
 
-def _work(loader: Any, path: str, size: int, slot_bytes: int, layout: list, tasks: Any, results: Any) -> None:
-    """A worker process: prepare the chunks it is given into the ring, report digests (or the error)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+def serve() -> None:
+    """A worker process (started by ``_Workers``): set up from the first message, then prepare the chunks it
+    is given into the ring and report their samples' digests (or the error), until its connection closes."""
+    connection = Connection(int(sys.argv[1]))
+    loader, path, size, slot_bytes, layout = connection.recv()
     with open(path, "r+b") as handle:
         ring = mmap.mmap(handle.fileno(), size)
-    results.put(("ready", os.getpid()))
-    while (task := tasks.get()) is not None:
-        number, slot, start, first, stop, rows = task
+    connection.send(("ready",))
+    while True:
+        try:
+            number, slot, start, first, stop, rows = connection.recv()
+        except (EOFError, OSError):
+            return
         infos, spilled, index = [], {}, first
         try:
             step = _views(ring, slot * slot_bytes, layout, rows)
@@ -251,87 +259,76 @@ def _work(loader: Any, path: str, size: int, slot_bytes: int, layout: list, task
                 else:
                     spilled[index] = sample  # another shape than sample 0's: sent whole (batch 1 only)
                 infos.append(info)
-            results.put(("done", number, first, infos, spilled))
+            message: tuple = ("done", number, first, infos, spilled)
         except QconsistError as exc:
-            results.put(("error", number, index, type(exc), exc.template))
-        except BaseException as exc:  # noqa: BLE001 - a bug: reported to the main process, which raises it
+            message = ("error", number, index, type(exc), exc.template)
+        except Exception as exc:  # noqa: BLE001 - a bug: reported to the main process, which raises it
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            results.put(("crash", number, index, detail, traceback.format_exc()))
-
-
-def _context() -> Any:
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(["numpy", "PIL.Image", "xxhash", __name__])
-    return context
+            message = ("crash", number, index, detail, traceback.format_exc())
+        connection.send(message)
 
 
 class _Worked(Exception):
     """A worker process failed: a bug (its traceback is logged at debug level)."""
 
 
-def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> Iterator[Step]:
-    first_sample, _ = prepare_sample(loader, 0)  # its layout sizes the ring
-    layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in first_sample.items()]
-    row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
-    chunk = max(1, min(batch, CHUNK))
-    per_step = math.ceil(batch / chunk)
-    in_flight = max(1, math.ceil(2 * workers / per_step))  # steps being prepared: two chunks per worker
-    slots = in_flight + 2  # and the two steps the consumer may hold
-    ring = _Ring(slots, batch * row_bytes)
-    context = _context()
-    tasks, results = context.Queue(), context.Queue()
-    processes = [context.Process(target=_work, name=f"qconsist-inputs-{n}", daemon=True,
-                                 args=(loader, ring.path, ring.map.size(), ring.slot_bytes, layout, tasks, results))
-                 for n in range(min(workers, count))]
-    total = math.ceil(count / batch)
-    pending: dict[int, _Pending] = {}
-    submitted = 0
-    try:
-        for process in processes:
-            process.start()
-        ready = 0
-        while ready < len(processes):
-            ready += _receive(results, processes, pending)
-        ring.unlink()  # every worker holds the mapping: the file's name is no longer needed
+class _Workers:
+    """Worker processes, each a fresh interpreter (``serve``) in a session of its own — the terminal's Ctrl-C
+    reaches the main process only, which stops them — joined to the main process by a socket pair: a worker
+    whose main process is gone reads the end of its connection and exits."""
 
-        def submit(limit: int) -> None:
-            nonlocal submitted
-            while submitted < min(total, limit):
-                start = submitted * batch
-                stop = min(start + batch, count)
-                chunks = list(range(start, stop, chunk))
-                pending[submitted] = _Pending(len(chunks))
-                for first in chunks:
-                    tasks.put((submitted, submitted % slots, start, first, min(first + chunk, stop), stop - start))
-                submitted += 1
+    def __init__(self, count: int, setup: tuple) -> None:
+        self.processes: list[subprocess.Popen] = []
+        self.connections: list[Connection] = []
+        code = f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; from {__name__} import serve; serve()"
+        try:
+            for _ in range(count):
+                mine, theirs = socket.socketpair()
+                with theirs:
+                    self.processes.append(subprocess.Popen(
+                        [sys.executable, "-c", code, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                        stdin=subprocess.DEVNULL, start_new_session=True))
+                self.connections.append(Connection(mine.detach()))
+            for connection in self.connections:
+                connection.send(setup)
+            for connection in self.connections:
+                self.receive(connection)  # "ready": the ring is mapped
+        except BaseException:
+            self.stop()
+            raise
 
-        for number in range(total):
-            submit(number + slots - (1 if borrowed else 0))  # the consumer may still read step number - 1
-            state = pending.pop(number)
-            while state.chunks > 0:
-                _receive(results, processes, pending, state, number)
-            if state.errors:
-                raise state.errors[min(state.errors)]  # the first failing sample, as in one thread
-            start = number * batch
-            rows = min(batch, count - start)
-            infos = [state.infos[i] for i in range(start, start + rows)]
-            if state.spilled:  # a sample of another shape than sample 0's
-                if rows != 1:
-                    views = _views(ring.map, (number % slots) * ring.slot_bytes, layout, rows)
-                    made = [state.spilled.get(i) or {n: v[i - start: i - start + 1] for n, v in views.items()}
-                            for i in range(start, start + rows)]
-                    stack(made, start)  # raises the error that names the two shapes
-                arrays = state.spilled[start]
-            else:
-                arrays = _views(ring.map, (number % slots) * ring.slot_bytes, layout, rows)
-                if not borrowed:
-                    arrays = {name: array.copy() for name, array in arrays.items()}
-            yield Step(start, arrays, infos)
-    finally:
-        _stop(processes, tasks, results)
-        ring.close()
+    def receive(self, connection: Connection) -> tuple:
+        try:
+            return connection.recv()
+        except (EOFError, OSError):
+            self.check()
+            raise _Worked("an input worker closed its connection") from None
+
+    def check(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise _Worked(f"input worker {process.pid} stopped (exit code {process.returncode}) while preparing samples")
+
+    def ready(self) -> list[Connection]:
+        """The connections with a message waiting (after at most ``_POLL`` seconds; a dead worker raises)."""
+        found = wait(self.connections, timeout=_POLL)
+        if not found:
+            self.check()
+        return found  # type: ignore[return-value]
+
+    def stop(self) -> None:
+        """Stop every worker now (they hold nothing that needs cleaning up)."""
+        for connection in self.connections:
+            connection.close()
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 class _Pending:
@@ -343,47 +340,78 @@ class _Pending:
         self.spilled: dict[int, Sample] = {}
         self.errors: dict[int, BaseException] = {}
 
-
-def _receive(results: Any, processes: list, pending: dict[int, _Pending], current: _Pending | None = None,
-             number: int = -1) -> int:
-    """Take one message from the workers (1 for a worker's ``ready``); raise when a worker died."""
-    while True:
-        try:
-            message = results.get(timeout=_POLL)
-            break
-        except queue.Empty:
-            dead = [p for p in processes if p.exitcode is not None]
-            if dead:
-                raise _Worked(f"input worker {dead[0].name} stopped (exit code {dead[0].exitcode}) while preparing "
-                              "samples") from None
-    if message[0] == "ready":
-        return 1
-    state = current if message[1] == number else pending[message[1]]
-    state.chunks -= 1
-    if message[0] == "done":
-        _, _, first, infos, spilled = message
-        state.infos.update(zip(range(first, first + len(infos)), infos))
-        state.spilled.update(spilled)
-    elif message[0] == "error":
-        _, _, index, cls, template = message
-        state.errors[index] = cls(template)
-    else:
-        _, _, index, detail, trace = message
-        log.debug("input worker traceback (sample %d):\n%s", index, trace)
-        state.errors[index] = _Worked(f"input worker failed on sample {index}: {detail}")
-    return 0
+    def add(self, message: tuple) -> None:
+        self.chunks -= 1
+        if message[0] == "done":
+            _, _, first, infos, spilled = message
+            self.infos.update(zip(range(first, first + len(infos)), infos))
+            self.spilled.update(spilled)
+        elif message[0] == "error":
+            _, _, index, cls, template = message
+            self.errors[index] = cls(template)
+        else:
+            _, _, index, detail, trace = message
+            log.debug("input worker traceback (sample %d):\n%s", index, trace)
+            self.errors[index] = _Worked(f"input worker failed on sample {index}: {detail}")
 
 
-def _stop(processes: list, tasks: Any, results: Any) -> None:
-    """Stop every worker now (they hold nothing that needs cleaning up) and close the queues."""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for channel in (tasks, results):
-        channel.cancel_join_thread()
-        channel.close()
+def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> Iterator[Step]:
+    first_sample, _ = prepare_sample(loader, 0)  # its layout sizes the ring
+    layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in first_sample.items()]
+    row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
+    chunk = max(1, min(batch, CHUNK))
+    workers = min(workers, math.ceil(count / chunk))
+    in_flight = max(1, math.ceil(2 * workers / math.ceil(batch / chunk)))  # steps being prepared: 2 chunks a worker
+    slots = in_flight + 2  # and the two steps the consumer may hold
+    ring = _Ring(slots, batch * row_bytes)
+    total = math.ceil(count / batch)
+    pending: dict[int, _Pending] = {}
+    queued: deque[tuple] = deque()  # chunks of submitted steps no worker has yet
+    busy: dict[Connection, int] = {}  # chunks given to each worker and not yet reported
+    submitted = 0
+    pool = None
+    try:
+        pool = _Workers(workers, (loader, ring.path, ring.map.size(), ring.slot_bytes, layout))
+        ring.unlink()  # every worker holds the mapping: the file's name is no longer needed
+        busy = dict.fromkeys(pool.connections, 0)
+
+        def dispatch() -> None:
+            for connection in pool.connections:  # type: ignore[union-attr]
+                while queued and busy[connection] < 2:
+                    connection.send(queued.popleft())
+                    busy[connection] += 1
+
+        for number in range(total):
+            while submitted < min(total, number + slots - (1 if borrowed else 0)):  # the consumer may hold number - 1
+                start, stop = submitted * batch, min(submitted * batch + batch, count)
+                chunks = range(start, stop, chunk)
+                pending[submitted] = _Pending(len(chunks))
+                queued.extend((submitted, submitted % slots, start, first, min(first + chunk, stop), stop - start)
+                              for first in chunks)
+                submitted += 1
+            dispatch()
+            state = pending.pop(number)
+            while state.chunks > 0:
+                for connection in pool.ready():
+                    message = pool.receive(connection)
+                    busy[connection] -= 1
+                    (state if message[1] == number else pending[message[1]]).add(message)
+                dispatch()
+            if state.errors:
+                raise state.errors[min(state.errors)]  # the first failing sample, as in one thread
+            start = number * batch
+            rows = min(batch, count - start)
+            infos = [state.infos[i] for i in range(start, start + rows)]
+            arrays = _views(ring.map, (number % slots) * ring.slot_bytes, layout, rows)
+            if state.spilled:  # a sample of another shape than sample 0's
+                if rows != 1:
+                    stack([state.spilled.get(i) or {n: v[i - start: i - start + 1] for n, v in arrays.items()}
+                           for i in range(start, start + rows)], start)  # raises the error naming both shapes
+                arrays = state.spilled[start]
+            elif not borrowed:
+                arrays = {name: array.copy() for name, array in arrays.items()}
+            yield Step(start, arrays, infos)
+    finally:
+        if pool is not None:
+            pool.stop()
+        ring.close()
