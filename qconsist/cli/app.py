@@ -80,6 +80,7 @@ class QconsistGroup(TyperGroup):
         return super().parse_args(ctx, rest)
 
     def invoke(self, ctx: Any) -> Any:
+        _bytes_of_paths()
         with _terminate_as_interrupt():
             return self._invoke(ctx)
 
@@ -102,6 +103,14 @@ class QconsistGroup(TyperGroup):
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             _fail(f"{detail} (at {os.path.basename(where.filename)}:{where.lineno}) — rerun with -v for the traceback",
                   EXIT_INTERNAL, prefix="internal error")
+
+
+def _bytes_of_paths() -> None:
+    """A file name that is not UTF-8 is printed as the bytes it is (Python holds them as surrogate escapes),
+    as ``ls`` prints it, instead of failing to encode."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and getattr(stream, "encoding", "").lower().replace("-", "") == "utf8":
+            stream.reconfigure(errors="surrogateescape")
 
 
 class Terminated(KeyboardInterrupt):

@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 
 from qconsist.errors import ConfigError, InputError
+from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSpec
 from qconsist.store.manifest import Manifest
 from qconsist.store.rundir import open_run
@@ -93,7 +94,7 @@ def input_specs(path: Path) -> list[InputSpec]:
         tensor = value.type.tensor_type
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
-    return specs
+    return with_multiples(specs, lambda: model)
 
 
 def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:

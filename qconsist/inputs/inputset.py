@@ -52,6 +52,7 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple[int | str | None, ...]
+    multiple: int | None = None  # a dynamic height and width must be multiples of this (the model's graph says)
 
 
 @dataclass
@@ -163,6 +164,8 @@ class InputSet:
 
     def checked(self, specs: Sequence[InputSpec], batch_size: int = 1) -> "InputSet":
         """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
+        if self.kind == "images" and self.preprocess is not None:
+            check_spatial(specs, self.preprocess)
         load = Checked(self._load, list(specs), self.names)
         if len(self.names):
             load(0)  # fail early with a clear message
@@ -174,6 +177,25 @@ class InputSet:
             stored = {specs[0].name: next(iter(stored.values()))}
         cast = {name: f"{stored[name]} -> {dtype}" for name, dtype in wanted.items() if name in stored and stored[name] != dtype}
         return self._derived(_load=load, cast=cast or None)
+
+
+def check_spatial(specs: Sequence[InputSpec], preprocess: Preprocess) -> None:
+    """Images fit an input whose height and width are dynamic only at a declared size, one the model takes
+    (``InputSpec.multiple``): said before any work, in one line, instead of failing inside ONNX Runtime."""
+    size, key = (preprocess.crop, "crop") if preprocess.crop is not None else (preprocess.resize, "resize")
+    for spec in specs:
+        if len(spec.shape) != 4:
+            continue
+        spatial = spec.shape[2:4] if preprocess.layout.value == "NCHW" else spec.shape[1:3]
+        dynamic = sum(not isinstance(d, int) or d <= 0 for d in spatial)
+        multiple = spec.multiple
+        if dynamic == 2 and size is None:
+            raise ShapeMismatchError(f"input {spec.name} has dynamic height and width: declare [preprocess] resize"
+                                     + (f" (the model takes multiples of {multiple})" if multiple else ""))
+        if dynamic and multiple and size is not None and (size[0] % multiple or size[1] % multiple):
+            raise ShapeMismatchError(
+                f"input {spec.name} takes heights and widths that are multiples of {multiple}: [preprocess] {key} "
+                f"{list(size)} is not; declare multiples of {multiple}")
 
 
 def check_batch_size(size: int) -> int:

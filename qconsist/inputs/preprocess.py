@@ -193,6 +193,22 @@ def _open(path: Path):
     return image
 
 
+# The most a resize may enlarge an image, per side: a 28x28 digit or a 32x32 thumbnail brought to 224x224 (7-8x)
+# is still a picture; a 1x1 or 8x8 file resized 28-224 times is a placeholder or a broken file, refused.
+MAX_ENLARGEMENT = 8
+
+
+def _check_enlargement(path: Path, found: tuple[int, int], size: tuple[int, int]) -> None:
+    """Refuse a resize from ``found`` to ``size`` (both width, height) that enlarges a side more than
+    ``MAX_ENLARGEMENT`` times."""
+    (width, height), (to_width, to_height) = found, size
+    factor = max(to_width / max(width, 1), to_height / max(height, 1))
+    if factor > MAX_ENLARGEMENT:
+        raise InputError(f"image {path} is {width}x{height}: resizing it to {to_width}x{to_height} would enlarge it "
+                         f"{factor:.3g} times, more than {MAX_ENLARGEMENT}; remove it, or enlarge it yourself if it "
+                         "is meant")
+
+
 def image_mode(path: Path) -> str:
     """The PIL mode of ``path`` (its header only), as ``read_image`` will see it."""
     with _open(path) as image:
@@ -211,6 +227,8 @@ def decode_image(path: Path, size: tuple[int, int] | None = None, resample: int 
     try:
         with _open(path) as image:
             mode = image.mode  # as its header says (``image_mode``), before decoding
+            if size is not None:
+                _check_enlargement(path, image.size, size)
             image.load()
             if image.mode in _SIXTEEN_BIT:
                 gray = image.convert("F")

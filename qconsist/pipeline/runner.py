@@ -25,9 +25,10 @@ from typing import Any, Callable, Sequence
 
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
 from qconsist.environment import fingerprint
-from qconsist.errors import InputError
+from qconsist.errors import InputError, QconsistError
 from qconsist.inference.session import input_specs, require_provider
-from qconsist.inputs.inputset import InputSet, open_input_set
+from qconsist.inference.model import input_specs as model_input_specs
+from qconsist.inputs.inputset import InputSet, check_spatial, open_input_set
 from qconsist.inputs.record import record_inputs
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -113,6 +114,18 @@ def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: 
     return inputs.subset(data.offset, data.count)
 
 
+def _check_sizes(files: dict[str, Path], config: PipelineConfig, opened: list[InputSet]) -> None:
+    """An ONNX entry with a dynamic height and width gets images of a size it takes (``check_spatial``),
+    said before any stage runs; a model that cannot be read is left to the convert stage to name."""
+    if "onnx" not in files or config.preprocess is None or not any(s.kind == "images" for s in opened):
+        return
+    try:
+        specs = model_input_specs(files["onnx"])
+    except QconsistError:
+        return
+    check_spatial(specs, config.preprocess)
+
+
 def _describe(inputs: InputSet, model: Path, run: RunDirectory, role: str) -> dict[str, Any]:
     """The input set as the model sees it (conversions and casts reported), with the digest of its samples and
     their table (``inputs/<role>.jsonl``)."""
@@ -174,9 +187,10 @@ def run_pipeline(
     files = _model_files(config)
     # fail before any work: the calibration provider absent here, input sets missing, empty or too short
     require_provider(config.calibration.options.provider)
-    _input_set(config.calibration.inputs, config, "input", "calibration")
+    opened = [_input_set(config.calibration.inputs, config, "input", "calibration")]
     if config.evaluation:
-        _input_set(config.evaluation, config, "input", "evaluation")
+        opened.append(_input_set(config.evaluation, config, "input", "evaluation"))
+    _check_sizes(files, config, opened)
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
     with RunDirectory.create(root, config.name, "pipeline", run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
