@@ -106,7 +106,7 @@ def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count
     """The inputs group's object: the input set, prepared as the pipeline file (or the source run) says,
     labelled, sliced, checked against the model's inputs, and read by ``workers`` input workers."""
     from qconsist.errors import ConfigError
-    from qconsist.inference.session import input_specs
+    from qconsist.inference.model import model_input_specs
     from qconsist.inputs import open_input_set
     from qconsist.inputs.preprocess import Preprocess
 
@@ -114,7 +114,7 @@ def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count
         raise ConfigError(f"`offset` must be >= 0, got {offset}")
     if count is not None and count < 1:
         raise ConfigError(f"`count` must be >= 1, got {count}")
-    specs = input_specs(source.path)
+    specs = model_input_specs(source.path)
     if not specs:
         raise ConfigError(f"model {source.path} has no inputs")
     if pipeline is not None:

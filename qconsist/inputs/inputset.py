@@ -272,7 +272,7 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
     text = str(source)
     if text.startswith(augment.PREFIX):
         count, seed = augment.parse_source(text)
-        bases = augment.base_photos(package_photos(), preprocess)
+        bases = augment.PhotoBases(package_photos(), preprocess)
         make = augment.AugmentedPhotos(bases, preprocess.crop, seed, preprocess.layout.value == "NCHW")  # type: ignore[union-attr,arg-type]
         return InputSet(text, "images", _Numbered(count), Augmented(make, input_name), preprocess)
     if text == PACKAGE_PHOTOS:
