@@ -267,6 +267,7 @@ def run_inference(
     label = f"run-{source.describe().get('name') or source.path.stem}"
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
+        stream = inputs.steps(batch, borrowed=True)  # the input workers start while the model loads
         model_record, stages, structure = _model_record(source)
         model_path = source.path
         if request.dynamic_batch:
@@ -304,7 +305,7 @@ def run_inference(
             host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
         try:
             with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
-                for index, step, step_infos in inputs.steps(batch, borrowed=True):
+                for index, step, step_infos in stream:
                     # Input workers prepare the next steps meanwhile (qconsist.inputs.stream). The dump session
                     # runs while the recorder fingerprints the previous step; the production session runs
                     # alone, so its time per sample is not disturbed by the dump.

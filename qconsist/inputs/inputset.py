@@ -113,8 +113,11 @@ class InputSet:
         samples' digests (``sample_infos``)."""
         check_batch_size(size)
         workers = resolve_workers(self.workers, len(self.names), getattr(self._load, "parallel", False))
+        return self._kept(steps(self._load, len(self.names), size, workers, borrowed))  # workers start now
+
+    def _kept(self, made: Iterator[Step]) -> Iterator[Step]:
         infos: list[SampleInfo] = []
-        for step in steps(self._load, len(self.names), size, workers, borrowed):
+        for step in made:
             infos += step.infos
             yield step
         self._infos = infos

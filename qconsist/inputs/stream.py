@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -291,11 +292,14 @@ class _Workers:
                 self.connections.append(Connection(mine.detach()))
             for connection in self.connections:
                 connection.send(setup)
-            for connection in self.connections:
-                self.receive(connection)  # "ready": the ring is mapped
         except BaseException:
             self.stop()
             raise
+
+    def wait_ready(self) -> None:
+        """Until every worker has started and mapped the ring (their imports overlap with the caller's work)."""
+        for connection in self.connections:
+            self.receive(connection)
 
     def receive(self, connection: Connection) -> tuple:
         try:
@@ -356,6 +360,7 @@ class _Pending:
 
 
 def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> Iterator[Step]:
+    """Start the workers now (they start while the caller goes on) and return the steps they will make."""
     first_sample, _ = prepare_sample(loader, 0)  # its layout sizes the ring
     layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in first_sample.items()]
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
@@ -364,19 +369,34 @@ def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool
     in_flight = max(1, math.ceil(2 * workers / math.ceil(batch / chunk)))  # steps being prepared: 2 chunks a worker
     slots = in_flight + 2  # and the two steps the consumer may hold
     ring = _Ring(slots, batch * row_bytes)
+    try:
+        pool = _Workers(workers, (loader, ring.path, ring.map.size(), ring.slot_bytes, layout))
+    except BaseException:
+        ring.close()
+        raise
+    made = _deliver(pool, ring, layout, count, batch, chunk, slots, borrowed)
+    weakref.finalize(made, _close, pool, ring)  # a stream dropped before it is read stops its workers too
+    return made
+
+
+def _close(pool: _Workers, ring: _Ring) -> None:
+    pool.stop()
+    ring.close()
+
+
+def _deliver(pool: _Workers, ring: _Ring, layout: list, count: int, batch: int, chunk: int, slots: int,
+             borrowed: bool) -> Iterator[Step]:
     total = math.ceil(count / batch)
     pending: dict[int, _Pending] = {}
     queued: deque[tuple] = deque()  # chunks of submitted steps no worker has yet
-    busy: dict[Connection, int] = {}  # chunks given to each worker and not yet reported
     submitted = 0
-    pool = None
     try:
-        pool = _Workers(workers, (loader, ring.path, ring.map.size(), ring.slot_bytes, layout))
+        pool.wait_ready()
         ring.unlink()  # every worker holds the mapping: the file's name is no longer needed
-        busy = dict.fromkeys(pool.connections, 0)
+        busy = dict.fromkeys(pool.connections, 0)  # chunks given to each worker and not yet reported
 
         def dispatch() -> None:
-            for connection in pool.connections:  # type: ignore[union-attr]
+            for connection in pool.connections:
                 while queued and busy[connection] < 2:
                     connection.send(queued.popleft())
                     busy[connection] += 1
@@ -412,6 +432,4 @@ def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool
                 arrays = {name: array.copy() for name, array in arrays.items()}
             yield Step(start, arrays, infos)
     finally:
-        if pool is not None:
-            pool.stop()
-        ring.close()
+        _close(pool, ring)
