@@ -208,8 +208,9 @@ def _inputs(folder: Path, workers: int | None):
 
 
 def decode(folder: Path, count: int, batch: int, workers: int, label: str) -> dict:
-    """Every sample through the input pipeline, as `qconsist run` reads it."""
+    """The first ``count`` samples through the input pipeline, as `qconsist run` reads them."""
     inputs = _inputs(folder, workers)
+    inputs = inputs.subset(0, count) if count < len(inputs) else inputs
     with PeakMemory(os.getpid()) as memory, progress(label, count) as advance:
         start = time.perf_counter()
         for step in inputs.steps(batch, borrowed=True):
@@ -222,7 +223,7 @@ def decode_threads(folder: Path, count: int, threads: int) -> dict:
     """The same work by ``threads`` threads of this process (each sample as a worker makes it)."""
     from qconsist.inputs.stream import prepare_sample
 
-    inputs = _inputs(folder, 0)
+    inputs = _inputs(folder, 0).subset(0, count)
     with PeakMemory(os.getpid()) as memory, progress(f"decode, {threads} threads", count) as advance, \
             ThreadPoolExecutor(threads) as pool:
         start = time.perf_counter()
@@ -286,7 +287,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="input workers (default: the cores available)")
     parser.add_argument("--fingerprints", default="host", choices=["host", "device"])
     parser.add_argument("--dynamic-batch", action="store_true", help="re-stamp a model with a fixed batch of 1")
-    parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads,dump,...")
+    parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads, dump")
+    parser.add_argument("--single-limit", type=int, default=2000,
+                        help="decode in 1 process and by N threads on at most this many samples, their time scaled "
+                             "to --count (marked est.; default 2000)")
     options = parser.parse_args()
 
     from qconsist.inference.model import resolve_model
@@ -308,9 +312,14 @@ def main() -> None:
     runs = scratch / "runs"
     rows: dict[str, dict] = {}
     rows["start-up (1 sample)"] = run([*common, "--count", "1"], runs, "startup", 1)
-    rows["decode, 1 process"] = decode(folder, count, batch, 0, "decode, 1 process")
+    limited = min(count, options.single_limit)
+    scale = count / limited
+    rows["decode, 1 process"] = decode(folder, limited, batch, 0, "decode, 1 process")
     if "threads" not in skip:
-        rows[f"decode, {workers} threads"] = decode_threads(folder, count, workers)
+        rows[f"decode, {workers} threads"] = decode_threads(folder, limited, workers)
+    for name in ("decode, 1 process", f"decode, {workers} threads"):
+        if name in rows and scale != 1:
+            rows[name] = {**rows[name], "wall": rows[name]["wall"] * scale, "estimated": f"est. from {limited}"}
     rows[f"decode, {workers} workers"] = decode(folder, count, batch, workers, f"decode, {workers} workers")
     rows["inference (pre-decoded)"] = inference(model, folder, count, batch, execution, options.dynamic_batch)
     rows["run"] = run(common, runs, "plain", count)
@@ -328,7 +337,8 @@ def main() -> None:
     for name, row in rows.items():
         per = count if name != "start-up (1 sample)" else 1
         disk = f"{row['disk'] / 1e6:.1f}" if "disk" in row else ""
-        print(f"| {name} | {row['wall']:.2f} | {per / row['wall']:.0f} | {row['wall'] / single:.2f} | "
+        print(f"| {name}{' (' + row['estimated'] + ')' if 'estimated' in row else ''} | {row['wall']:.2f} | "
+              f"{per / row['wall']:.0f} | {row['wall'] / single:.2f} | "
               f"{row['rss'] / 1e6:.0f} | {disk} | {row.get('files', '')} |")
     startup = rows["start-up (1 sample)"]["wall"]
     body = rows["run"]["wall"] - startup

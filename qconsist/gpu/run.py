@@ -30,7 +30,7 @@ from qconsist.gpu.report import SCHEMA, LocateReport
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
 from qconsist.inference.session import ExecutionOptions, require_provider
 from qconsist.inputs import open_input_set
-from qconsist.inputs.record import record_inputs
+from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -93,9 +93,6 @@ def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | Non
     if found is None:
         return None
     return Preprocess.from_dict({k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
-
-
-SAMPLES = "inputs/samples.jsonl"  # the run's sample table (qconsist.inputs.record)
 
 
 def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet, list[dict[str, np.ndarray]]]:
@@ -221,7 +218,7 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
         write_json_atomic(rundir.file(REPORT_FILE), report.to_json())
         manifest = Manifest(
             kind="locate", command=list(command), model=source.describe(),
-            inputs=record_inputs(input_set, input_set.sample_infos(), rundir.file(SAMPLES), SAMPLES),
+            inputs=record_inputs(input_set, input_set.sample_infos(), rundir.file(SAMPLES_FILE), SAMPLES_FILE),
             environment=fingerprint(),
             sections={"locate": summary(report)},
         )

@@ -37,7 +37,7 @@ from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
-from qconsist.inputs.record import record_inputs
+from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.stream import SampleInfo
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_bytes_atomic, write_json_atomic
@@ -51,7 +51,6 @@ from qconsist.inference.reader import load_dump
 
 log = logging.getLogger(__name__)
 KIND = "inference"
-SAMPLES = "inputs/samples.jsonl"  # the run's sample table (qconsist.inputs.record)
 
 
 @dataclass(frozen=True)
@@ -344,7 +343,7 @@ def run_inference(
             if recorder is not None:
                 recorder.close()
         outputs_table.close()
-        recorded_inputs = record_inputs(inputs, infos, run.file(SAMPLES), SAMPLES)
+        recorded_inputs = record_inputs(inputs, infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
         if reference is not None and not _same_inputs(reference.digest, recorded_inputs["digest"], inputs):
             raise InputError(f"`reference` {reference.run_dir} ran on other inputs (digest differs); `raw` auto needs the same input set")
         samples = len(inputs)

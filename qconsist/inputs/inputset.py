@@ -77,6 +77,10 @@ class InputSet:
     def sample(self, index: int) -> Sample:
         return self._load(index)
 
+    def label(self, index: int) -> int | None:
+        """The class of sample ``index`` where the set has labels (a step from ``steps`` starts at ``step.start``)."""
+        return self.labels.get(self.names[index]) if self.labels is not None else None
+
     def __iter__(self) -> Iterator[Sample]:
         for i in range(len(self.names)):
             yield self._load(i)

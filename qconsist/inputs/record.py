@@ -31,6 +31,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.verify import run_file
 
 SCHEMA = "qconsist.samples/1"
+SAMPLES_FILE = "inputs/samples.jsonl"  # the sample table of a run of one input set (inference, locate)
 COLUMNS = ["name", "digest", "file", "label"]
 
 

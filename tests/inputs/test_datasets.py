@@ -31,6 +31,7 @@ def test_class_folder_tree_sorted_classes_and_paths(tmp_path):
                                   "dog/000.jpg", "dog/001.jpg"]
     assert inputs.labels.classes == ("bird", "cat", "dog") and inputs.labels.source == "folders"
     assert inputs.labels.of(inputs.names) == [0, 1, 1, 1, 1, 2, 2]
+    assert [inputs.subset(5).label(i) for i in range(2)] == [2, 2]
     expected = np.asarray(Image.open(root / "cat" / "001.jpg").convert("RGB").resize((8, 8), Image.Resampling.BILINEAR),
                           np.float32).transpose(2, 0, 1)
     np.testing.assert_array_equal(inputs.sample(2)["x"][0], expected)
