@@ -2,7 +2,7 @@
 a dump, on a labelled folder of JPEGs this script generates (no download).
 
     python benchmarks/input_pipeline.py [--count 1000] [--folder DIR] [--model tiny|MODEL] [--ep cpu|cuda]
-        [--batch-size 32] [--workers N] [--fingerprints host|device] [--dynamic-batch]
+        [--batch-size 32] [--workers N] [--fingerprints host|device] [--dynamic-batch] [--generate-only]
 
 **The folder** (``--folder``, default ``qconsist-imagenet-<count>`` in the system's temporary folder; made once,
 kept): ``--count`` JPEGs of
@@ -287,6 +287,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="input workers (default: the cores available)")
     parser.add_argument("--fingerprints", default="host", choices=["host", "device"])
     parser.add_argument("--dynamic-batch", action="store_true", help="re-stamp a model with a fixed batch of 1")
+    parser.add_argument("--generate-only", action="store_true", help="make the folder and stop")
     parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads, dump")
     parser.add_argument("--single-limit", type=int, default=2000,
                         help="decode in 1 process and by N threads on at most this many samples, their time scaled "
@@ -301,6 +302,9 @@ def main() -> None:
     count, batch = options.count, options.batch_size
     folder = options.folder or Path(tempfile.gettempdir()) / f"qconsist-imagenet-{count}"
     made = generate(folder, count, options.classes, tuple(int(v) for v in options.size.split("x")), workers)
+    if options.generate_only:
+        print(f"{folder}: {count} JPEGs" + (f", made in {made:.0f} s" if made else " (already there)"))
+        return
     scratch = Path(tempfile.mkdtemp(prefix="qconsist-bench-"))
     model = _tiny_model(scratch / "tiny.onnx") if options.model == "tiny" else resolve_model(options.model).path
     given = str(model) if options.model == "tiny" else options.model
