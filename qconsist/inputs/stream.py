@@ -12,11 +12,14 @@ Workers (``resolve_workers``):
   memory-mapped file in ``/dev/shm``), so no tensor is pickled; the main process only learns which chunk is
   ready and its samples' digests.
 
-Threads or processes: decoding a JPEG of 500x375 and preparing it (Pillow and numpy) holds the GIL for part of
-its 2.4 ms (the header parse, the Python around each call), and the consumer — the session loop, the output
-writer — wants the GIL too; measured side by side on 2 cores (``benchmarks/input_pipeline.py``) and sized
-for the 16-core GPU machine, processes do not share one interpreter. Every worker count makes the same bytes:
-each sample is made by the same function of its index (``loaders.prepare``), whatever process runs it.
+Threads or processes: preparing a 500x375 JPEG for open_nsfw (2.4 ms) holds the GIL for part of the time
+(Pillow's header parsing, the Python around each call), and the main process wants it too (the session loop,
+the outputs). Measured here: beside one busy Python thread, a sample prepared in a thread took 10.5-14.5 ms
+instead of 2.4-4.6 ms (the GIL convoy; the thread held the GIL about half the time), which worker processes do
+not share. On 2 cores busy with other work, 2 threads and 2 processes decoded 1,000 JPEGs alike (3.5 and
+3.6 s, medians of 3, against 4.3 s in one process); ``benchmarks/input_pipeline.py`` measures both on the
+machine at hand (16 threads against 16 processes on the GPU machine). Every worker count makes the same bytes:
+each sample is made by the same function of its index (``prepare_sample``), whatever process runs it.
 
 A step's arrays are the caller's to keep (``borrowed=False``), or views of the shared ring (``borrowed=True``)
 valid until two more steps have been requested — the current and the previous step stay readable.
