@@ -92,7 +92,7 @@ def _render(result) -> None:  # result: DiffResult
                     extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
                 table.add_row(
                     node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
-                    f"{len(node.samples)}/{tensors.samples}", mismatch,
+                    f"{node.count}/{tensors.samples}", mismatch,
                     _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
                     *([node.tolerance] if not tolerance.exact else []),
                 )
@@ -116,9 +116,19 @@ def _render(result) -> None:  # result: DiffResult
         )
     for stat in result.output_stats:
         console.print(f"output {stat.name}: {stat.message()}")
+    if result.accuracy is not None:
+        _render_accuracy(console, result.accuracy)
     for note in result.notes:
         console.print(f"note: {note}")
     console.print("verdict: identical" if result.passed else "verdict: diverged")
+
+
+def _render_accuracy(console, change) -> None:  # change: AccuracyChange
+    console.print(change.summary())
+    for flip in change.flipped[:_SHOWN]:
+        console.print(f"  {flip.describe()}")
+    if change.flipped_count > _SHOWN:
+        console.print(f"  ... {change.flipped_count - _SHOWN} more flipped predictions (--json lists {len(change.flipped)})")
 
 
 def diff(
