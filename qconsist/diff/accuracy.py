@@ -149,7 +149,7 @@ def cause(artifacts_stage: str | None, calibration_changed: bool, options: list[
           numerics: list[Any]) -> str:
     """What differs between two runs (the first thing that can change numerics), or ``run-to-run``."""
     if artifacts_stage:
-        return f"the {artifacts_stage} model differs"
+        return "the models differ" if artifacts_stage == "model" else f"the {artifacts_stage} models differ"
     if calibration_changed:
         return "the calibration differs"
     if batch[0] != batch[1]:

@@ -250,7 +250,8 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     model_path = source.path
     if request.dynamic_batch:
         model_path = _restamp(source.path, run.file("model/model.onnx"), inputs.sample(0), options)
-        model.record["dynamic_batch"] = {"path": "model/model.onnx", **hash_artifact(model_path, run.path).to_json()}
+        restamped = {k: v for k, v in hash_artifact(model_path, run.path).to_json().items() if k != "initializers"}
+        model.record["dynamic_batch"] = {"path": "model/model.onnx", **restamped}
     production = create_session(model_path, options)
     if batch != 1:
         check_batching(input_specs(production), batch, len(inputs))
