@@ -394,7 +394,7 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
     where = "the model" if isinstance(model, bytes) else str(model)
     outputs = _graph_outputs(model)
     if outputs == 0:
-        return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
+        return empty_graph_error(where)
     if optimized_model_filepath is not None:
         try:
             open_ort_session(model, options, level=level, disabled_optimizers=disabled_optimizers)
@@ -404,6 +404,11 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
             return OutputError(f"cannot write onnxruntime's optimized graph to {optimized_model_filepath}: "
                                f"{_write_failure(Path(optimized_model_filepath), ort_message(exc))}")
     return UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}")
+
+
+def empty_graph_error(where: str) -> UnsupportedModelError:
+    """The one line for a model whose graph declares no output."""
+    return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
 
 
 def _graph_outputs(model: str | Path | bytes) -> int | None:
@@ -512,10 +517,12 @@ def input_specs(session: Any) -> list[InputSpec]:
     return with_multiples(specs, lambda: _load_graph(path)) if path is not None else specs
 
 
-def _load_graph(path: Path) -> Any:
+def _load_graph(model: str | Path | bytes) -> Any:
     import onnx  # only for a model with a dynamic height and width
 
-    return onnx.load(str(path), load_external_data=False)
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return onnx.load(str(model), load_external_data=False)
 
 
 @ort_logged()  # one capture for all its sessions and runs
@@ -530,7 +537,7 @@ def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1,
 def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = ExecutionOptions(),
                batch_size: int = 1) -> list[dict[str, np.ndarray]]:
     session = create_session(path, options)
-    return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(Path(path))))
+    return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(path)))
 
 
 def onnxruntime_limits() -> tuple[int | None, int | None]:
