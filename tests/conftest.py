@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,81 @@ OPEN_NSFW_PIPELINE = REPO / "pipelines" / "open_nsfw.toml"
 OPEN_NSFW_FIXTURES = {"nsfw_run", "nsfw_models", "gate_runs", "level_runs", "calibration_runs", "nsfw_inputs"}
 
 
+# Under pytest-xdist (make test): the modules that start a local Ray run one after another in one worker (two
+# local Rays on the same cores only slow each other down), and the longest modules start first, so that no
+# worker is left with one of them at the end (durations on 2 cores: README, "Development").
+RAY_MODULES = ("tests/nightly/test_ray_identity.py", "tests/nightly/test_ray_interrupt.py", "tests/nightly/test_ray_cluster.py")
+LONGEST_FIRST = (*RAY_MODULES, "tests/nightly/test_nightly.py", "tests/nightly/test_interrupt.py", "tests/gate/test_gate.py",
+                 "tests/cli/test_fuzz_cli.py", "tests/test_threads.py", "tests/calibration/test_calib_repeat.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduler by module (its module-scoped fixtures are built once), the Ray modules as one unit,
+    in the collection's order (``LONGEST_FIRST``). (Its own ``loadgroup`` does not group on pytest 9.2.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if module in RAY_MODULES else module
+
+    config.option.loadscopereorder = False
+    return ModuleScheduling(config, log)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fetch the real models once, before any test (and before pytest-xdist starts its workers, which would
+    otherwise each download them on a fresh cache): the first run on a machine spends its download here."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from qconsist.errors import QconsistError
+    from qconsist.models.registry import fetch_model
+
+    for name in ("open_nsfw", "nudenet_320n"):
+        try:
+            fetch_model(name)
+        except QconsistError as exc:  # the tests that need it fail with this message
+            print(f"\nconftest: cannot fetch model {name}: {exc}")
+
+
+@contextmanager
+def _turn(item: pytest.Item):
+    """Under pytest-xdist, a test marked ``alone`` (it measures how threads interleave: another worker on the same
+    cores serializes them) runs while no other worker runs a test; every other test runs beside any but those.
+    A readers-writer lock of two ``flock`` files in the session's shared temporary folder; the turnstile makes
+    a waiting ``alone`` test go next."""
+    config = item.config
+    if not hasattr(config, "workerinput"):
+        yield
+        return
+    folder = Path(config.option.basetemp).parent
+    alone = item.get_closest_marker("alone") is not None
+    with open(folder / "turnstile.lock", "a") as turnstile, open(folder / "tests.lock", "a") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    with _turn(item):
+        return (yield)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``slow`` on every test that needs the real open_nsfw run (``-m "not slow"`` for a quick pass); a ``gpu``
-    test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``)."""
+    test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``); in a
+    pytest-xdist worker, the longest modules first (``LONGEST_FIRST``)."""
+    if hasattr(config, "workerinput"):
+        rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     cuda = None
     for item in items:
         if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())):
