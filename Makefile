@@ -43,10 +43,10 @@ run: $(RUN_STAMP)
 test: $(STAMP) browser
 	$(PYTEST)
 
-# The quick tier while developing (under a minute on 2 cores): every test that needs neither the real
-# open_nsfw pipeline run (`slow`) nor a whole night (tests/nightly); `make test` runs them all.
+# The quick tier while developing (under a minute on 2 idle cores): every test but the `slow` ones (the real
+# open_nsfw pipeline run, nights, subprocesses, fuzzing: tests/conftest.py); `make test` runs them all.
 check: $(STAMP)
-	$(PYTEST) -m "not gpu and not slow" --ignore=tests/nightly --ignore=tests/test_threads.py --ignore=tests/test_wheel.py
+	$(PYTEST) -m "not gpu and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check qconsist tests benchmarks noxfile.py

@@ -15,6 +15,10 @@ OPEN_NSFW_PIPELINE = REPO / "pipelines" / "open_nsfw.toml"
 
 # fixtures that run the real open_nsfw pipeline (seconds to minutes): their tests are marked ``slow``
 OPEN_NSFW_FIXTURES = {"nsfw_run", "nsfw_models", "gate_runs", "level_runs", "calibration_runs", "nsfw_inputs"}
+# modules marked ``slow`` whole: nights, pipelines in subprocesses, fuzzing, another environment built, a wheel
+SLOW_MODULES = ("tests/nightly/", "tests/test_threads.py", "tests/test_wheel.py", "tests/test_fuzz_readers.py",
+                "tests/cli/test_fuzz_cli.py", "tests/store/test_fuzz_rundir.py", "tests/store/test_signals.py",
+                "tests/explain/test_upgrade.py")
 
 
 # Under pytest-xdist (make test): the modules that start a local Ray run one after another in one worker (two
@@ -86,7 +90,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` on every test that needs the real open_nsfw run (``-m "not slow"`` for a quick pass); a ``gpu``
+    """``slow`` on every test that needs the real open_nsfw run or lies in ``SLOW_MODULES`` (``-m "not slow"``,
+    ``make check``, for a quick pass); a ``gpu``
     test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``); in a
     pytest-xdist worker, the longest modules first (``LONGEST_FIRST``)."""
     if hasattr(config, "workerinput"):
@@ -94,7 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     cuda = None
     for item in items:
-        if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_MODULES):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None:
             if cuda is None:
