@@ -21,27 +21,37 @@ SLOW_MODULES = ("tests/nightly/", "tests/test_threads.py", "tests/test_wheel.py"
                 "tests/explain/test_upgrade.py")
 
 
-# Under pytest-xdist (make test): the modules that start a local Ray run one after another in one worker (two
-# local Rays on the same cores only slow each other down), and the longest modules start first, so that no
-# worker is left with one of them at the end (durations on 2 cores: README, "Development").
+# Under pytest-xdist (make test) the unit of work is a module, or a folder whose modules share expensive
+# session fixtures (tests/diff: dumps at two levels and a second calibration; tests/gpu: a CPU exploration), so
+# that they are built once; the modules that start a local Ray are one unit (two local Rays on the same cores
+# only slow each other down); the longest units start first, so that no worker is left with one of them at the end.
 RAY_MODULES = ("tests/nightly/test_ray_identity.py", "tests/nightly/test_ray_interrupt.py", "tests/nightly/test_ray_cluster.py")
-LONGEST_FIRST = (*RAY_MODULES, "tests/nightly/test_nightly.py", "tests/nightly/test_interrupt.py", "tests/gate/test_gate.py",
-                 "tests/cli/test_fuzz_cli.py", "tests/test_threads.py", "tests/calibration/test_calib_repeat.py")
+SHARED_FOLDERS = ("tests/diff/", "tests/gpu/")
+LONGEST_FIRST = ("ray", "tests/nightly/test_nightly.py", "tests/diff/", "tests/nightly/test_interrupt.py", "tests/test_threads.py",
+                 "tests/gate/test_gate.py", "tests/cli/test_fuzz_cli.py", "tests/calibration/test_calib_repeat.py",
+                 "tests/explain/test_explain.py", "tests/gpu/")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test under pytest-xdist: ``ray``, a shared folder, or its module."""
+    module = nodeid.split("::", 1)[0]
+    if module in RAY_MODULES:
+        return "ray"
+    return next((folder for folder in SHARED_FOLDERS if module.startswith(folder)), module)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist's scheduler by module (its module-scoped fixtures are built once), the Ray modules as one unit,
-    in the collection's order (``LONGEST_FIRST``). (Its own ``loadgroup`` does not group on pytest 9.2.)"""
+    """pytest-xdist's scheduler by ``work_unit``, in the collection's order (``LONGEST_FIRST``). (Its own
+    ``loadgroup`` does not group on pytest 9.2, whose node ids it can no longer rename.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModuleScheduling(LoadScopeScheduling):
+    class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "ray" if module in RAY_MODULES else module
+            return work_unit(nodeid)
 
     config.option.loadscopereorder = False
-    return ModuleScheduling(config, log)
+    return UnitScheduling(config, log)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -96,7 +106,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pytest-xdist worker, the longest modules first (``LONGEST_FIRST``)."""
     if hasattr(config, "workerinput"):
         rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
     cuda = None
     for item in items:
         if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_MODULES):

@@ -35,12 +35,16 @@ class SessionOptions(ort.SessionOptions):  # onnxruntime's default intra-op coun
 
 
 ort.SessionOptions = SessionOptions
-if sys.argv[1] != "control":
-    from qconsist.cli import main
+runs = sys.argv.pop(1)  # the runs folder: the pipeline runs there first, then the control
+from qconsist.cli import main
 
-    sys.argv[0] = "qconsist"
+sys.argv[1:1] = ["pipeline", "run"]
+sys.argv += ["--runs-dir", runs, "--run-id", "run", "--json"]
+try:
     main()
-    sys.exit(0)
+except SystemExit as exit:
+    if exit.code:
+        raise
 
 import onnx
 from threadpoolctl import threadpool_info
@@ -59,10 +63,10 @@ files = fetch_model("open_nsfw")
 net = read_prototxt(files["prototxt"])
 params = reference.weights_by_layer(read_caffemodel(files["caffemodel"]))
 inputs = seeded_inputs(net)
-model = onnx.load(sys.argv[2])
+model = onnx.load(f"{runs}/run/convert/model.onnx")
 model.graph.output.extend(onnx.ValueInfoProto(name=out) for node in model.graph.node for out in node.output)
 unpinned = create_session(model.SerializeToString(), ExecutionOptions(graph_optimization_level=OptimizationLevel.DISABLE))
-print(json.dumps({
+print("CONTROL", json.dumps({
     "blas": sorted((i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info() if i["user_api"] == "blas"),
     "reference": md5(reference._forward(net, params, inputs, np.float32, True).values()),  # without one_blas_thread
     "onnxruntime": md5(unpinned.run(None, {unpinned.get_inputs()[0].name: inputs["data"]})),
@@ -86,15 +90,16 @@ SIDES = {  # onnxruntime's default intra-op threads, BLAS / OpenMP threads
 }
 
 
-def _run(side: str, *args: str) -> str:
+def _run(side: str, pipeline: Path, runs: Path) -> dict:
+    """``qconsist pipeline run`` into ``runs/run`` on ``side``, then the control in the same process."""
     ort_threads, blas_threads = SIDES[side]
     env = {**os.environ, "OMP_NUM_THREADS": blas_threads, "OPENBLAS_NUM_THREADS": blas_threads, "MKL_NUM_THREADS": blas_threads}
     if HASWELL:
         env["OPENBLAS_CORETYPE"] = "Haswell"
-    done = subprocess.run([sys.executable, "-c", HARNESS, str(ort_threads), *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", HARNESS, str(ort_threads), str(runs), str(pipeline)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return json.loads(done.stdout.rpartition("CONTROL ")[2])
 
 
 def _recorded(run: Path) -> dict:
@@ -124,10 +129,8 @@ def pipeline_file(tmp_path_factory) -> Path:
 
 
 def test_a_pipeline_run_records_the_same_figures_and_bytes_on_one_thread_and_many(pipeline_file, tmp_path):
-    runs = {}
-    for side in SIDES:
-        _run(side, "pipeline", "run", str(pipeline_file), "--runs-dir", str(tmp_path / side), "--run-id", "run", "--json")
-        runs[side] = tmp_path / side / "run"
+    controls = {side: _run(side, pipeline_file, tmp_path / side) for side in SIDES}
+    runs = {side: tmp_path / side / "run" for side in SIDES}
     one, many = (_recorded(runs[side]) for side in SIDES)
     assert one["files"] == many["files"]  # every file, byte for byte: models, calibration ranges
     assert one == many  # every figure: the Caffe reference check, the stage checks, the calibration table, hashes
@@ -137,7 +140,6 @@ def test_a_pipeline_run_records_the_same_figures_and_bytes_on_one_thread_and_man
     assert [e["OPENBLAS_NUM_THREADS"] for e in environments] == ["1", str(MANY)]
 
     # the control: unpinned, the same computations differ between the two processes
-    controls = {side: json.loads(_run(side, "control", str(runs[side] / "convert" / "model.onnx"))) for side in SIDES}
     assert [threads for _, threads, _ in controls["one"]["blas"]] == [1]
     assert all(threads >= 2 for _, threads, _ in controls["many"]["blas"])
     assert controls["one"]["onnxruntime"] != controls["many"]["onnxruntime"]
