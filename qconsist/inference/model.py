@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError, InputError, QconsistError
+from qconsist.inference.session import empty_graph_error
 from qconsist.inference.session import input_specs as session_input_specs
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSpec
@@ -92,6 +93,8 @@ def input_specs(path: Path) -> list[InputSpec]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path} is not a readable ONNX model: {exc}") from None
+    if not model.graph.output:
+        raise empty_graph_error(str(path))
     inits = {i.name for i in model.graph.initializer}
     specs = []
     for value in model.graph.input:

@@ -45,13 +45,14 @@ from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
+from qconsist.threads import MEASUREMENT_THREADS
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "OptimizationLevel", "Session", "create_session", "input_specs",
-    "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged", "ort_message", "outputs_of",
-    "provider_available", "require_provider", "run_outputs",
+    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "MEASUREMENT", "OptimizationLevel", "Session", "create_session",
+    "input_specs", "measurement_options", "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged",
+    "ort_message", "outputs_of", "provider_available", "require_provider", "run_outputs",
 ]
 
 
@@ -172,6 +173,19 @@ class ExecutionOptions:
         spec = provider_spec(self.provider)
         options = {k: ProviderOption.to_ort(v) for k, v in self.provider_options.items()}
         return [(spec.ort_name, options) if options else spec.ort_name, *spec.fallback]
+
+
+def measurement_options(options: ExecutionOptions = ExecutionOptions()) -> ExecutionOptions:
+    """``options`` for a session qconsist opens to measure something itself (a stage check, calibration, a
+    reference): onnxruntime's default intra-op thread count (one per physical core, which changes the CPU
+    provider's last bits) becomes ``MEASUREMENT_THREADS`` (``qconsist.threads``); a count given stays."""
+    if options.intra_op_threads is not None:
+        return options
+    return options.with_options(intra_op_threads=MEASUREMENT_THREADS)
+
+
+# The CPU with graph optimizations on, one intra-op thread: the stages' checks and the gate's outputs.
+MEASUREMENT = measurement_options()
 
 
 def ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
@@ -394,7 +408,7 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
     where = "the model" if isinstance(model, bytes) else str(model)
     outputs = _graph_outputs(model)
     if outputs == 0:
-        return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
+        return empty_graph_error(where)
     if optimized_model_filepath is not None:
         try:
             open_ort_session(model, options, level=level, disabled_optimizers=disabled_optimizers)
@@ -404,6 +418,11 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
             return OutputError(f"cannot write onnxruntime's optimized graph to {optimized_model_filepath}: "
                                f"{_write_failure(Path(optimized_model_filepath), ort_message(exc))}")
     return UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}")
+
+
+def empty_graph_error(where: str) -> UnsupportedModelError:
+    """The one line for a model whose graph declares no output."""
+    return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
 
 
 def _graph_outputs(model: str | Path | bytes) -> int | None:
@@ -512,10 +531,12 @@ def input_specs(session: Any) -> list[InputSpec]:
     return with_multiples(specs, lambda: _load_graph(path)) if path is not None else specs
 
 
-def _load_graph(path: Path) -> Any:
+def _load_graph(model: str | Path | bytes) -> Any:
     import onnx  # only for a model with a dynamic height and width
 
-    return onnx.load(str(path), load_external_data=False)
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return onnx.load(str(model), load_external_data=False)
 
 
 @ort_logged()  # one capture for all its sessions and runs
@@ -527,10 +548,11 @@ def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1,
     return [dict(zip(names, session.run(names, step))) for _, step in checked.batches(batch_size)]
 
 
-def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = ExecutionOptions(),
+def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = MEASUREMENT,
                batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    """The model's outputs on ``inputs``, by default as qconsist's checks measure them (``MEASUREMENT``)."""
     session = create_session(path, options)
-    return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(Path(path))))
+    return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(path)))
 
 
 def onnxruntime_limits() -> tuple[int | None, int | None]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-LEGACY = Path(__file__).resolve().parents[1] / "data" / "old_runs"
-
 from onnx_builders import build_classifier_model, save_arrays
+
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "old_runs"
 
 
 @pytest.fixture(scope="session")
