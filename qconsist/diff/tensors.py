@@ -289,20 +289,7 @@ def compare_tensors(
         return differ.column(position[key])
 
     labels = [_label(a.tensors[ca], b.tensors[cb]) for ca, cb in zip(cols_a, cols_b)]
-    for p, key in enumerate(shared):
-        rows = differ.column(p)
-        if not rows.size:
-            continue
-        inits = graph.inputs(key)[1]
-        origin_rows = origin.column(p)
-        changed = sorted(i for i in inits if inits_a.get(i) != inits_b.get(i))
-        ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
-        result.nodes.append(TensorDiff(
-            key=key, label=labels[p], op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
-            samples=rows[:SAMPLES_KEPT].tolist(), origin=bool(origin_rows.size),
-            origin_samples=origin_rows[:SAMPLES_KEPT].tolist(), initializers_changed=changed,
-            summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]), count=int(rows.size), origin_count=int(origin_rows.size),
-        ))
+    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), graph, labels, (inits_a, inits_b))
     for sample in focus:
         diverging = differ.row(int(sample))
         result.traces.append(SampleTrace(int(sample), labels[int(diverging[0])] if diverging.size else None,
@@ -315,6 +302,26 @@ def compare_tensors(
         unknown = [n.key for n in result.nodes if n.tolerance == "unknown"]
         result.raw_missing = list(dict.fromkeys([*result.raw_missing, *unknown]))
     return result
+
+
+def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],
+               columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], graph: _Graph, labels: list[str],
+               initializers: tuple[dict[str, bytes], dict[str, bytes]]) -> None:
+    """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order."""
+    (cols_a, cols_b), (differ, origin), (inits_a, inits_b) = columns, flags, initializers
+    for p, key in enumerate(shared):
+        rows = differ.column(p)
+        if not rows.size:
+            continue
+        origin_rows = origin.column(p)
+        changed = sorted(i for i in graph.inputs(key)[1] if inits_a.get(i) != inits_b.get(i))
+        ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
+        result.nodes.append(TensorDiff(
+            key=key, label=labels[p], op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
+            samples=rows[:SAMPLES_KEPT].tolist(), origin=bool(origin_rows.size),
+            origin_samples=origin_rows[:SAMPLES_KEPT].tolist(), initializers_changed=changed,
+            summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]), count=int(rows.size), origin_count=int(origin_rows.size),
+        ))
 
 
 def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int], shared: list[str]) -> None:
