@@ -284,11 +284,30 @@ def _accuracy_counter(source: ModelSource, model: onnx.ModelProto, inputs: Input
     if inputs.labels is None:
         return None, -1, ""
     try:
-        target = class_scores_output(judged_outputs(model, _declared_kinds(source)), "accuracy against the labels")
+        judged = judged_outputs(_float_model(source, model), _declared_kinds(source))
+        target = class_scores_output(judged, "accuracy against the labels")
     except ConfigError as exc:
         log.warning("no accuracy recorded: %s", exc.message)
         return None, -1, exc.message
     return AccuracyCounter(target.output), outputs.index(target.output), ""
+
+
+def _quantized(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear") for n in model.graph.node)
+
+
+def _float_model(source: ModelSource, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph the outputs' kinds are read from, as the gate reads them: a quantized model's float model (the
+    last stage before it, in the run it came from, whose graph holds no quantized node), else the model itself
+    (a Softmax followed by its QuantizeLinear/DequantizeLinear still makes class scores)."""
+    if source.run is None or not _quantized(model):
+        return model
+    stages = source.run.model_stages()
+    for stage in reversed(stages[:stages.index(source.stage)] if source.stage in stages else []):
+        found = source.run.model(stage)
+        if found is not None and not _quantized(found):
+            return found
+    return model
 
 
 def _declared_kinds(source: ModelSource) -> dict[str, Any]:
