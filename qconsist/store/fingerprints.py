@@ -12,8 +12,9 @@ a table of ``samples × tensors`` keeps the same information in about a third of
   equal to the previous sample's (a dequantized weight, anything computed from constants) stores nothing:
   equal bytes have equal statistics, the record is the previous one's;
 * ``starts.npy``: ``uint64[samples + 1]``, where each sample's statistics start in ``stats.npy``;
-* ``events.npy``: ``EVENT`` records, sample by sample: every change of a tensor's shape (the first sample: every
-  tensor) and every sample where a tensor holds NaN or Inf (the counts, exact).
+* ``events.npy``: ``EVENT`` records, sample by sample: every change of a tensor's shape or of its NaN and Inf counts
+  (exact), with both (the first sample: every tensor). A record's shape and counts are those of its tensor's last
+  event: a constant mask full of -inf is one event, not one per sample.
 
 The element type is one per tensor (the graph's), the hash function one per table; both are in the dump's
 ``index.json`` with the shape table. Empty tensors and types without statistics have none (NaN when read).
@@ -166,7 +167,8 @@ class TableWriter:
         entries = self.layout.full_rows(rows)[np.repeat(changed, self.layout.widths, axis=1)]
         self._starts[start + 1:start + count + 1] = self._starts[start] + np.cumsum((changed * self.layout.widths).sum(axis=1))
         self._stats.append(entries)
-        events = (rows["nan"] != 0) | (rows["inf"] != 0) | (rows["shape"] != previous["shape"])
+        events = ((rows["nan"] != previous["nan"]) | (rows["inf"] != previous["inf"])
+                  | (rows["shape"] != previous["shape"]))
         if before is None:
             events[0] = True
         where, column = np.nonzero(events)
@@ -374,9 +376,7 @@ class CompactTable(FingerprintTable):
         record["hash"], record["dtype"] = self.hashes[sample, column], self.layout.codes[column]
         record["present"], record["function"] = 1, HASH_FUNCTIONS.index(self.function)
         event = self._event(sample, column)
-        record["shape"] = event["shape"]
-        if int(event["sample"]) == sample:
-            record["nan"], record["inf"] = event["nan"], event["inf"]
+        record["shape"], record["nan"], record["inf"] = event["shape"], event["nan"], event["inf"]
         record["min"] = record["max"] = record["mean"] = np.nan
         kind = stat_type(int(self.layout.codes[column]))
         if kind is None or int(record["shape"]) >= len(self.sizes) or self.sizes[int(record["shape"])] == 0:
