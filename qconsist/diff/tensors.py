@@ -255,20 +255,7 @@ def compare_tensors(
     if a.table.shape[0] != b.table.shape[0]:
         raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
     check_hash_functions(a.table, b.table, f"run {a.run_dir}", f"run {b.run_dir}")
-    if a.structure == b.structure:
-        space = "optimized"
-        graph_a, graph_b = _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")
-    elif a.original_structure == b.original_structure:
-        space = "original"
-        if original_a is None or original_b is None:
-            raise RunStoreError("the runs executed different optimized graphs and their original models are gone")
-        graph_a, graph_b = _load_model(original_a, "model"), _load_model(original_b, "model")
-    else:
-        raise RunStoreError(
-            "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
-            "cannot be compared node by node; compare runs of the same model (a float model against its "
-            "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)"
-        )
+    space, graph_a, graph_b = _space(a, b, original_a, original_b)
     keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
     shared = [k for k in keys_a if k in keys_b]
     if space == "original":
@@ -302,6 +289,23 @@ def compare_tensors(
         unknown = [n.key for n in result.nodes if n.tolerance == "unknown"]
         result.raw_missing = list(dict.fromkeys([*result.raw_missing, *unknown]))
     return result
+
+
+def _space(a: LoadedDump, b: LoadedDump, original_a: Path | None,
+           original_b: Path | None) -> tuple[str, onnx.ModelProto, onnx.ModelProto]:
+    """Where two dumps are compared: ORT's optimized graph when both ran the same structure, else the original
+    models (``original_a``/``original_b``, verified); the two graphs."""
+    if a.structure == b.structure:
+        return "optimized", _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")
+    if a.original_structure == b.original_structure:
+        if original_a is None or original_b is None:
+            raise RunStoreError("the runs executed different optimized graphs and their original models are gone")
+        return "original", _load_model(original_a, "model"), _load_model(original_b, "model")
+    raise RunStoreError(
+        "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
+        "cannot be compared node by node; compare runs of the same model (a float model against its "
+        "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)"
+    )
 
 
 def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],

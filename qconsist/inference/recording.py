@@ -133,9 +133,13 @@ class _Dump:
 class HostDump(_Dump):
     """Tensors copied to numpy and fingerprinted on the CPU, a step behind the dump session (worker thread)."""
 
+    _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
+
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
+        session: Any = self.plan.session
+
         def work() -> None:
-            self._arrays = self.plan.to_original(self.plan.session.run(self.names, step))  # type: ignore[attr-defined]
+            self._arrays = self.plan.to_original(session.run(self.names, step))
             self.recorder.wait()
 
         self._timed(work)
