@@ -37,6 +37,9 @@ from onnx import numpy_helper
 _ONNX = ("", "ai.onnx")
 _MS = "com.microsoft"
 _NCHWC = "com.microsoft.nchwc"
+# the CUDA EP with prefer_nhwc runs ONNX ops channels last in this domain (Conv, MaxPool… keep NHWC positions), between
+# the Transposes its layout transformer inserts
+_NHWC = "com.ms.internal.nhwc"
 
 # ops whose output keeps the axes of their data input (input 0), in any layout they run in
 _POSITIONAL = frozenset({
@@ -258,7 +261,7 @@ class GraphLayout:
                 labels = self._permuted(source, (0, 3, 1, 2) if op == "ReorderInput" else (0, 2, 3, 1))
             self._set(outputs, labels, blocked=op != "ReorderOutput")
             return
-        if domain not in (*_ONNX, _MS):
+        if domain not in (*_ONNX, _MS, _NHWC):
             self._fresh(outputs)
             return
         if op == "Transpose":

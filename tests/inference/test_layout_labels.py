@@ -60,3 +60,32 @@ def test_nchwc_blocks_are_no_permutation():
     layouts = Layouts.of(original, optimized)
     assert layouts.permutation("c", "c") is None and layouts.blocked("c")
     assert layouts.permutation("y", "y") == ()
+
+
+def test_cuda_internal_nhwc_ops_keep_their_input_positions():
+    """The CUDA EP with ``prefer_nhwc`` (seen on an H100, onnxruntime-gpu 1.31.1): Transpose to NHWC, then
+    ``com.ms.internal.nhwc`` Conv and MaxPool channels last, an ONNX PRelu between them on the NHWC tensor, and a
+    Transpose back. Every tensor between the Transposes is its original channels last; with C == H == W the
+    shapes say nothing."""
+    w1 = numpy_helper.from_array(np.ones((10, 3, 3, 3), np.float32), "w1")
+    w2 = numpy_helper.from_array(np.ones((10, 10, 1, 1), np.float32), "w2")
+    slope = numpy_helper.from_array(np.full((10, 1, 1), 0.1, np.float32), "slope")
+    slope_nhwc = numpy_helper.from_array(np.full((1, 1, 10), 0.1, np.float32), "slope_nhwc")
+    original = _model([helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1"),
+                       helper.make_node("PRelu", ["c1", "slope"], ["p1"], name="prelu1"),
+                       helper.make_node("MaxPool", ["p1"], ["m1"], name="pool1", kernel_shape=[1, 1]),
+                       helper.make_node("Conv", ["m1", "w2"], ["y"], name="conv2")],
+                      [("x", [1, 3, 12, 12])], ["y"], [w1, w2, slope])
+    nhwc = "com.ms.internal.nhwc"
+    optimized = _model([helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 3, 1]),
+                        helper.make_node("Conv", ["xt", "w1"], ["c1"], domain=nhwc),
+                        helper.make_node("PRelu", ["c1", "slope_nhwc"], ["p1"]),
+                        helper.make_node("MaxPool", ["p1"], ["m1"], domain=nhwc, kernel_shape=[1, 1]),
+                        helper.make_node("Conv", ["m1", "w2"], ["yt"], domain=nhwc),
+                        helper.make_node("Transpose", ["yt"], ["y"], perm=[0, 3, 1, 2])],
+                       [("x", [1, 3, 12, 12])], ["y"], [w1, w2, slope_nhwc], [nhwc])
+    layouts = Layouts.of(original, optimized)
+    for name in ("c1", "p1", "m1"):
+        assert layouts.permutation(name, name) == (0, 2, 3, 1), name
+    assert layouts.permutation("yt", "y") == (0, 2, 3, 1)
+    assert layouts.permutation("y", "y") == ()
