@@ -1,8 +1,9 @@
 """An ImageNet-size evaluation, side by side in one run: decoding, inference, and `qconsist run` with and without
 a dump, on a labelled folder of JPEGs this script generates (no download).
 
-    python benchmarks/input_pipeline.py [--count 1000] [--folder DIR] [--model tiny|MODEL] [--ep cpu|cuda]
-        [--batch-size 32] [--workers N] [--fingerprints host|device] [--dynamic-batch] [--generate-only]
+    python benchmarks/input_pipeline.py [--count 1000] [--folder DIR] [--classes 1000] [--model tiny|MODEL]
+        [--ep cpu|cuda] [--batch-size 32] [--workers N] [--fingerprints host|device] [--dynamic-batch]
+        [--second batch=1|model=PATH|fingerprints=host] [--skip threads,dump,diff] [--generate-only]
 
 **The folder** (``--folder``, default ``qconsist-imagenet-<count>`` in the system's temporary folder; made once,
 kept): ``--count`` JPEGs of
@@ -18,12 +19,21 @@ kept): ``--count`` JPEGs of
 * ``decode, N workers``: the input pipeline as `qconsist run` reads it (``InputSet.steps``, N worker processes);
 * ``inference``: the model on pre-decoded tensors (a pool of steps, cycled), the session only;
 * ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`;
-* ``run --dump``: the same with ``--dump --fingerprints host|device``.
+* ``run --dump``: the same with ``--dump --fingerprints host|device``;
+* ``run, 1/10 of the samples``: the plain run on the first tenth (its peak memory against the whole run's: flat);
+* ``run --dump, second``: the dump again with one thing changed (``--second``: ``batch=1``, another batch size;
+  ``model=PATH``, another model — the CUDA-calibrated open_nsfw against the CPU-calibrated one; ``fingerprints=host``);
+* ``diff of the two dumps``: `qconsist diff --json` of the two dumps; the printout ends with its accuracy line —
+  both runs' top-1 (and top-5) against the folders' labels, the predictions that flipped and their origin — and
+  the first flipped samples.
 
 For each: wall time, samples per second, peak resident memory (the process and its workers, sampled every 0.2 s),
-and for runs the disk and files of the run directory (removed afterwards). ``--model tiny`` (the default) is a
-224x224 classifier built here (open_nsfw's outputs) whose inference costs next to nothing, so that ``run``
-measures qconsist's own path; on the GPU machine give the open_nsfw QDQ model (a run directory or its ``quantize/model.onnx``).
+and for runs the disk and files of the run directory (removed at the end). ``--model tiny`` (the default) is a
+224x224 classifier built here (open_nsfw's outputs: 2 classes) whose inference costs next to nothing, so that
+``run`` measures qconsist's own path; on the GPU machine give the open_nsfw QDQ model (a run directory or its
+``quantize/model.onnx``). The folders' labels must be the model's: with ``--classes 2`` open_nsfw's two classes are
+the first two folders; with 1,000 folders (the pure-throughput measurement) the run records no accuracy (its
+labels go past the model's classes, which it says) and the diff compares the runs' predictions all the same.
 """
 
 from __future__ import annotations
@@ -258,8 +268,9 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
     return {"wall": wall, "rss": memory.tree}
 
 
-def run(args: list[str], runs: Path, run_id: str, count: int) -> dict:
-    """One `qconsist run` (its progress on this terminal); wall, peak memory, disk and files of its run."""
+def run(args: list[str], runs: Path, run_id: str, count: int, keep: bool = False) -> dict:
+    """One `qconsist run` (its progress on this terminal); wall, peak memory, disk and files of its run (removed
+    unless ``keep``)."""
     command = [*QCONSIST, "run", *args, "--runs-dir", str(runs), "--run-id", run_id, "--json"]
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -271,8 +282,58 @@ def run(args: list[str], runs: Path, run_id: str, count: int) -> dict:
     files = [p for p in (runs / run_id).rglob("*") if p.is_file()]
     result = {"wall": wall, "rss": memory.tree, "rss_main": memory.main, "files": len(files),
               "disk": sum(p.stat().st_size for p in files), "json": json.loads(out)}
-    shutil.rmtree(runs / run_id)
+    if not keep:
+        shutil.rmtree(runs / run_id)
     return result
+
+
+def diff(run_a: Path, run_b: Path) -> dict:
+    """`qconsist diff --json` of two runs: wall (start-up included), peak memory, the result."""
+    command = [*QCONSIST, "diff", str(run_a), str(run_b), "--json"]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    with PeakMemory(process.pid) as memory:
+        out, _ = process.communicate()
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} exited {process.returncode}")
+    return {"wall": time.perf_counter() - start, "rss": memory.tree, "json": json.loads(out)}
+
+
+def second_args(spec: str, common: list[str], given: str) -> list[str]:
+    """The dump run's arguments with the one change ``--second`` names."""
+    key, _, value = spec.partition("=")
+    args = list(common)
+    if key == "batch":
+        args[args.index("--batch-size") + 1] = value
+    elif key == "model":
+        args[0] = value
+    elif key == "fingerprints":
+        args += ["--fingerprints", value]
+        return args
+    else:
+        raise SystemExit(f"--second {spec!r}: give batch=N, model=PATH or fingerprints=host|device")
+    return args
+
+
+def describe_diff(data: dict, limit: int = 12) -> list[str]:
+    """The lines of a diff result the benchmark prints: tensors, outputs, accuracy and the first flips."""
+    lines = []
+    tensors = data.get("tensors") or {}
+    if tensors:
+        lines.append(f"tensors: {len(tensors.get('nodes') or [])} of {tensors.get('compared')} diverge; first "
+                     f"{tensors.get('first')}; origins {', '.join(tensors.get('origins') or []) or 'none'}")
+    outputs = data.get("outputs") or {}
+    if outputs:
+        lines.append(f"final outputs: {len(outputs.get('differing_samples') or [])}/{outputs.get('samples')} samples differ, "
+                     f"greatest abs difference {outputs.get('greatest_abs'):.6g}")
+    accuracy = data.get("accuracy")
+    if accuracy:
+        lines.append(accuracy["summary"])
+        for flip in accuracy["flipped"][:limit]:
+            label = f", label {flip['label']}" if flip.get("label") is not None else ""
+            lines.append(f"  sample {flip['sample']} ({flip['name']}{label}): class {flip['class_a']} -> {flip['class_b']}; "
+                         f"first diverging node {flip.get('first')}; origins {', '.join(flip.get('origins') or []) or 'none'}")
+    return lines
 
 
 def main() -> None:
@@ -288,7 +349,9 @@ def main() -> None:
     parser.add_argument("--fingerprints", default="host", choices=["host", "device"])
     parser.add_argument("--dynamic-batch", action="store_true", help="re-stamp a model with a fixed batch of 1")
     parser.add_argument("--generate-only", action="store_true", help="make the folder and stop")
-    parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads, dump")
+    parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads, dump, diff")
+    parser.add_argument("--second", default="batch=1",
+                        help="what the second dump changes: batch=N, model=PATH or fingerprints=host|device (default batch=1)")
     parser.add_argument("--single-limit", type=int, default=2000,
                         help="decode in 1 process and by N threads on at most this many samples, their time scaled "
                              "to --count (marked est.; default 2000)")
@@ -327,9 +390,17 @@ def main() -> None:
     rows[f"decode, {workers} workers"] = decode(folder, count, batch, workers, f"decode, {workers} workers")
     rows["inference (pre-decoded)"] = inference(model, folder, count, batch, execution, options.dynamic_batch)
     rows["run"] = run(common, runs, "plain", count)
+    tenth = max(1, count // 10)
+    rows[f"run, 1/10 of the samples ({tenth})"] = {**run([*common, "--count", str(tenth)], runs, "tenth", tenth), "per": tenth}
+    compared = None
     if "dump" not in skip:
-        rows[f"run --dump --fingerprints {options.fingerprints}"] = run(
-            [*common, "--dump", "--fingerprints", options.fingerprints], runs, "dump", count)
+        dumped = [*common, "--dump", "--fingerprints", options.fingerprints]
+        rows[f"run --dump --fingerprints {options.fingerprints}"] = run(dumped, runs, "dump", count, keep=True)
+        if "diff" not in skip:
+            rows[f"run --dump, second ({options.second})"] = run(second_args(options.second, dumped, given), runs, "dump2",
+                                                                 count, keep=True)
+            compared = diff(runs / "dump", runs / "dump2")
+            rows["diff of the two dumps"] = compared
     shutil.rmtree(scratch, ignore_errors=True)
 
     print(f"\n{count} JPEGs of {options.size} in {min(count, options.classes)} class folders "
@@ -339,7 +410,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     single = rows["decode, 1 process"]["wall"]
     for name, row in rows.items():
-        per = count if name != "start-up (1 sample)" else 1
+        per = row.get("per", count if name != "start-up (1 sample)" else 1)
         disk = f"{row['disk'] / 1e6:.1f}" if "disk" in row else ""
         print(f"| {name}{' (' + row['estimated'] + ')' if 'estimated' in row else ''} | {row['wall']:.2f} | "
               f"{per / row['wall']:.0f} | {row['wall'] / single:.2f} | "
@@ -352,6 +423,22 @@ def main() -> None:
     dump = rows.get(f"run --dump --fingerprints {options.fingerprints}")
     if dump:
         print(f"run --dump / run = {dump['wall'] / rows['run']['wall']:.2f} (GPU goal <= 1.3)")
+    plain, tenth_row = rows["run"], rows[f"run, 1/10 of the samples ({tenth})"]
+    print(f"peak RSS of the run: {plain['rss_main'] / 1e6:.0f} MB for {count} samples, {tenth_row['rss_main'] / 1e6:.0f} MB "
+          f"for {tenth} (main process; goal: flat in the sample count); files per run: {plain['files']} plain"
+          + (f", {dump['files']} with the dump" if dump else "") + " (goal <= 20)")
+    if compared is not None:
+        second = rows[f"run --dump, second ({options.second})"]
+        both = dump["wall"] + second["wall"] + compared["wall"]
+        print(f"two dumps + diff = {both:.1f} s (GPU goal < 180 s at 50,000); diff {compared['wall']:.1f} s (goal < 30 s), "
+              f"peak RSS {compared['rss'] / 1e6:.0f} MB; disk of both dumps {(dump['disk'] + second['disk']) / 1e6:.0f} MB "
+              "(goal <= 1,000 MB at 50,000)")
+        accuracy = (dump["json"].get("accuracy") or {})
+        if not accuracy:
+            print("the runs recorded no accuracy: the folders' labels are not the model's (use --classes with the "
+                  "model's class count)")
+        print("\n".join(describe_diff(compared["json"])))
+    shutil.rmtree(runs, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -263,9 +263,9 @@ def note_ort_log(log: Any) -> None:
 def note_run_ort_log(run_dir: Any) -> None:
     """``note_ort_log`` for the log a complete run directory kept (its manifest's ``onnxruntime_log``)."""
     from qconsist.store.ortlog import OrtLog
-    from qconsist.store.rundir import open_run
+    from qconsist.store.run import Run
 
-    recorded = open_run(run_dir).sections.get("onnxruntime_log")
+    recorded = Run.open(run_dir).sections.get("onnxruntime_log")
     note_ort_log(OrtLog.from_json(recorded) if isinstance(recorded, dict) else None)
 
 

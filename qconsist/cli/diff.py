@@ -20,7 +20,6 @@ def _num(value: float) -> str:
 
 
 def _render(result) -> None:  # result: DiffResult
-    from qconsist.compare.statistics import histogram_items
 
     console = stdout_console()
     console.print(f"A: {result.run_a}\nB: {result.run_b}")
@@ -59,51 +58,8 @@ def _render(result) -> None:  # result: DiffResult
     if not tolerance.exact:
         per_node = f"; per node: {', '.join(f'{n.pattern} atol {n.atol:g} rtol {n.rtol:g}' for n in tolerance.nodes)}" if tolerance.nodes else ""
         console.print(f"tolerance: |b - a| <= atol {tolerance.atol:g} + rtol {tolerance.rtol:g}·|a|{per_node}")
-    tensors = result.tensors
-    if tensors is not None:
-        if tensors.layout_unknown:
-            shown = ", ".join(tensors.layout_unknown[:5]) + (", ..." if len(tensors.layout_unknown) > 5 else "")
-            console.print(f"not compared: {len(tensors.layout_unknown)} tensor(s) whose layout ORT's graph does not establish ({shown})")
-        if not tolerance.exact and tensors.nodes:
-            beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
-            unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]
-            console.print(f"beyond the tolerance: {len(beyond)} of {len(tensors.nodes)} diverging node(s)"
-                          + (f", first {beyond[0].label}" if beyond else "")
-                          + (f"; {len(unknown)} undecided without raw tensors" if unknown else ""))
-        if not tensors.nodes:
-            console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
-        else:
-            origins = tensors.origins
-            console.print(
-                f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
-                f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
-            )
-            columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
-            table = Table(*columns, *(["tolerance"] if not tolerance.exact else []))
-            for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
-                if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
-                    continue
-                e = node.elements
-                mismatch = f"{e.differing} / {e.elements} ({e.percent:.2f}%)" if e else "raw not kept"
-                extra = "-"
-                if e and e.max_ulp is not None:
-                    extra = str(e.max_ulp)
-                elif e and e.histogram:
-                    extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
-                table.add_row(
-                    node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
-                    f"{len(node.samples)}/{tensors.samples}", mismatch,
-                    _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
-                    *([node.tolerance] if not tolerance.exact else []),
-                )
-            console.print(table)
-            for node in origins:
-                why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
-                console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
-            if result.capture:
-                console.print("element statistics need raw tensors; capture them with:")
-                for command in result.capture:
-                    console.print(f"  {command}")
+    if result.tensors is not None:
+        _render_tensors(console, result)
     if result.engines:
         console.print("cuDNN kernels (each run's engine record, cuDNN's API log):")
         for change in result.engines:
@@ -116,9 +72,68 @@ def _render(result) -> None:  # result: DiffResult
         )
     for stat in result.output_stats:
         console.print(f"output {stat.name}: {stat.message()}")
+    if result.accuracy is not None:
+        _render_accuracy(console, result.accuracy)
     for note in result.notes:
         console.print(f"note: {note}")
     console.print("verdict: identical" if result.passed else "verdict: diverged")
+
+
+def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
+    from qconsist.compare.statistics import histogram_items
+
+    tensors, tolerance = result.tensors, result.tolerance
+    if tensors.layout_unknown:
+        shown = ", ".join(tensors.layout_unknown[:5]) + (", ..." if len(tensors.layout_unknown) > 5 else "")
+        console.print(f"not compared: {len(tensors.layout_unknown)} tensor(s) whose layout ORT's graph does not establish ({shown})")
+    if not tolerance.exact and tensors.nodes:
+        beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
+        unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]
+        console.print(f"beyond the tolerance: {len(beyond)} of {len(tensors.nodes)} diverging node(s)"
+                      + (f", first {beyond[0].label}" if beyond else "")
+                      + (f"; {len(unknown)} undecided without raw tensors" if unknown else ""))
+    if not tensors.nodes:
+        console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
+    else:
+        origins = tensors.origins
+        console.print(
+            f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
+            f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
+        )
+        columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
+        table = Table(*columns, *(["tolerance"] if not tolerance.exact else []))
+        for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
+            if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
+                continue
+            e = node.elements
+            mismatch = f"{e.differing} / {e.elements} ({e.percent:.2f}%)" if e else "raw not kept"
+            extra = "-"
+            if e and e.max_ulp is not None:
+                extra = str(e.max_ulp)
+            elif e and e.histogram:
+                extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
+            table.add_row(
+                node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
+                f"{node.count}/{tensors.samples}", mismatch,
+                _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
+                *([node.tolerance] if not tolerance.exact else []),
+            )
+        console.print(table)
+        for node in origins:
+            why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
+            console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
+        if result.capture:
+            console.print("element statistics need raw tensors; capture them with:")
+            for command in result.capture:
+                console.print(f"  {command}")
+
+
+def _render_accuracy(console, change) -> None:  # change: AccuracyChange
+    console.print(change.summary())
+    for flip in change.flipped[:_SHOWN]:
+        console.print(f"  {flip.describe()}")
+    if change.flipped_count > _SHOWN:
+        console.print(f"  ... {change.flipped_count - _SHOWN} more flipped predictions (--json lists {len(change.flipped)})")
 
 
 def diff(

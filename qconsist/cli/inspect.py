@@ -59,6 +59,10 @@ def _run(console, summary) -> None:  # summary: RunSummary
         d = summary.dump
         console.print(f"  dump: {d.tensors} tensors at level {d.level}, faithful {d.faithful} ({d.samples_checked} samples checked), "
                       f"raw {d.raw_mode} ({d.raw_tensors} tensors kept), {_size(d.bytes)}")
+    if summary.accuracy is not None:
+        from qconsist.store.sections import Accuracy
+
+        console.print(f"  accuracy: {Accuracy.from_json(summary.accuracy).describe()}")
     console.print(f"  sections: {', '.join(summary.sections) or '-'}; {summary.files} files, {_size(summary.bytes)}")
     if summary.stage_model is not None:
         _model(console, summary.stage_model, "  ")

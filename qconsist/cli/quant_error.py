@@ -81,7 +81,7 @@ def quant_error(
                                       provider_option, disabled_optimizers)
     source = resolve_model(run, stage)
     input_set = opt.input_set(inputs, source, pipeline, offset, count)
-    result = quantization_error(run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
+    result = quantization_error(source.run or run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
                                 float_level=float_level, progress=progress_for(json_output))
     if json_output:
         print_json(result)

@@ -72,6 +72,8 @@ def run(
                           f"(fingerprints on the {d.fingerprints_on}, {d.hash_function})")
             if d.faithful:
                 console.print(f"dump faithful: final outputs bit-identical to production in {d.samples_checked} samples")
+        if result.accuracy is not None:
+            console.print(f"accuracy: {result.accuracy.describe()}")
         note_ort_log(result.onnxruntime_log)
     if result.dump is not None and not result.dump.faithful:
         d = result.dump

@@ -7,16 +7,13 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import onnx
 from onnx import numpy_helper
 
-from qconsist.errors import RunStoreError
 from qconsist.store.hashing import initializer_digests
-from qconsist.store.verify import stage_artifact, verify_artifacts
-from qconsist.store.manifest import Manifest
+from qconsist.store.run import Run
 from qconsist.store.serde import structure, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -26,18 +23,6 @@ _QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatM
 def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
     artifact = stage.get("artifact")
     return artifact if isinstance(artifact, dict) else None
-
-
-def _load(run_dir: Path, manifest: Manifest, stage: str) -> onnx.ModelProto | None:
-    """A stage's model, verified against its recorded sha256 (``None`` when an external model is gone)."""
-    path = stage_artifact(run_dir, manifest, stage)
-    if path is None:
-        return None
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, ValueError…
-        raise RunStoreError(f"run {run_dir}: the {stage} artifact is not a readable ONNX model "
-                            f"({' '.join(str(exc).split())[:120]})") from None
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -240,20 +225,21 @@ def metadata_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> list[str]:
     return found
 
 
-def _stage_models(run_a: Path, a: Manifest, run_b: Path, b: Manifest, stage: str) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
-    model_a = _load(run_a, a, stage)
-    model_b = _load(run_b, b, stage) if model_a is not None else None
+def _stage_models(a: Run, b: Run, stage: str) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
+    """A stage's model in both runs, verified (``None`` when an external model is gone)."""
+    model_a = a.model(stage)
+    model_b = b.model(stage) if model_a is not None else None
     return (model_a, model_b) if model_a is not None and model_b is not None else None
 
 
-def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> ArtifactComparison:
+def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
     """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
     differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
     stage whose computation differs, what differs in it. Without the model files, the recorded content
     hashes decide. Every model a run holds is first verified against its recorded sha256: the recorded
     hashes are trusted only once the files are shown to be what was recorded."""
-    verify_artifacts(run_a, a)
-    verify_artifacts(run_b, b)
+    a.verify_artifacts()
+    b.verify_artifacts()
     result = ArtifactComparison()
     for stage_a in a.stages:
         stage_b = b.stage(stage_a["name"])
@@ -269,7 +255,7 @@ def compare_artifacts(run_a: Path, a: Manifest, run_b: Path, b: Manifest) -> Art
         result.stages.append(entry)
         if same_bytes:
             continue
-        models = _stage_models(run_a, a, run_b, b, stage_a["name"])
+        models = _stage_models(a, b, stage_a["name"])
         if models is None:
             entry.same_computation = entry.same_content
             entry.note = "model files are gone; only their recorded hashes are compared"
@@ -293,10 +279,13 @@ def _close(x: Any, y: Any) -> bool:
     return x == y
 
 
-def compare_calibration(a: Manifest, b: Manifest) -> CalibrationComparison:
-    """Tensors of the calibration tables whose range, scale or zero point changed."""
-    table_a = (a.calibration or {}).get("table") or {}
-    table_b = (b.calibration or {}).get("table") or {}
+def compare_calibration(a: Run, b: Run) -> CalibrationComparison:
+    """Tensors of the calibration tables whose range, scale or zero point changed. Tables of equal digests (two
+    inference runs of one pipeline run record their source's) are equal: nothing is opened to compare them."""
+    (digest_a, tensors), (digest_b, _) = a.calibration_digest(), b.calibration_digest()
+    if digest_a == digest_b:
+        return CalibrationComparison(compared=bool(tensors), changed=[])
+    table_a, table_b = a.calibration.table, b.calibration.table
     changed = []
     for tensor in sorted(set(table_a) & set(table_b)):
         ea, eb = table_a[tensor] or {}, table_b[tensor] or {}

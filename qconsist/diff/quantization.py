@@ -38,6 +38,7 @@ from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import FaithfulCheck, plan_dump
 from qconsist.inference.layout import to_original
+from qconsist.store.run import Run
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
 from qconsist.inputs import InputSet
@@ -177,7 +178,7 @@ def _observe(matches: list[Match], plans: dict[str, Any], productions: dict[str,
 
 
 def quantization_error(
-    run_dir: Path,
+    run: Run | Path,
     inputs: InputSet,
     options: ExecutionOptions = ExecutionOptions(),
     *,
@@ -186,11 +187,13 @@ def quantization_error(
     float_level: OptimizationLevel | str = OptimizationLevel.DISABLE,
     progress: Progress = NULL_PROGRESS,
 ) -> QuantErrorResult:
-    """Per-node error of ``run_dir``'s ``quantized_stage`` model against its ``float_stage`` model on
+    """Per-node error of ``run``'s ``quantized_stage`` model against its ``float_stage`` model on
     ``inputs``, the quantized model observed as ``options`` run it (see the module docstring)."""
     started = time.perf_counter()
-    float_source: ModelSource = resolve_model(run_dir, float_stage)
-    quantized_source: ModelSource = resolve_model(run_dir, quantized_stage)
+    run = run if isinstance(run, Run) else Run.open(run)
+    run_dir = run.path
+    float_source: ModelSource = resolve_model(run, float_stage)
+    quantized_source: ModelSource = resolve_model(run, quantized_stage)
     # the float model is the reference: measured with one intra-op thread unless a count is given (qconsist.threads)
     float_options = measurement_options(options.with_options(graph_optimization_level=float_level))
     float_model, quantized_model = _load(float_source.path), _load(quantized_source.path)

@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qconsist.compare import OutputEffect, TensorStats
 from qconsist.compare.tolerance import Tolerance
+from qconsist.diff.accuracy import AccuracyChange, Predictions, cause, class_scores, compare_predictions
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
-from qconsist.diff.tensors import TensorComparison, compare_tensors
-from qconsist.inference.reader import inference_section, load_dump, load_outputs
+from qconsist.diff.tensors import SAMPLES_KEPT, TensorComparison, compare_tensors
+from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
+from qconsist.errors import RunStoreError
+from qconsist.inference.engines import EngineRecord
+from qconsist.inference.reader import load_dump
+from qconsist.inference.runner import PRODUCTION_REPEATS
+from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs.digest import digest_kind, same_inputs
 from qconsist.inputs.record import read_samples
 from qconsist.inputs.recorded import recorded_subset
-from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
-from qconsist.errors import RunStoreError
-from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run, same_run
-from qconsist.store.verify import external_file
+from qconsist.store.arrays import OutputArrays, blocks, merged
+from qconsist.store.run import Run
 from qconsist.store.serde import structure, to_jsonable
-from qconsist.inference.engines import EngineRecord
-from qconsist.inference.runner import PRODUCTION_REPEATS
-from qconsist.inference.session import ExecutionOptions
 
 log = logging.getLogger(__name__)
 SCHEMA = "qconsist.diff/1"
@@ -59,7 +62,7 @@ class EngineChange:
         return text
 
 
-def compare_engines(a: Manifest, b: Manifest, origins: set[str]) -> tuple[list[EngineChange], list[str]]:
+def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChange], list[str]]:
     """The convolution nodes whose kernels differ between the runs, are marked non-deterministic, or are
     origins; and notes where only one run recorded its kernels (``qconsist run --engines``)."""
     record_a, record_b = a.sections.get("engines"), b.sections.get("engines")
@@ -100,6 +103,7 @@ class DiffResult:
     tolerance: Tolerance = field(default_factory=Tolerance)  # exact unless --atol/--rtol or a policy's [diff]
     output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
     same_run: bool = False  # A and B are one run (one folder, or a copy of it): identical by construction
+    accuracy: AccuracyChange | None = None  # where the runs have labels and a class-scores output
 
     @property
     def passed(self) -> bool:
@@ -137,29 +141,28 @@ _FLAGS = {
 }
 
 
-def capture_command(manifest: Manifest, keys: list[str] | None, disable: tuple[str, ...] = (),
-                    subset: tuple[int, int] | None = None, run_dir: Path | None = None) -> str:
+def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),
+                    subset: tuple[int, int] | None = None) -> str:
     """The ``qconsist run`` command that repeats ``manifest``'s run with a dump keeping the raw tensors of
     ``keys`` (``None``: no raw tensors), with the graph transformers ``disable`` switched off besides its own,
     on the samples ``subset`` (offset, count) of its input set (default: where the run's samples lie in it,
     when it can be opened again). It runs as printed: paths absolute and shell-quoted, every recorded
-    execution option, the batch size, and — for images given to a model file — the run directory ``run_dir``
-    itself as the model (``--stage model``), which brings the run's preprocessing."""
-    import shlex
-
+    execution option, the batch size, and — for images given to a model file — the run directory itself as the
+    model (``--stage model``), which brings the run's preprocessing."""
+    manifest = run.manifest
     model = manifest.model
     if model.get("run"):
         parts = ["qconsist", "run", str(Path(model["run"]).resolve())]
         if model.get("stage"):
             parts += ["--stage", model["stage"]]
-    elif manifest.inputs.get("kind") == "images" and run_dir is not None:
-        parts = ["qconsist", "run", str(Path(run_dir).resolve()), "--stage", _model_stages(manifest)[-1]]
+    elif manifest.inputs.get("kind") == "images":
+        parts = ["qconsist", "run", str(run.path.resolve()), "--stage", run.model_stages()[-1]]
     else:
         parts = ["qconsist", "run", model.get("path", "MODEL")]
     source = str(manifest.inputs.get("source", "INPUTS"))
     parts += ["--inputs", source if source.startswith("package:") or not Path(source).exists() else str(Path(source).resolve())]
-    recorded = manifest.sections.get("inference", {}).get("options")
-    if isinstance(recorded, dict):
+    recorded = run.inference.options if run.has_inference else None
+    if recorded:
         options = ExecutionOptions.from_json(recorded)
         options = replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_json()
         parts += ["--ep", options["provider"]]
@@ -179,16 +182,14 @@ def capture_command(manifest: Manifest, keys: list[str] | None, disable: tuple[s
                 parts.append(f"--{stem}" if value else f"--no-{stem}")
             else:
                 parts += [_FLAGS[key], str(value)]
-    batch = manifest.sections.get("inference", {}).get("batch_size")
-    if isinstance(batch, int) and batch != 1:
+    batch = run.inference.batch_size if run.has_inference else 1
+    if batch != 1:
         parts += ["--batch-size", str(batch)]
         if model.get("dynamic_batch"):
             parts.append("--dynamic-batch")
     subset = subset if subset is not None else recorded_subset(manifest.inputs)
     if subset is not None:
         parts += ["--offset", str(subset[0]), "--count", str(subset[1])]
-    if manifest.inputs.get("kind") == "images" and not model.get("run") and run_dir is None:
-        parts += ["--pipeline", "PIPELINE.toml"]
     parts += ["--dump", *(["--raw", ",".join(keys)] if keys is not None else [])]
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -197,14 +198,10 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
-def _model_stages(manifest: Manifest) -> list[str]:
-    return [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
-
-
-def _same_source(a: Manifest, b: Manifest) -> bool:
+def _same_source(a: Run, b: Run) -> bool:
     """Two pipelines of one model under different names (e.g. CPU and CUDA calibration of open_nsfw): the
     model's source files are byte-identical."""
-    files_a, files_b = a.model.get("files"), b.model.get("files")
+    files_a, files_b = a.manifest.model.get("files"), b.manifest.model.get("files")
     if not isinstance(files_a, dict) or not isinstance(files_b, dict) or not files_a or set(files_a) != set(files_b):
         return False
     return all(
@@ -214,28 +211,29 @@ def _same_source(a: Manifest, b: Manifest) -> bool:
     )
 
 
-def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str | None:
-    name_a, name_b = a.model.get("name"), b.model.get("name")
+def _check_comparable(a: Run, b: Run) -> str | None:
+    name_a, name_b = a.manifest.model.get("name"), b.manifest.model.get("name")
     if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline" and not _same_source(a, b):
-        raise RunStoreError(f"runs of different models: {path_a} is {name_a!r}, {path_b} is {name_b!r}")
+        raise RunStoreError(f"runs of different models: {a.path} is {name_a!r}, {b.path} is {name_b!r}")
     if a.kind != b.kind:
-        stages_a, stages_b = _model_stages(a), _model_stages(b)
+        stages_a, stages_b = a.model_stages(), b.model_stages()
         if not set(stages_a) & set(stages_b):
             raise RunStoreError(
-                f"runs share no stage with a model ({', '.join(stages_a)} vs {', '.join(stages_b)}): {path_a} is "
-                f"{_a(a.kind)} run and {path_b} {_a(b.kind)} run; run the model from the pipeline's run directory "
+                f"runs share no stage with a model ({', '.join(stages_a)} vs {', '.join(stages_b)}): {a.path} is "
+                f"{_a(a.kind)} run and {b.path} {_a(b.kind)} run; run the model from the pipeline's run directory "
                 "(qconsist run RUN_DIR) to compare them"
             )
     if a.kind == b.kind == "inference":
-        return _check_inputs(a, b, path_a, path_b)
+        return _check_inputs(a, b)
     return None
 
 
-def _check_inputs(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str | None:
+def _check_inputs(a: Run, b: Run) -> str | None:
     """Refuse two inference runs on different input sets; a note when their digests are of different kinds
     (one run written before qconsist 0.2): their sample names are compared instead."""
-    sets = f"{a.inputs.get('source')} ×{a.inputs.get('count')} vs {b.inputs.get('source')} ×{b.inputs.get('count')}"
-    digest_a, digest_b = a.inputs.get("digest"), b.inputs.get("digest")
+    ia, ib = a.manifest.inputs, b.manifest.inputs
+    sets = f"{ia.get('source')} ×{ia.get('count')} vs {ib.get('source')} ×{ib.get('count')}"
+    digest_a, digest_b = ia.get("digest"), ib.get("digest")
     same = same_inputs(digest_a, digest_b)
     if same or digest_a == digest_b:
         return None
@@ -243,7 +241,7 @@ def _check_inputs(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str |
         raise RunStoreError(f"runs on different input sets ({sets}: input digests differ); compare runs on the same inputs")
     kinds = f"{digest_kind(digest_a) or 'no'} and {digest_kind(digest_b) or 'no'} input digests"
     try:
-        names_a, names_b = read_samples(path_a, a, a.inputs).names, read_samples(path_b, b, b.inputs).names
+        names_a, names_b = read_samples(a).names, read_samples(b).names
     except RunStoreError:
         return f"the runs record {kinds}: their inputs were not compared"
     if names_a != names_b:
@@ -252,76 +250,121 @@ def _check_inputs(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str |
             "their bytes were not compared")
 
 
-def _original(run_dir: Path, manifest: Manifest) -> Path | None:
-    """The model an inference run ran (outside the run: verified against its recorded size and sha256)."""
-    record = manifest.model.get("artifact")
-    if not isinstance(record, dict) or not manifest.model.get("path"):
-        return None
-    return external_file(run_dir, {**record, "path": manifest.model.get("path")}, "model path")
+def _per_sample(outputs_a: OutputArrays, outputs_b: OutputArrays, start: int, stop: int, effect: OutputEffect,
+                stats: list[TensorStats]) -> None:
+    for sample in range(start, stop):
+        a, b = outputs_a.sample(sample), outputs_b.sample(sample)
+        for stat, x, y in zip(stats, a, b):
+            stat.add(sample, x, y)
+        effect.add(effect.samples, a, b)
 
 
-def _outputs(path_a: Path, a: Manifest, path_b: Path, b: Manifest,
-             tolerance: Tolerance) -> tuple[OutputEffect, list[TensorStats]]:
+def _outputs(a: Run, b: Run, tolerance: Tolerance,
+             predicted: tuple[Predictions, Predictions] | None) -> tuple[OutputEffect, list[TensorStats]]:
+    """Final outputs of both runs a block of samples at a time: their effect, each against the tolerance, and
+    the predictions of the class-scores output."""
     effect = OutputEffect()
-    names = [str(n) for n in inference_section(path_a, a).get("outputs") or []]
-    stats = [TensorStats(name, *tolerance.for_node(name)) for name in names] if not tolerance.exact else []
-    samples = inference_section(path_a, a)["samples"]
-    if inference_section(path_b, b)["samples"] != samples:
-        raise RunStoreError(f"the runs hold {samples} and {inference_section(path_b, b)['samples']} samples; "
+    section_a, section_b = a.inference, b.inference
+    stats = [TensorStats(name, *tolerance.for_node(name)) for name in section_a.outputs] if not tolerance.exact else []
+    if section_b.samples != section_a.samples:
+        raise RunStoreError(f"the runs hold {section_a.samples} and {section_b.samples} samples; "
                             "compare runs on the same input set")
-    for step in range(samples):
-        outputs_a, outputs_b = load_outputs(path_a, a, step), load_outputs(path_b, b, step)
-        for stat, x, y in zip(stats, outputs_a, outputs_b):
-            stat.add(step, x, y)
-        effect.add(effect.samples, outputs_a, outputs_b)
+    outputs_a, outputs_b = a.outputs(), b.outputs()
+    for start, stop in blocks(outputs_a):
+        block_a, block_b = outputs_a.block(start, stop), outputs_b.block(start, stop)
+        batches = None
+        if block_a is not None and block_b is not None and not stats:
+            batches = [merged(x) for x in block_a], [merged(y) for y in block_b]
+        if batches is None or any(x is None for x in batches[0] + batches[1]):
+            _per_sample(outputs_a, outputs_b, start, stop, effect, stats)
+        else:
+            effect.add(effect.samples, batches[0], batches[1])
+        if predicted is not None:
+            for side, block, outputs in ((predicted[0], block_a, outputs_a), (predicted[1], block_b, outputs_b)):
+                side.add(start, block[side.position] if block is not None else
+                         np.stack([outputs.sample(i)[side.position] for i in range(start, stop)]))
     return effect, stats
 
 
-def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tolerance()) -> DiffResult:
+def _predictions(a: Run, b: Run) -> tuple[Predictions, Predictions] | None:
+    """What the accuracy comparison gathers, where the runs have labels and a class-scores output."""
+    output = class_scores(a, b)
+    if output is None or output not in a.inference.outputs or output not in b.inference.outputs:
+        return None
+    try:
+        table_a, table_b = read_samples(a), read_samples(b)
+    except RunStoreError:
+        return None
+    sides = (Predictions(a.inference.outputs.index(output), output, table_a, a.inference.samples),
+             Predictions(b.inference.outputs.index(output), output, table_b, b.inference.samples))
+    return sides if any(side.has_labels for side in sides) else None
+
+
+def _dump_notes(dumps: tuple[Any, Any]) -> list[str]:
+    notes = []
+    for dump in dumps:
+        if not dump.faithful:
+            distinct = dump.run.dump.production_distinct or 0
+            notes.append(
+                f"the final outputs of {dump.run_dir}'s dump differ from production, whose own outputs vary from run "
+                f"to run ({distinct} distinct in {PRODUCTION_REPEATS} runs): a non-deterministic kernel" if distinct > 1 else
+                f"the dump of {dump.run_dir} is NOT faithful: its final outputs differ from production")
+    return notes
+
+
+def _tensors(a: Run, b: Run, result: DiffResult, focus: list[int]) -> None:
+    """The dumps' tensor comparison, when both runs have one (``focus``: samples traced one by one)."""
+    if a.has_dump and b.has_dump:
+        dump_a, dump_b = load_dump(a), load_dump(b)
+        result.notes += _dump_notes((dump_a, dump_b))
+        same_graph = dump_a.structure == dump_b.structure  # else the original models are compared: verified then
+        result.tensors = compare_tensors(dump_a, dump_b, None if same_graph else a.ran_model(),
+                                         None if same_graph else b.ran_model(), result.tolerance, focus)
+        if result.tensors.raw_missing:
+            keys = result.tensors.raw_missing
+            result.capture = [capture_command(a, keys), capture_command(b, keys)]
+    elif a.has_dump or b.has_dump:
+        result.notes.append("only one run has a tensor dump; rerun the other with --dump to compare tensors")
+    else:
+        result.notes.append("no tensor dumps; rerun both with `qconsist run ... --dump` to find the first diverging node")
+
+
+def _inference(a: Run, b: Run, result: DiffResult) -> None:
+    """Final outputs, accuracy and tensors of two inference runs."""
+    predicted = _predictions(a, b)
+    result.outputs, result.output_stats = _outputs(a, b, result.tolerance, predicted)
+    flipped = np.flatnonzero(predicted[0].classes != predicted[1].classes) if predicted is not None else np.zeros(0)
+    _tensors(a, b, result, flipped[:SAMPLES_KEPT].tolist())
+    if predicted is not None:
+        names = read_samples(a).names
+        why = cause(result.artifacts.first_differing_stage, bool(result.calibration.changed), result.options,
+                    (a.inference.batch_size, b.inference.batch_size), result.versions.numerics)
+        result.accuracy = compare_predictions(predicted[0].counter.output, *predicted, names, result.tensors, why)
+
+
+def diff_runs(run_a: Run | Path | str, run_b: Run | Path | str, tolerance: Tolerance = Tolerance()) -> DiffResult:
     """Compare two complete run directories in the order artifacts → calibration → tensors → outputs.
 
     ``tolerance`` (default exact): tensors and final outputs are judged against ``atol + rtol·|a|`` (per
     node where it says so) instead of bit for bit."""
-    path_a, path_b = Path(path_a), Path(path_b)
-    a, b = open_run(path_a), open_run(path_b)
-    inputs_note = _check_comparable(a, b, path_a, path_b)
+    a = run_a if isinstance(run_a, Run) else Run.open(run_a)
+    b = run_b if isinstance(run_b, Run) else Run.open(run_b)
+    inputs_note = _check_comparable(a, b)
     result = DiffResult(
-        run_a=str(path_a), run_b=str(path_b), same_run=same_run(path_a, a, path_b, b),
-        artifacts=compare_artifacts(path_a, a, path_b, b),
+        run_a=str(a.path), run_b=str(b.path), same_run=a.same_as(b),
+        artifacts=compare_artifacts(a, b),
         calibration=compare_calibration(a, b),
         tensors=None, outputs=None,
-        environment=describe_changes(a.environment, b.environment),
-        versions=compare_environments(a.environment, b.environment),
+        environment=describe_changes(a.manifest.environment, b.manifest.environment),
+        versions=compare_environments(a.manifest.environment, b.manifest.environment),
         tolerance=tolerance,
     )
     if inputs_note:
         result.notes.append(inputs_note)
-    opts_a = a.sections.get("inference", {}).get("options")
-    opts_b = b.sections.get("inference", {}).get("options")
-    if isinstance(opts_a, dict) and isinstance(opts_b, dict):
-        result.options = describe_changes(opts_a, opts_b)
+    if a.has_inference and b.has_inference and a.inference.options and b.inference.options:
+        result.options = describe_changes(a.inference.options, b.inference.options)
     if a.kind == b.kind == "inference":
-        result.outputs, result.output_stats = _outputs(path_a, a, path_b, b, tolerance)
-        has_a, has_b = "dump" in a.sections, "dump" in b.sections
-        if has_a and has_b:
-            dump_a, dump_b = load_dump(path_a, a), load_dump(path_b, b)
-            for dump, path, manifest in ((dump_a, path_a, a), (dump_b, path_b, b)):
-                if not dump.faithful:
-                    distinct = manifest.sections["dump"].get("production_distinct") or 0
-                    result.notes.append(
-                        f"the final outputs of {path}'s dump differ from production, whose own outputs vary from run "
-                        f"to run ({distinct} distinct in {PRODUCTION_REPEATS} runs): a non-deterministic kernel" if distinct > 1 else
-                        f"the dump of {path} is NOT faithful: its final outputs differ from production")
-            same_graph = dump_a.structure == dump_b.structure  # else the original models are compared: verified then
-            result.tensors = compare_tensors(dump_a, dump_b, None if same_graph else _original(path_a, a),
-                                             None if same_graph else _original(path_b, b), tolerance)
-            if result.tensors.raw_missing:
-                keys = result.tensors.raw_missing
-                result.capture = [capture_command(a, keys, run_dir=path_a), capture_command(b, keys, run_dir=path_b)]
-        elif has_a or has_b:
-            result.notes.append("only one run has a tensor dump; rerun the other with --dump to compare tensors")
-        else:
-            result.notes.append("no tensor dumps; rerun both with `qconsist run ... --dump` to find the first diverging node")
+        _inference(a, b, result)
     elif a.kind != b.kind:
         result.notes.append(f"{_a(a.kind)} run and {_a(b.kind)} run: artifacts and calibration compared")
     origins = {n.label for n in result.tensors.origins} if result.tensors is not None else set()

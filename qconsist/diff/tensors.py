@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -20,11 +20,12 @@ from onnx import numpy_helper
 from qconsist.compare import TensorStats, origins
 from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
-from qconsist.inference.fingerprint import check_hash_functions
-from qconsist.inference.graphmap import GraphIndex
+from qconsist.inference.fingerprint import DTYPES, check_hash_functions
+from qconsist.inference.graphmap import GraphIndex, TensorOrigin
 from qconsist.inference.reader import LoadedDump
 
 MAX_ELEMENT_NODES = 64  # element statistics for origins, the first node and up to this many others
+SAMPLES_KEPT = 1000  # sample indices listed per node (all are counted): a diff of 50,000 samples stays small
 
 
 @dataclass
@@ -41,6 +42,8 @@ class TensorDiff:
     summary: dict[str, Any]  # fingerprints (min, max, mean) of both runs in the first differing sample
     elements: TensorStats | None = None  # element statistics, where both runs kept the raw tensors
     tolerance: str = ""  # with a tolerance: beyond | within | unknown (no raw tensors, fingerprints inconclusive)
+    count: int = 0  # samples where it differs (``samples`` lists the first SAMPLES_KEPT)
+    origin_count: int = 0  # samples where it is an origin (``origin_samples`` lists the first SAMPLES_KEPT)
 
     @property
     def beyond(self) -> bool:
@@ -54,6 +57,7 @@ class TensorDiff:
             "samples": self.samples, "origin": self.origin, "origin_samples": self.origin_samples,
             "initializers_changed": self.initializers_changed, "summary": self.summary,
             "elements": self.elements.to_json() if self.elements is not None else None,
+            "count": self.count, "origin_count": self.origin_count,
         }
 
     @classmethod
@@ -63,8 +67,18 @@ class TensorDiff:
             samples=data["samples"], origin=data["origin"], origin_samples=data["origin_samples"],
             initializers_changed=data["initializers_changed"], summary=data["summary"],
             elements=TensorStats.from_json(data["elements"]) if data["elements"] else None,
-            tolerance=data.get("tolerance", ""),
+            tolerance=data.get("tolerance", ""), count=int(data.get("count", len(data["samples"]))),
+            origin_count=int(data.get("origin_count", len(data["origin_samples"]))),
         )
+
+
+@dataclass
+class SampleTrace:
+    """Where one sample's tensors diverge: the first diverging node and the origins in that sample."""
+
+    sample: int
+    first: str | None
+    origins: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +91,7 @@ class TensorComparison:
     raw_missing: list[str] = field(default_factory=list)  # keys whose element stats need raw tensors
     tolerance: Tolerance = field(default_factory=Tolerance)
     layout_unknown: list[str] = field(default_factory=list)  # original-graph comparisons: tensors whose layout ORT's graph does not establish
+    traces: list[SampleTrace] = field(default_factory=list)  # the samples asked about (``focus``)
 
     @property
     def first(self) -> TensorDiff | None:
@@ -98,6 +113,7 @@ class TensorComparison:
             "origins": [n.label for n in self.origins], "nodes": [n.to_json() for n in self.nodes],
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
             "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
+            "traces": [t.__dict__ for t in self.traces],
         }
 
     @classmethod
@@ -108,6 +124,7 @@ class TensorComparison:
             raw_missing=data["raw_missing"],
             tolerance=Tolerance.from_json(data["tolerance"]) if isinstance(data.get("tolerance"), dict) else Tolerance(),
             layout_unknown=list(data.get("layout_unknown", [])),
+            traces=[SampleTrace(**t) for t in data.get("traces", [])],
         )
 
 
@@ -165,34 +182,59 @@ def tensor_keys(dump: LoadedDump, space: str) -> dict[str, int]:
     return keys
 
 
-def _differ(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int]) -> np.ndarray:
-    """``differ[sample, k]``: the k-th shared tensor's bytes, type or shape differ. Reads the tables a block of
-    samples at a time, field by field, so memory stays at a few bytes per compared record (50,000 samples ×
-    416 tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records were copied and shapes
-    compared as strings)."""
+class _Bits:
+    """A ``samples × columns`` table of flags, one bit each (packed along the samples): what differs, where a
+    node is an origin. 50,000 samples × 416 tensors hold 2.6 MB."""
+
+    def __init__(self, samples: int, columns: int) -> None:
+        self.samples = samples
+        self.packed = np.zeros(((samples + 7) // 8, columns), dtype=np.uint8)
+
+    def put(self, start: int, block: np.ndarray) -> None:
+        """The flags of samples ``start`` onwards (``start`` a multiple of 8)."""
+        packed = np.packbits(block, axis=0)
+        self.packed[start // 8:start // 8 + packed.shape[0]] = packed
+
+    def column(self, column: int) -> np.ndarray:
+        """The samples where ``column`` is flagged."""
+        return np.flatnonzero(np.unpackbits(self.packed[:, column])[:self.samples])
+
+    def row(self, sample: int) -> np.ndarray:
+        """The columns flagged in ``sample``."""
+        return np.flatnonzero((self.packed[sample // 8] >> (7 - sample % 8)) & 1)
+
+
+def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
+          nodes: list[tuple[list[int], list[int]]]) -> tuple[_Bits, _Bits]:
+    """Which shared tensors differ (bytes, type or shape) in which samples, and where each is an origin. Reads
+    the tables a block of samples at a time, field by field, and keeps one bit per sample and tensor, so memory
+    stays flat (50,000 samples × 416 tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records
+    were copied and shapes compared as strings)."""
     canonical: dict[tuple[int, ...], int] = {}
     ids_a = np.array([canonical.setdefault(s, len(canonical)) for s in a.shapes] or [0], dtype=np.int64)
     ids_b = np.array([canonical.setdefault(s, len(canonical)) for s in b.shapes] or [0], dtype=np.int64)
-    samples = a.table.shape[0]
-    differ = np.zeros((samples, len(cols_a)), dtype=bool)
-    ia, ib = np.asarray(cols_a), np.asarray(cols_b)
+    samples = a.table.samples
+    differ, origin = _Bits(samples, len(cols_a)), _Bits(samples, len(nodes))
+    ia, ib = np.asarray(cols_a, dtype=np.int64), np.asarray(cols_b, dtype=np.int64)
     for start in range(0, samples, _DIFF_BLOCK):
-        ta, tb = a.table[start:start + _DIFF_BLOCK], b.table[start:start + _DIFF_BLOCK]
+        stop = min(start + _DIFF_BLOCK, samples)
+        ta, tb = a.table.block(start, stop), b.table.block(start, stop)
         block = ta["hash"][:, ia] != tb["hash"][:, ib]
         block |= ta["dtype"][:, ia] != tb["dtype"][:, ib]
         block |= ids_a[ta["shape"][:, ia]] != ids_b[tb["shape"][:, ib]]
-        differ[start:start + _DIFF_BLOCK] = block
-    return differ
+        differ.put(start, block)
+        origin.put(start, origins(block, nodes))
+    return differ, origin
 
 
-_DIFF_BLOCK = 2048  # samples per block of _differ
+_DIFF_BLOCK = 2048  # samples per block of _scan (a multiple of 8)
 
 
 def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dict[str, Any]:
     def side(dump: LoadedDump, column: int) -> dict[str, Any]:
-        rec = dump.table[sample, column]
+        rec = dump.table.record(sample, column)
         return {
-            "dtype": dump.dtype(sample, column), "shape": list(dump.shape(sample, column)),
+            "dtype": DTYPES[int(rec["dtype"])], "shape": list(dump.shapes[int(rec["shape"])]),
             "min": float(rec["min"]), "max": float(rec["max"]), "mean": float(rec["mean"]),
             "nan": int(rec["nan"]), "inf": int(rec["inf"]),
         }
@@ -202,9 +244,10 @@ def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dic
 
 def compare_tensors(
     a: LoadedDump, b: LoadedDump, original_a: Path | None, original_b: Path | None,
-    tolerance: Tolerance = Tolerance(),
+    tolerance: Tolerance = Tolerance(), focus: Sequence[int] = (),
 ) -> TensorComparison:
     """Compare two dumps of the same input set. Raises ``RunStoreError`` when they cannot be compared.
+    ``focus``: samples whose first diverging node and origins are traced one by one (``traces``).
 
     With a ``tolerance``, every diverging node is also judged against it: from its raw tensors where both
     runs kept them, else from the fingerprints (the differences of min, max and mean are lower bounds of
@@ -212,26 +255,12 @@ def compare_tensors(
     if a.table.shape[0] != b.table.shape[0]:
         raise RunStoreError(f"the dumps hold {a.table.shape[0]} and {b.table.shape[0]} samples; compare runs on the same input set")
     check_hash_functions(a.table, b.table, f"run {a.run_dir}", f"run {b.run_dir}")
-    if a.structure == b.structure:
-        space = "optimized"
-        graph_a, graph_b = _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")
-    elif a.original_structure == b.original_structure:
-        space = "original"
-        if original_a is None or original_b is None:
-            raise RunStoreError("the runs executed different optimized graphs and their original models are gone")
-        graph_a, graph_b = _load_model(original_a, "model"), _load_model(original_b, "model")
-    else:
-        raise RunStoreError(
-            "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
-            "cannot be compared node by node; compare runs of the same model (a float model against its "
-            "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)"
-        )
+    space, graph_a, graph_b = _space(a, b, original_a, original_b)
     keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
     shared = [k for k in keys_a if k in keys_b]
     if space == "original":
         _check_axis_order(a, b, keys_a, keys_b, shared)
     cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
-    differ = _differ(a, b, cols_a, cols_b) if shared else np.zeros((a.table.shape[0], 0), dtype=bool)
     graph = _Graph(graph_a, set(shared))
     inits_a, inits_b = _initializer_bytes(graph_a), _initializer_bytes(graph_b)
     position = {k: i for i, k in enumerate(shared)}
@@ -241,28 +270,62 @@ def compare_tensors(
         result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
     # each compared tensor is a node of this graph: its inputs are the nearest compared tensors it is computed from
     nodes = [([position[t] for t in graph.inputs(key)[0] if t in position], [p]) for p, key in enumerate(shared)]
-    origin = origins(differ, nodes)
-    for p, key in enumerate(shared):
-        rows = np.flatnonzero(differ[:, p])
-        if not rows.size:
-            continue
-        inits = graph.inputs(key)[1]
-        origin_rows = np.flatnonzero(origin[:, p])
-        changed = sorted(i for i in inits if inits_a.get(i) != inits_b.get(i))
-        ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
-        result.nodes.append(TensorDiff(
-            key=key, label=tb.label if len(tb.covers) > len(ta.covers) else ta.label,
-            op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
-            samples=rows.tolist(), origin=bool(origin_rows.size), origin_samples=origin_rows.tolist(),
-            initializers_changed=changed, summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]),
-        ))
-    _element_stats(a, b, result, keys_a, keys_b)
+    differ, origin = _scan(a, b, cols_a, cols_b, nodes)
+
+    def rows_of(key: str) -> np.ndarray:
+        return differ.column(position[key])
+
+    labels = [_label(a.tensors[ca], b.tensors[cb]) for ca, cb in zip(cols_a, cols_b)]
+    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), graph, labels, (inits_a, inits_b))
+    for sample in focus:
+        diverging = differ.row(int(sample))
+        result.traces.append(SampleTrace(int(sample), labels[int(diverging[0])] if diverging.size else None,
+                                         [labels[int(p)] for p in origin.row(int(sample))]))
+    _element_stats(a, b, result, keys_a, keys_b, rows_of)
     if not tolerance.exact:
         for node in result.nodes:
-            node.tolerance = _judge(a, b, node, keys_a[node.key], keys_b[node.key], *tolerance.for_node(node.label, node.key))
+            node.tolerance = _judge(a, b, node, keys_a[node.key], keys_b[node.key], rows_of(node.key),
+                                    *tolerance.for_node(node.label, node.key))
         unknown = [n.key for n in result.nodes if n.tolerance == "unknown"]
         result.raw_missing = list(dict.fromkeys([*result.raw_missing, *unknown]))
     return result
+
+
+def _space(a: LoadedDump, b: LoadedDump, original_a: Path | None,
+           original_b: Path | None) -> tuple[str, onnx.ModelProto, onnx.ModelProto]:
+    """Where two dumps are compared: ORT's optimized graph when both ran the same structure, else the original
+    models (``original_a``/``original_b``, verified); the two graphs."""
+    if a.structure == b.structure:
+        return "optimized", _load_model(a.optimized_path, "dump graph"), _load_model(b.optimized_path, "dump graph")
+    if a.original_structure == b.original_structure:
+        if original_a is None or original_b is None:
+            raise RunStoreError("the runs executed different optimized graphs and their original models are gone")
+        return "original", _load_model(original_a, "model"), _load_model(original_b, "model")
+    raise RunStoreError(
+        "runs of different models: their graphs differ structurally (nodes or tensors), so tensors "
+        "cannot be compared node by node; compare runs of the same model (a float model against its "
+        "quantization: `qconsist quant-error RUN` ranks the nodes by quantization error)"
+    )
+
+
+def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],
+               columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], graph: _Graph, labels: list[str],
+               initializers: tuple[dict[str, bytes], dict[str, bytes]]) -> None:
+    """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order."""
+    (cols_a, cols_b), (differ, origin), (inits_a, inits_b) = columns, flags, initializers
+    for p, key in enumerate(shared):
+        rows = differ.column(p)
+        if not rows.size:
+            continue
+        origin_rows = origin.column(p)
+        changed = sorted(i for i in graph.inputs(key)[1] if inits_a.get(i) != inits_b.get(i))
+        ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
+        result.nodes.append(TensorDiff(
+            key=key, label=labels[p], op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
+            samples=rows[:SAMPLES_KEPT].tolist(), origin=bool(origin_rows.size),
+            origin_samples=origin_rows[:SAMPLES_KEPT].tolist(), initializers_changed=changed,
+            summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]), count=int(rows.size), origin_count=int(origin_rows.size),
+        ))
 
 
 def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int], shared: list[str]) -> None:
@@ -280,13 +343,20 @@ def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys
         )
 
 
-def _judge(a: LoadedDump, b: LoadedDump, node: TensorDiff, col_a: int, col_b: int, atol: float, rtol: float) -> str:
-    """``beyond``, ``within`` or ``unknown`` the tolerance ``atol + rtol·|a|``."""
+def _label(a: TensorOrigin, b: TensorOrigin) -> str:
+    """The label users know for a compared tensor: the one of the run whose node covers more originals."""
+    return b.label if len(b.covers) > len(a.covers) else a.label
+
+
+def _judge(a: LoadedDump, b: LoadedDump, node: TensorDiff, col_a: int, col_b: int, rows: np.ndarray,
+           atol: float, rtol: float) -> str:
+    """``beyond``, ``within`` or ``unknown`` the tolerance ``atol + rtol·|a|`` (``rows``: the samples where
+    the node differs)."""
     if node.elements is not None:
         return "beyond" if node.elements.mismatched else "within"
-    for sample in node.samples:
-        ra, rb = a.table[sample, col_a], b.table[sample, col_b]
-        if a.shape(sample, col_a) != b.shape(sample, col_b) or ra["dtype"] != rb["dtype"]:
+    for sample in rows.tolist():
+        ra, rb = a.table.record(sample, col_a), b.table.record(sample, col_b)
+        if a.shapes[int(ra["shape"])] != b.shapes[int(rb["shape"])] or ra["dtype"] != rb["dtype"]:
             return "beyond"
         if ra["nan"] != rb["nan"] or ra["inf"] != rb["inf"]:
             return "beyond"
@@ -301,16 +371,23 @@ def _judge(a: LoadedDump, b: LoadedDump, node: TensorDiff, col_a: int, col_b: in
     return "unknown"
 
 
-def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_a: dict, keys_b: dict) -> None:
-    """Element statistics from raw tensors, where both runs kept them (every diverging node with a tolerance)."""
+def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_a: dict, keys_b: dict,
+                   rows_of: Callable[[str], np.ndarray]) -> None:
+    """Element statistics from raw tensors, where both runs kept them (every diverging node with a tolerance;
+    ``rows_of``: each diverging node's samples)."""
     chosen = [n for n in result.nodes if n.origin or n is result.first]
     others = [n for n in result.nodes if n not in chosen]
     chosen += others if not result.tolerance.exact else others[:MAX_ELEMENT_NODES]
+    kept = np.array(sorted(a.raw_samples() & b.raw_samples()), dtype=np.int64)
     wanted: dict[int, list[TensorDiff]] = {}
-    for node in chosen:
-        for sample in node.samples:
-            wanted.setdefault(sample, []).append(node)
     missing: set[str] = set()
+    for node in chosen:
+        rows = rows_of(node.key)
+        if not np.isin(rows, kept).all():  # a sample without raw tensors in a run: no element statistics
+            missing.add(node.key)
+            continue
+        for sample in rows.tolist():
+            wanted.setdefault(sample, []).append(node)
     for sample in sorted(wanted):
         nodes = wanted[sample]
         arrays_a = a.raw_arrays(sample, [keys_a[n.key] for n in nodes])

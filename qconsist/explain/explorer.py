@@ -31,8 +31,7 @@ from qconsist.errors import RunStoreError
 from qconsist.inference.graphmap import node_names
 from qconsist.inference.reader import load_dump
 from qconsist.store.atomic import write_json_atomic
-from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run
+from qconsist.store.run import Run
 
 MEASURES = ("status", "mismatched", "greatest_difference", "origin")
 IDENTICAL, PROPAGATES, ORIGIN = 0, 1, 2
@@ -72,20 +71,24 @@ def _greatest(node: TensorDiff) -> float:
     return found
 
 
-def _model_of(diff: DiffResult) -> tuple[Path, Manifest]:
-    manifest = open_run(Path(diff.run_a))
+def _model_of(diff: DiffResult, run: Run) -> Path:
+    """The graph the diff's tensors belong to: run A's dumped graph, or (compared through the original model)
+    the model it ran, verified."""
     tensors = diff.tensors
     if tensors is None:
         raise RunStoreError("the diff compared no tensors (runs without --dump): there is no per-node divergence to draw")
     if tensors.space == "optimized":
-        section = manifest.sections.get("dump") or {}
-        return Path(diff.run_a) / section.get("optimized", "dump/optimized.onnx"), manifest
-    return Path(manifest.model.get("path", "")), manifest
+        return run.file(run.dump.optimized, "dump graph path")
+    model = run.ran_model()
+    if model is None:
+        raise RunStoreError(f"the model run {run.path} ran ({run.manifest.model.get('path')}) is gone")
+    return model
 
 
 def explorer_overlay(diff: DiffResult) -> ExplorerOverlay:
     """The per-node divergence of ``diff`` (a diff of two dumped inference runs) as Model Explorer node data."""
-    path, _ = _model_of(diff)
+    run_a, run_b = Run.open(diff.run_a), Run.open(diff.run_b)
+    path = _model_of(diff, run_a)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
@@ -106,12 +109,12 @@ def explorer_overlay(diff: DiffResult) -> ExplorerOverlay:
 
     known = set(names)
     for node in tensors.nodes:
-        share = node.elements.percent / 100 if node.elements is not None else len(node.samples) / max(tensors.samples, 1)
+        share = node.elements.percent / 100 if node.elements is not None else node.count / max(tensors.samples, 1)
         targets = [n for n in (*node.covers, node.label, producer.get(node.key)) if n in known]
         for name in dict.fromkeys(targets):
             put(name, ORIGIN if node.origin else PROPAGATES, share, _greatest(node))
-    keys_a = tensor_keys(load_dump(Path(diff.run_a)), tensors.space)
-    keys_b = tensor_keys(load_dump(Path(diff.run_b)), tensors.space)
+    keys_a = tensor_keys(load_dump(run_a), tensors.space)
+    keys_b = tensor_keys(load_dump(run_b), tensors.space)
     for key in keys_a:  # the other compared tensors are bit-identical in every sample
         if key in keys_b and producer.get(key) in known:
             put(producer[key], IDENTICAL, 0.0, 0.0)

@@ -46,8 +46,7 @@ from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run
+from qconsist.store.run import Run
 from qconsist.store.serde import structure, to_jsonable
 from qconsist.store.scratch import scratch_dir
 
@@ -129,12 +128,12 @@ class OptimizerExplanation:
         return structure(cls, data)
 
 
-def _inference_options(manifest: Manifest, path: Path) -> ExecutionOptions:
-    if manifest.kind != "inference":
-        raise RunStoreError(f"run {path} is {manifest.kind!r}, not an inference run; explain compares two `qconsist run --dump` runs")
-    if "dump" not in manifest.sections:
-        raise RunStoreError(f"run {path} has no tensor dump; rerun it with `qconsist run ... --dump`")
-    return ExecutionOptions.from_json(manifest.sections["inference"]["options"])
+def _inference_options(run: Run) -> ExecutionOptions:
+    if run.kind != "inference":
+        raise RunStoreError(f"run {run.path} is {run.kind!r}, not an inference run; explain compares two `qconsist run --dump` runs")
+    if not run.has_dump:
+        raise RunStoreError(f"run {run.path} has no tensor dump; rerun it with `qconsist run ... --dump`")
+    return ExecutionOptions.from_json(run.inference.options)
 
 
 def _only_optimization_differs(a: ExecutionOptions, b: ExecutionOptions) -> None:
@@ -158,12 +157,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _model(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> Path:
-    sha_a = (a.model.get("artifact") or {}).get("sha256")
-    sha_b = (b.model.get("artifact") or {}).get("sha256")
+def _model(a: Run, b: Run) -> Path:
+    path_a, path_b = a.path, b.path
+    sha_a = (a.manifest.model.get("artifact") or {}).get("sha256")
+    sha_b = (b.manifest.model.get("artifact") or {}).get("sha256")
     if not sha_a or sha_a != sha_b:
         raise RunStoreError(f"runs {path_a} and {path_b} ran different model files; explain needs one model run two ways")
-    model = Path(a.model.get("path", ""))
+    model = Path(a.manifest.model.get("path", ""))
     if not model.is_file():
         raise RunStoreError(f"the model of run {path_a} ({model}) is gone; explain re-runs it")
     if _sha256(model) != sha_a:
@@ -171,14 +171,15 @@ def _model(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> Path:
     return model
 
 
-def _same_environment(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> None:
-    between = compare_environments(a.environment, b.environment).numerics
+def _same_environment(a: Run, b: Run) -> None:
+    path_a, path_b = a.path, b.path
+    between = compare_environments(a.manifest.environment, b.manifest.environment).numerics
     if between:
         raise RunStoreError(
             f"runs {path_a} and {path_b} ran in different environments ({'; '.join(map(str, between))}); explain "
             "bisects one onnxruntime's transformers (for an upgrade: qconsist upgrade-check)"
         )
-    here = compare_environments(a.environment, fingerprint()).numerics
+    here = compare_environments(a.manifest.environment, fingerprint()).numerics
     if here:
         raise RunStoreError(
             f"run {path_a} was made in another environment than this one ({'; '.join(map(str, here))}); explain "
@@ -207,7 +208,7 @@ class _Prober:
         options = replace(self.options, disabled_optimizers=(*self.options.disabled_optimizers, *key))
         result = run_inference(ModelSource(self.model), self.inputs, RunRequest(options=options, dump=True), self.scratch,
                                run_id=f"probe-{len(self.probes):03d}")
-        dump = load_dump(result.run_dir)
+        dump = load_dump(Run.open(result.run_dir))
         comparison: TensorComparison = compare_tensors(self.reference, dump, self.model, self.model)
         keys = tensor_keys(dump, comparison.space)
         diverging = {n.key for n in comparison.nodes}
@@ -234,22 +235,21 @@ def explain_optimization(
     must match). Raises ``RunStoreError``/``ConfigError`` (one line) for runs that cannot be explained so.
     """
     started = time.perf_counter()
-    path_a, path_b = Path(run_a), Path(run_b)
-    a, b = open_run(path_a), open_run(path_b)
-    options_a, options_b = _inference_options(a, path_a), _inference_options(b, path_b)
+    a, b = Run.open(run_a), Run.open(run_b)
+    options_a, options_b = _inference_options(a), _inference_options(b)
     _only_optimization_differs(options_a, options_b)
-    model = _model(a, b, path_a, path_b)
-    _same_environment(a, b, path_a, path_b)
+    model = _model(a, b)
+    _same_environment(a, b)
     # the optimized side: the higher level, or at one level the one with fewer transformers switched off
     rank_a = (_RANK[options_a.graph_optimization_level], -len(options_a.disabled_optimizers))
     rank_b = (_RANK[options_b.graph_optimization_level], -len(options_b.disabled_optimizers))
     if rank_a > rank_b:
-        (path_a, a, options_a), (path_b, b, options_b) = (path_b, b, options_b), (path_a, a, options_a)
-    reference_path, optimized_path, reference, optimized = path_a, path_b, options_a, options_b
+        (a, options_a), (b, options_b) = (b, options_b), (a, options_a)
+    reference_path, optimized_path, reference, optimized = a.path, b.path, options_a, options_b
 
     result = OptimizerExplanation(str(reference_path), str(optimized_path), reference.to_json(), optimized.to_json(),
                                   onnxruntime.__version__)
-    diff = diff_runs(reference_path, optimized_path)
+    diff = diff_runs(a, b)
     tensors = diff.tensors
     if tensors is None or tensors.first is None:
         result.notes.append("the runs' tensors are bit-identical: nothing to explain")
@@ -260,15 +260,15 @@ def explain_optimization(
     result.diverging, result.compared = len(tensors.nodes), tensors.compared
     subset = None
     if inputs is None:
-        inputs, subset = replay_inputs(a, model, reference_path)
-    elif inputs.digest(digest_kind(a.inputs.get("digest")) or XXH3) != a.inputs.get("digest"):
+        inputs, subset = replay_inputs(a, model)
+    elif inputs.digest(digest_kind(a.manifest.inputs.get("digest")) or XXH3) != a.manifest.inputs.get("digest"):
         raise RunStoreError(f"the `inputs` given are not the input set of run {reference_path} (their digest differs)")
     applied = transformer_activity(model, optimized)
     baseline = set(transformer_activity(model, reference).names)
     result.sessions += 2
     result.candidates = [t for t in applied.transformers if t.modified and t.name not in baseline]
     names = [t.name for t in result.candidates]
-    reference_dump, optimized_dump = load_dump(reference_path), load_dump(optimized_path)
+    reference_dump, optimized_dump = load_dump(a), load_dump(b)
     with scratch_dir("qconsist-explain-") as scratch:
         probe = _Prober(model, inputs, optimized, reference_dump, target.key, Path(scratch), progress)
         if not names:
@@ -286,7 +286,7 @@ def explain_optimization(
                     result.responsible = [n for n in names if n in chosen]
                     result.verification = probe(tuple(result.responsible))
                     result.explained = result.verification.vanished
-                    result.reproduce = capture_command(b, None, tuple(result.responsible), subset, optimized_path)
+                    result.reproduce = capture_command(b, None, tuple(result.responsible), subset)
                     without = probe.dumps[tuple(sorted(result.responsible))]
                     result.rewrites = graph_rewrites(
                         load_graph(without.optimized_path, "optimized graph"),

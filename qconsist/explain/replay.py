@@ -9,15 +9,15 @@ from qconsist.inference.model import input_specs
 from qconsist.inputs import InputSet
 from qconsist.inputs.digest import digest_kind
 from qconsist.inputs.recorded import recorded_subset, reopen_recorded, stretch
-from qconsist.store.manifest import Manifest
+from qconsist.store.run import Run
 
 
-def replay_inputs(manifest: Manifest, model: Path, run_dir: Path) -> tuple[InputSet, tuple[int, int] | None]:
-    """The samples of ``manifest``'s input set (its source, preprocessing and the stretch of it the run read,
+def replay_inputs(run: Run, model: Path) -> tuple[InputSet, tuple[int, int] | None]:
+    """The samples of ``run``'s input set (its source, preprocessing and the stretch of it the run read,
     or for an old run its sample names), in its order, fitted to ``model``'s inputs, and where they lie in the
     whole set (offset, count) when they are one stretch of it; ``RunStoreError`` when they cannot be found again
     or their bytes differ from the run's (its digest, of the kind the run recorded)."""
-    recorded = manifest.inputs
+    recorded, run_dir = run.manifest.inputs, run.path
     source, names, digest = recorded.get("source"), recorded.get("names"), recorded.get("digest")
     stretch_recorded = recorded_subset(recorded) if "offset" in recorded else None
     kind = digest_kind(digest)

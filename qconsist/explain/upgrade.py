@@ -33,6 +33,7 @@ from qconsist.errors import ConfigError, InputError, QconsistError, UnavailableE
 from qconsist.explain.rewrites import GraphRewrites, graph_rewrites, load_graph
 from qconsist.inference.model import ModelSource
 from qconsist.inference.reader import load_dump
+from qconsist.store.run import Run
 from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs import InputSet
@@ -217,9 +218,10 @@ def upgrade_check(
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise QconsistError(f"qconsist run in the onnxruntime {environment.onnxruntime} environment failed: {last}")
     run_b = Path(json.loads(done.stdout)["run_dir"])
-    diff = diff_runs(run_a, run_b)
+    opened_a, opened_b = Run.open(run_a), Run.open(run_b)
+    diff = diff_runs(opened_a, opened_b)
     result = UpgradeResult(environment, str(run_a), str(run_b), diff)
-    dump_a, dump_b = load_dump(run_a), load_dump(run_b)
+    dump_a, dump_b = load_dump(opened_a), load_dump(opened_b)
     if dump_a.structure != dump_b.structure:
         result.rewrites = graph_rewrites(load_graph(dump_a.optimized_path, "optimized graph"),
                                          load_graph(dump_b.optimized_path, "optimized graph"),

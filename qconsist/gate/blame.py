@@ -83,7 +83,7 @@ def losing_nodes(side: Side, failing: Mapping[str, float], judged: Sequence[Judg
     if float_stage is None or float_path is None:
         return {}
     inputs = evaluation_inputs(side)
-    result = quantization_error(side.pipeline_path, inputs.subset(0, min(MAX_SAMPLES, len(inputs))), float_stage=float_stage)
+    result = quantization_error(side.pipeline, inputs.subset(0, min(MAX_SAMPLES, len(inputs))), float_stage=float_stage)
     model = onnx.load(str(float_path), load_external_data=False)
     targets = {j.label: j for j in judged}
     return {label: explain(result, model, targets[label], sqnr, floor, top) for label, sqnr in failing.items() if label in targets}

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from qconsist.compare import OutputComparison, compare_outputs, top1
+from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.errors import QconsistError
 from qconsist.gate.blame import losing_nodes
@@ -19,7 +19,9 @@ from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.gpu.config import GpuConfig
-from qconsist.store.rundir import open_run, same_run
+from qconsist.store.run import Run
+from qconsist.store.sections import Accuracy
+from qconsist.compare.accuracy import AccuracyCounter, labels_array
 from qconsist.gpu.run import load_report_data
 from qconsist.environment import compare_environments
 
@@ -38,7 +40,7 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
     changed or the computation itself."""
 
     recorded = "md5" if hash_kind == "computation" else hash_kind
-    compared = compare_artifacts(baseline.pipeline_path, baseline.pipeline, candidate.pipeline_path, candidate.pipeline)
+    compared = compare_artifacts(baseline.pipeline, candidate.pipeline)
     changes = []
     for stage in candidate.pipeline.stages:
         name = stage["name"]
@@ -95,7 +97,7 @@ def _divergence_note(divergence: dict[str, Any] | None) -> str:
 def check_baseline_is_another_run(candidate: Side, baseline: Side | None) -> CheckResult | None:
     """A baseline that is the candidate's own pipeline run (the same folder, a copy, or a nightly entry of it)
     makes every baseline check pass by construction: the gate fails, saying so (``None``: another run)."""
-    if baseline is None or not same_run(candidate.pipeline_path, candidate.pipeline, baseline.pipeline_path, baseline.pipeline):
+    if baseline is None or not candidate.pipeline.same_as(baseline.pipeline):
         return None
     return CheckResult("baseline", FAIL, f"the baseline is the candidate's own run ({candidate.pipeline.run_id}): a run "
                        "compared with itself passes every baseline check by construction; give the previous release's "
@@ -155,10 +157,10 @@ def _scale_problems(candidate: Side) -> list[dict[str, Any]]:
     """NaN/Inf/zero/negative scales: the pipeline's recorded issues, and a scan of the table itself."""
     calibration = candidate.pipeline.calibration
     found: dict[str, dict[str, Any]] = {}
-    for issue in calibration.get("issues", []) or []:
+    for issue in calibration.issues:
         if isinstance(issue, dict) and issue.get("tensor"):
             found[issue["tensor"]] = issue
-    for tensor, entry in (calibration.get("table") or {}).items():
+    for tensor, entry in calibration.table.items():
         if not isinstance(entry, dict) or tensor in found:
             continue
         scales = entry.get("scale")
@@ -178,7 +180,7 @@ def check_quantization_params(candidate: Side, policy: Policy) -> CheckResult:
     problems = _scale_problems(candidate)
     blocking = [p for p in problems if p["tensor"] not in waived and p.get("scale_initializer") not in waived]
     measured = {"problems": problems, "waived": [p["tensor"] for p in problems if p not in blocking]}
-    if not candidate.pipeline.calibration.get("table") and not problems:
+    if not candidate.pipeline.calibration.table and not problems:
         return CheckResult("calibration.params", FAIL, "the pipeline run records no calibration table", tolerance, measured)
     if blocking:
         text = "; ".join(
@@ -315,22 +317,36 @@ def check_output_finite(candidate: Side, policy: Policy) -> CheckResult:
                        if not bad else f"{len(bad)} output(s) hold NaN or Inf (allowed by the policy)", tolerance, measured)
 
 
+def _accuracy(candidate: Side) -> tuple[Accuracy | None, str]:
+    """The quantized model's accuracy on the evaluation set: as the nightly's quantized inference run recorded it
+    (the figure the history keeps), else computed here the same way (``qconsist.compare.accuracy``); or why none."""
+    if "quantized" in candidate.inference:
+        recorded = Run.open(candidate.inference["quantized"]).inference
+        if recorded.accuracy is not None:
+            return recorded.accuracy, ""
+    names = evaluation_inputs(candidate).names
+    outputs = candidate.outputs("quantize")
+    target = class_scores_output(candidate.judged(), "labels")
+    counter = AccuracyCounter(target.output)
+    samples = [np.asarray(target.select(out[target.output])) for out in outputs]
+    if samples:
+        counter.add(np.stack(samples), labels_array([candidate.labels.get(n) for n in names]))
+    return counter.result(), counter.problem
+
+
 def check_labels(candidate: Side, policy: Policy) -> CheckResult:
     tolerance = {"min_accuracy": policy.labels.min_accuracy}
     if not candidate.labels:
         return CheckResult("labels.accuracy", NA, "the evaluation inputs have no labels", tolerance)
-    names = evaluation_inputs(candidate).names
-    outputs = candidate.outputs("quantize")
-    scored = [(name, out) for name, out in zip(names, outputs) if name in candidate.labels]
-    if not scored:
-        return CheckResult("labels.accuracy", FAIL, "no evaluation sample has a label (label names do not match)", tolerance)
-    target = class_scores_output(candidate.judged(), "labels")
-    correct = sum(int(top1(target.select(out[target.output]))[0] == int(candidate.labels[name])) for name, out in scored)
-    accuracy = correct / len(scored)
-    measured = {"accuracy": accuracy, "labelled": len(scored), "correct": correct, "output": target.output}
+    found, problem = _accuracy(candidate)
+    if found is None:
+        return CheckResult("labels.accuracy", FAIL, problem or "no evaluation sample has a label (label names do not match)", tolerance)
+    accuracy = found.top1_share or 0.0
+    measured = {"accuracy": accuracy, "labelled": found.labelled, "correct": found.top1, "output": found.output,
+                "top5": found.top5_share}
     status = PASS if accuracy >= policy.labels.min_accuracy else FAIL
     return CheckResult("labels.accuracy", status,
-                       f"top-1 accuracy of {target.output} {accuracy:.1%} ({correct}/{len(scored)}) against minimum "
+                       f"top-1 accuracy of {found.output} {accuracy:.1%} ({found.top1}/{found.labelled}) against minimum "
                        f"{policy.labels.min_accuracy:.1%}", tolerance, measured)
 
 
@@ -416,7 +432,7 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
         reason = candidate.locate_skipped or "no locate report for this run"
         return CheckResult("gpu.pinned", NA, f"no GPU recommendation to enforce: {reason}", tolerance)
 
-    recommended = recommended_gpu_config(open_run(candidate.locate_path))
+    recommended = recommended_gpu_config(Run.open(candidate.locate_path))
     measured = {"recommended": recommended, "pinned": candidate.pinned_gpu}
     if recommended is None:
         return CheckResult("gpu.pinned", NA, "the locate report recommends no configuration (none was bit-stable)", tolerance, measured)
@@ -455,7 +471,7 @@ def check_environment(candidate: Side, baseline: Side | None, policy: Policy) ->
     tolerance = {"allow_changed": list(policy.environment.allow_changed)}
     if baseline is None:
         return CheckResult("environment", NA, "no baseline: no environment to compare with", tolerance)
-    diff = compare_environments(baseline.pipeline.environment, candidate.pipeline.environment)
+    diff = compare_environments(baseline.pipeline.manifest.environment, candidate.pipeline.manifest.environment)
     measured = {"changed": [c.to_json() for c in diff.numerics]}
     if not diff.numerics:
         return CheckResult("environment", PASS, "same onnxruntime, onnx, numpy, CUDA/cuDNN, driver, GPU and numerics "

@@ -26,13 +26,13 @@ import onnx
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import QconsistError, RunStoreError
 from qconsist.stages.base import float_stage_names
-from qconsist.store.manifest import Manifest
 from qconsist.store.confine import linked_run
-from qconsist.store.rundir import open_run
-from qconsist.store.verify import stage_artifact
+from qconsist.store.run import Run
 from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inputs.labels import Labels
 from qconsist.inputs.digest import digest_kind, same_inputs
 from qconsist.inputs.record import read_samples
+from qconsist.store.serde import loads
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import outputs_of
 
@@ -46,10 +46,8 @@ ENTRY_SECTION = "nightly_entry"
 class Side:
     """One side of a gate comparison."""
 
-    path: Path
-    manifest: Manifest  # the run given (pipeline or nightly entry)
-    pipeline_path: Path
-    pipeline: Manifest
+    run: Run  # the run given (pipeline or nightly entry)
+    pipeline: Run
     inference: dict[str, Path] = field(default_factory=dict)  # role -> inference run dir (quantized, repeat, float)
     locate_path: Path | None = None
     locate_skipped: str | None = None
@@ -59,16 +57,24 @@ class Side:
     _judged: list[JudgedOutput] | None = None
 
     @property
+    def path(self) -> Path:
+        return self.run.path
+
+    @property
+    def pipeline_path(self) -> Path:
+        return self.pipeline.path
+
+    @property
     def model(self) -> str:
-        entry = self.manifest.sections.get(ENTRY_SECTION, {})
-        return str(entry.get("model") or self.pipeline.model.get("name") or self.pipeline.run_id)
+        entry = self.run.sections.get(ENTRY_SECTION, {})
+        return str(entry.get("model") or self.pipeline.manifest.model.get("name") or self.pipeline.run_id)
 
     def stage(self, name: str) -> dict[str, Any] | None:
         return self.pipeline.stage(name)
 
     def artifact(self, stage: str) -> Path | None:
         """The file of a stage's artifact, inside the pipeline run directory, verified against its sha256."""
-        return stage_artifact(self.pipeline_path, self.pipeline, stage)
+        return self.pipeline.artifact(stage)
 
     def float_stage(self) -> str | None:
         """The last stage whose artifact is a float model (``source``: a run recorded before stages had names)."""
@@ -106,7 +112,12 @@ class Side:
 
 
 def evaluation_inputs(side: Side):  # -> InputSet
-    return role_inputs(side, "evaluation")
+    """The evaluation set, labelled with the side's labels (a nightly's labels file, else the set's own): the
+    labels the gate's ``labels.accuracy`` judges against."""
+    inputs = role_inputs(side, "evaluation")
+    if side.labels and (inputs.labels is None or dict(inputs.labels.by_name) != side.labels):
+        inputs.labels = Labels(dict(side.labels), source="the nightly's labels")
+    return inputs
 
 
 def role_inputs(side: Side, role: str):  # -> InputSet
@@ -122,9 +133,9 @@ def role_inputs(side: Side, role: str):  # -> InputSet
 
 def recorded_inputs(side: Side, role: str) -> dict[str, Any]:
     """The pipeline manifest's record of its calibration or evaluation set."""
-    recorded = side.pipeline.inputs.get(role)
+    recorded = side.pipeline.manifest.inputs.get(role)
     if isinstance(recorded, dict) and recorded.get("same_as") == "calibration":
-        recorded = side.pipeline.inputs.get("calibration")
+        recorded = side.pipeline.manifest.inputs.get("calibration")
     return recorded if isinstance(recorded, dict) else {}
 
 
@@ -149,31 +160,31 @@ def same_role_inputs(candidate: Side, baseline: Side, role: str) -> bool | None:
 def load_side(path: Path | str) -> Side:
     """Open a pipeline run or a nightly entry as one side of the gate; ``RunStoreError`` if it is neither."""
     path = Path(path)
-    manifest = open_run(path)
-    if manifest.kind == "pipeline":
-        side = Side(path=path, manifest=manifest, pipeline_path=path, pipeline=manifest)
+    run = Run.open(path)
+    if run.kind == "pipeline":
+        side = Side(run=run, pipeline=run)
         side.labels = dataset_labels(side)
         return side
-    if manifest.kind != ENTRY_KIND:
+    if run.kind != ENTRY_KIND:
         raise RunStoreError(
-            f"run {path} is of kind {manifest.kind!r}; the gate judges a pipeline run or a nightly entry"
+            f"run {path} is of kind {run.kind!r}; the gate judges a pipeline run or a nightly entry"
         )
-    entry = manifest.sections.get(ENTRY_SECTION)
+    entry = run.sections.get(ENTRY_SECTION)
     if not isinstance(entry, dict) or not isinstance(entry.get("pipeline_run"), str):
         raise RunStoreError(f"run {path}: nightly entry without its pipeline run")
     pipeline_path = linked_run(path, entry["pipeline_run"], "pipeline run")
     inference = entry.get("inference_runs") or {}
     if not isinstance(inference, dict):
         raise RunStoreError(f"run {path}: the manifest's inference_runs must be an object")
-    pipeline = open_run(pipeline_path)
+    pipeline = Run.open(pipeline_path)
     if pipeline.kind != "pipeline":
         raise RunStoreError(f"run {path}: its pipeline run {pipeline_path} is of kind {pipeline.kind!r}")
     side = Side(
-        path=path, manifest=manifest, pipeline_path=pipeline_path, pipeline=pipeline,
+        run=run, pipeline=pipeline,
         inference={str(role): linked_run(path, run, f"{role} inference run") for role, run in inference.items()},
         locate_path=linked_run(path, entry["locate_run"], "locate run") if entry.get("locate_run") else None,
         locate_skipped=entry.get("locate_skipped"), pinned_gpu=entry.get("pinned_gpu"),
-        labels=entry.get("labels"),
+        labels=entry_labels(run, entry.get("labels")),
     )
     if side.labels is None:
         side.labels = dataset_labels(side)
@@ -186,5 +197,24 @@ def dataset_labels(side: Side) -> dict[str, int] | None:
     recorded = recorded_inputs(side, "evaluation")
     if "samples" not in recorded:
         return None
-    labelled = read_samples(side.pipeline_path, side.pipeline, recorded).labelled()
+    labelled = read_samples(side.pipeline, recorded).labelled()
     return labelled or None
+
+
+LABELS_FILE = "labels.json"  # a nightly entry's labels of its evaluation samples: {name: class}
+
+
+def entry_labels(run: Run, recorded: Any) -> dict[str, int] | None:
+    """A nightly entry's labels: the file it keeps (``LABELS_FILE``, verified), or the object entries written
+    before copied into their manifest."""
+    if recorded is None or isinstance(recorded, dict):
+        return recorded
+    path = run.file(recorded, "labels path")
+    try:
+        data = loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunStoreError(f"run {run.path}: {recorded} is not readable JSON ({' '.join(str(exc).split())[:120]})") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                             for k, v in data.items()):
+        raise RunStoreError(f"run {run.path}: {recorded} must map sample names to class indices")
+    return data

@@ -44,8 +44,7 @@ from qconsist.gpu.calibration import gpu_calibration
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.errors import RunStoreError
-from qconsist.store.rundir import open_run
-from qconsist.store.verify import run_file
+from qconsist.store.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +122,8 @@ def _fp16_source(request: LocateRequest, source: ModelSource) -> ModelSource:
     given; a quantized model is refused (float16 Q/DQ scales do not load in onnxruntime)."""
     if not _is_quantized(source.path):
         return source
-    if source.run_dir is not None and request.stage is None and source.manifest is not None:
-        names = [s.get("name") for s in source.manifest.stages if isinstance(s, dict)]
+    if source.run is not None and request.stage is None:
+        names = [s.get("name") for s in source.run.stages if isinstance(s, dict)]
         if source.stage in names and names.index(source.stage) > 0:
             return resolve_model(source.run_dir, names[names.index(source.stage) - 1])
     hint = ": `stage` optimize" if source.run_dir is not None else ""
@@ -232,23 +231,19 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
     return report, path
 
 
-def load_report_data(run_dir: Path) -> dict:
+def load_report_data(run: Run | Path) -> dict:
     """The JSON of the ``LocateReport`` of a complete locate run directory (``locate.json``)."""
-
-
-    manifest = open_run(run_dir)
-    if manifest.kind != "locate":
-        raise RunStoreError(f"run {run_dir} is a {manifest.kind} run, not a locate run")
-    path = run_file(Path(run_dir), manifest, REPORT_FILE, "locate report")
+    run = run if isinstance(run, Run) else Run.open(run)
+    path = run.file(run.locate.report, "locate report")
     try:
         data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise RunStoreError(f"cannot read {Path(run_dir) / REPORT_FILE}: {exc}") from None
+        raise RunStoreError(f"cannot read {run.path / REPORT_FILE}: {exc}") from None
     if not isinstance(data, dict):
-        raise RunStoreError(f"{Path(run_dir) / REPORT_FILE}: not a locate report")
+        raise RunStoreError(f"{run.path / REPORT_FILE}: not a locate report")
     return data
 
 
-def load_report(run_dir: Path) -> LocateReport:
+def load_report(run: Run | Path) -> LocateReport:
     """The ``LocateReport`` of a complete locate run directory."""
-    return LocateReport.from_json(load_report_data(run_dir))
+    return LocateReport.from_json(load_report_data(run))

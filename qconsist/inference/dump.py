@@ -18,8 +18,9 @@ Run-directory files (``dump/``)::
 
     optimized.onnx      the graph ORT runs (what was dumped)
     index.json          tensors in column order: name, node, op, original tensor, label, covers, dtype;
-                        the shape table; the faithfulness verdict per sample
-    fingerprints.npy    RECORD[samples, tensors] (56 bytes per tensor per sample)
+                        the shape table; the fingerprint table's format; the faithfulness verdict per sample
+    table/              the fingerprint table (qconsist.store.fingerprints: hashes.npy, stats.npy,
+                        starts.npy, events.npy); dumps written before: fingerprints.npy, RECORD[samples, tensors]
     raw/<sample>.npz    raw tensors asked for (keys t<column>), no pickle
 """
 
@@ -39,10 +40,11 @@ from onnx import version_converter
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
-from qconsist.inference.fingerprint import FingerprintTable
+from qconsist.inference.fingerprint import fingerprint_row
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
+from qconsist.store.fingerprints import TableWriter
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +303,7 @@ class DumpRecorder:
 
     def __init__(
         self,
-        table: FingerprintTable,
+        table: TableWriter,
         final_columns: list[int],
         raw_columns: set[int],
         raw_path: Callable[[int], Path],
@@ -316,6 +318,11 @@ class DumpRecorder:
         self._differing = differing
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="qconsist-dump") if OVERLAP else None
         self._pending: Future | None = None
+
+    @property
+    def final_columns(self) -> list[int]:
+        """The columns of the model's final outputs (checked against production)."""
+        return list(self._final)
 
     def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None) -> None:
         """Record the step starting at sample ``index`` (production outputs, dumped tensors, and the tensors
@@ -346,8 +353,8 @@ class DumpRecorder:
         self.wait()
         self.check.add(index, produced, [host[c] for c in self._final])
         count = rows.shape[0]
+        self.table.write_block(index, rows)
         for offset in range(count):
-            self.table.write_records(index + offset, rows[offset])
             keep = set(self._raw)
             if self._differing is not None:
                 keep |= self._differing(index + offset, rows[offset])
@@ -360,7 +367,8 @@ class DumpRecorder:
     def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
         self.check.add(index, produced, [arrays[c] for c in self._final])
         for offset, sample in enumerate(rows):
-            row = self.table.write_row(index + offset, sample)
+            row = fingerprint_row(sample, self.table.shapes, self.table.last)
+            self.table.write_records(index + offset, row)
             keep = set(self._raw)
             if self._differing is not None:
                 keep |= self._differing(index + offset, row)

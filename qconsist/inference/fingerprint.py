@@ -1,4 +1,4 @@
-"""Fingerprints of tensors: 56 bytes per tensor per sample, streamed to a ``.npy`` table.
+"""Fingerprints of tensors: a ``RECORD`` (56 bytes) per tensor per sample, kept in a table (``qconsist.store.fingerprints``).
 
 A fingerprint holds the hash of the tensor's exact bytes (C order), min, max and mean (float64; NaN for
 empty tensors; NaN and Inf excluded), the NaN and Inf counts, the element type, an index into the shape
@@ -7,43 +7,21 @@ before qconsist 0.1's kernels; 1 ``qc-mix64/1``, ``kernels.py``, the same functi
 GPU). Two tensors with the same hash, hash function, dtype and shape are taken as bit-identical; hashes of
 different functions are never compared (``check_hash_functions``).
 
-``FingerprintTable`` writes a ``(samples × tensors)`` structured array through a memory map, one sample row
-at a time, so memory does not grow with the number of samples.
+``fingerprint_row`` computes one sample's row on the host (``qconsist.inference.device`` computes the same
+records on the GPU); ``qconsist.store.fingerprints.TableWriter`` stores the rows compactly, a step at a time, so
+memory does not grow with the number of samples.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
 from qconsist.errors import RunStoreError
 from qconsist.inference import kernels
+from qconsist.store.arrays import ShapeTable
+from qconsist.store.fingerprints import DTYPES, HASH_FUNCTION, HASH_FUNCTIONS, RECORD, FingerprintTable, dtype_code
 
-RECORD = np.dtype([
-    ("hash", "<u8"), ("min", "<f8"), ("max", "<f8"), ("mean", "<f8"),
-    ("nan", "<u8"), ("inf", "<u8"), ("shape", "<u4"), ("dtype", "<u2"), ("present", "u1"), ("function", "u1"),
-])
-assert RECORD.itemsize == 56
-# Tables written before the hash function was recorded: ``present`` was 2 bytes (1, 0): read as function 0.
-_LEGACY = np.dtype([
-    ("hash", "<u8"), ("min", "<f8"), ("max", "<f8"), ("mean", "<f8"),
-    ("nan", "<u8"), ("inf", "<u8"), ("shape", "<u4"), ("dtype", "<u2"), ("present", "<u2"),
-])
-
-HASH_FUNCTIONS: tuple[str, ...] = ("xxh3-64", kernels.HASH_NAME)
-HASH_FUNCTION = 1  # the code of the function qconsist writes: qc-mix64/1
-
-# Element types by code (0 = not recorded). Stored in the index so readers need no ONNX.
-DTYPES: tuple[str, ...] = (
-    "", "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-    "int64", "uint64", "bool", "float8_e4m3fn", "float8_e5m2",
-)
-_CODES = {name: code for code, name in enumerate(DTYPES)}
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    return _CODES.get(np.dtype(dtype).name, 0) if np.dtype(dtype).kind != "V" else 0
+assert HASH_FUNCTIONS[HASH_FUNCTION] == kernels.HASH_NAME
 
 
 def tensor_hash(array: np.ndarray) -> int:
@@ -51,15 +29,11 @@ def tensor_hash(array: np.ndarray) -> int:
     return kernels.mix64(np.asarray(array))
 
 
-def hash_function_names(table: np.ndarray) -> set[str]:
-    """The hash functions whose hashes a fingerprint table holds (present records only)."""
-    codes = np.unique(table["function"][table["present"] != 0]) if table.size else ()
-    return {HASH_FUNCTIONS[int(c)] if int(c) < len(HASH_FUNCTIONS) else f"unknown #{int(c)}" for c in codes}
-
-
-def check_hash_functions(a: np.ndarray, b: np.ndarray, what_a: str, what_b: str) -> str:
-    """The one hash function both tables were made with; ``RunStoreError`` when they differ."""
-    names_a, names_b = hash_function_names(a), hash_function_names(b)
+def check_hash_functions(a: FingerprintTable | set[str], b: FingerprintTable | set[str], what_a: str, what_b: str) -> str:
+    """The one hash function both tables (or sets of function names) were made with; ``RunStoreError`` when
+    they differ."""
+    names_a = a if isinstance(a, set) else a.hash_functions()
+    names_b = b if isinstance(b, set) else b.hash_functions()
     if len(names_a | names_b) > 1:
         raise RunStoreError(
             f"{what_a} was fingerprinted with {', '.join(sorted(names_a)) or 'nothing'} and {what_b} with "
@@ -93,69 +67,24 @@ def fingerprint(array: np.ndarray, shape_id: int, digest: int | None = None) -> 
     return (digest, float(lo), float(hi), float(mean), nan, inf, shape_id, code, 1, HASH_FUNCTION)
 
 
-class ShapeTable:
-    """Shapes seen in a dump, numbered in order of first appearance."""
+def fingerprint_row(arrays: list[np.ndarray], shapes: ShapeTable, last: np.ndarray | None = None) -> np.ndarray:
+    """The fingerprints of one sample's tensors (one per column) as ``RECORD[columns]``.
 
-    def __init__(self, shapes: list[tuple[int, ...]] | None = None) -> None:
-        self.shapes: list[tuple[int, ...]] = list(shapes or [])
-        self._ids = {shape: i for i, shape in enumerate(self.shapes)}
-
-    def id(self, shape: tuple[int, ...]) -> int:
-        found = self._ids.get(shape)
-        if found is None:
-            found = self._ids[shape] = len(self.shapes)
-            self.shapes.append(shape)
-        return found
-
-    def to_json(self) -> list[list[int]]:
-        return [list(s) for s in self.shapes]
-
-
-class FingerprintTable:
-    """A ``samples × tensors`` table of ``RECORD`` written row by row to a memory-mapped ``.npy`` file."""
-
-    def __init__(self, path: Path, samples: int, tensors: int) -> None:
-        self.path = Path(path)
-        self._table = np.lib.format.open_memmap(self.path, mode="w+", dtype=RECORD, shape=(samples, tensors))
-        self._table[:] = np.zeros((), dtype=RECORD)
-        self.shapes = ShapeTable()
-        self._last: list[tuple] = []  # the previous row's records
-
-    def write_row(self, sample: int, arrays: list[np.ndarray]) -> np.ndarray:
-        """Fingerprint ``arrays`` (one per column) as row ``sample``; returns the row.
-
-        A column whose bytes hash, element type and shape equal the previous row's (a dequantized weight,
-        any tensor computed from constants) reuses that row's statistics instead of recomputing them:
-        equal hashes are what the comparison takes as equal bytes, so the statistics are the same.
-        """
-        records = []
-        for column, array in enumerate(arrays):
-            array = np.asarray(array)
-            digest, shape_id = tensor_hash(array), self.shapes.id(array.shape)
-            last = self._last[column] if column < len(self._last) else None
-            if last is not None and last[0] == digest and last[6] == shape_id and last[7] == dtype_code(array.dtype):
-                records.append(last)
-            else:
-                records.append(fingerprint(array, shape_id, digest))
-        self._last = records
-        row = np.array(records, dtype=RECORD)
-        self._table[sample] = row
-        return row
-
-    def write_records(self, sample: int, row: np.ndarray) -> None:
-        """Store a row of records computed elsewhere (on the GPU: ``qconsist.inference.device``)."""
-        self._table[sample] = row
-
-    def close(self) -> None:
-        self._table.flush()
-        del self._table
+    A column whose bytes hash, element type and shape equal ``last``'s (the previous sample's records: a
+    dequantized weight, any tensor computed from constants) reuses its statistics instead of recomputing them:
+    equal hashes are what the comparison takes as equal bytes, so the statistics are the same."""
+    records = []
+    for column, array in enumerate(arrays):
+        array = np.asarray(array)
+        digest, shape_id = tensor_hash(array), shapes.id(array.shape)
+        previous = last[column] if last is not None and column < len(last) else None
+        if (previous is not None and int(previous["hash"]) == digest and int(previous["shape"]) == shape_id
+                and int(previous["dtype"]) == dtype_code(array.dtype)):
+            records.append(previous.item())
+        else:
+            records.append(fingerprint(array, shape_id, digest))
+    return np.array(records, dtype=RECORD)
 
 
-def read_table(path: Path) -> np.ndarray:
-    """The fingerprint table of a dump, memory-mapped read-only."""
-    table = np.load(Path(path), mmap_mode="r", allow_pickle=False)
-    if table.dtype == _LEGACY and table.ndim == 2:
-        return table.view(RECORD)  # present (1, 0) reads as present 1, function 0 (xxh3-64)
-    if table.dtype != RECORD or table.ndim != 2:
-        raise ValueError(f"{path} is not a qconsist fingerprint table")
-    return table
+__all__ = ["DTYPES", "HASH_FUNCTION", "HASH_FUNCTIONS", "RECORD", "ShapeTable", "check_hash_functions", "dtype_code",
+           "fingerprint", "fingerprint_row", "tensor_hash"]

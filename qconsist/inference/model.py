@@ -15,8 +15,7 @@ from qconsist.inference.session import input_specs as session_input_specs
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSpec
 from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run
-from qconsist.store.verify import stage_artifact
+from qconsist.store.run import Run
 
 DEFAULT_STAGE = "quantize"
 
@@ -27,9 +26,16 @@ class ModelSource:
 
     path: Path
     stage: str | None = None
-    run_dir: Path | None = None
-    manifest: Manifest | None = None
+    run: Run | None = None  # the run directory it came from
     stages: list[dict[str, Any]] = field(default_factory=list)  # provenance: stages up to the one run
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.run.path if self.run is not None else None
+
+    @property
+    def manifest(self) -> Manifest | None:
+        return self.run.manifest if self.run is not None else None
 
     def describe(self) -> dict[str, Any]:
         data: dict[str, Any] = {"path": str(self.path)}
@@ -55,23 +61,23 @@ class ModelSource:
         return None
 
 
-def resolve_model(model: Path | str, stage: str | None = None) -> ModelSource:
+def resolve_model(model: Path | str | Run, stage: str | None = None) -> ModelSource:
     """``model`` is an ONNX file, or a complete run directory (``stage`` picks its artifact, default quantize)."""
-    path = Path(model)
-    if path.is_dir():
-        manifest = open_run(path)
-        names = [s["name"] for s in manifest.stages if isinstance(s.get("artifact"), dict)]
+    path = model.path if isinstance(model, Run) else Path(model)
+    if isinstance(model, Run) or path.is_dir():
+        run = model if isinstance(model, Run) else Run.open(path)
+        names = run.model_stages()
         wanted = stage or (DEFAULT_STAGE if DEFAULT_STAGE in names else (names[-1] if names else None))
         if wanted is None:
             raise InputError(f"run {path} has no stage with a model artifact")
         if wanted not in names:
             raise ConfigError(f"run {path} has no stage {wanted!r} with a model; stages: {', '.join(names) or 'none'}")
         position = names.index(wanted)
-        artifact = stage_artifact(path, manifest, wanted)
+        artifact = run.artifact(wanted)
         if artifact is None:
             raise InputError(f"run {path}: the {wanted} artifact (the model the run ran) is gone")
-        kept = [s for s in manifest.stages if s.get("name") in names[: position + 1]]
-        return ModelSource(artifact, wanted, path, manifest, kept)
+        kept = [s for s in run.stages if s.get("name") in names[: position + 1]]
+        return ModelSource(artifact, wanted, run, kept)
     if stage is not None:
         raise ConfigError("`stage` applies to a run directory, not to a model file")
     if not path.exists():

@@ -1,53 +1,71 @@
-"""Read what a run directory holds for comparison: its manifest, dump and final outputs."""
+"""Read what an inference run holds for comparison: its dump (index, fingerprint table, raw tensors)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qconsist.store.serde import loads
 from qconsist.errors import RunStoreError
-from qconsist.inference.fingerprint import DTYPES, read_table
+from qconsist.inference.fingerprint import DTYPES
 from qconsist.inference.graphmap import TensorOrigin
-from qconsist.store.manifest import Manifest
 from qconsist.store.confine import check_npy, check_npz, load_npz
-from qconsist.store.rundir import open_run
-from qconsist.store.verify import optional_run_file, run_file
+from qconsist.store.fingerprints import FORMAT as TABLE_FORMAT
+from qconsist.store.fingerprints import CompactTable, FingerprintTable, read_legacy
+from qconsist.store.run import Run
+from qconsist.store.serde import loads
 
 
 @dataclass
 class LoadedDump:
     """A run's dump: its tensors (column order), fingerprint table and raw tensors."""
 
-    run_dir: Path
+    run: Run
     tensors: list[TensorOrigin]
     dtypes: list[str]
     shapes: list[tuple[int, ...]]
-    table: np.ndarray  # RECORD[samples, tensors], memory-mapped
+    table: FingerprintTable  # samples × tensors, read in blocks or a record at a time
     structure: str
     original_structure: str
     inputs_digest: str
     optimized_path: Path
     faithful: bool
-    manifest: Manifest | None = None
     original_order: bool = True  # relaid tensors recorded in the original's axis order (dumps since layouts)
 
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    @property
+    def samples(self) -> int:
+        return self.table.samples
+
     def shape(self, sample: int, column: int) -> tuple[int, ...]:
-        return self.shapes[int(self.table[sample, column]["shape"])]
+        return self.shapes[int(self.table.record(sample, column)["shape"])]
 
     def dtype(self, sample: int, column: int) -> str:
-        return DTYPES[int(self.table[sample, column]["dtype"])]
+        return DTYPES[int(self.table.record(sample, column)["dtype"])]
+
+    def raw_samples(self) -> set[int]:
+        """The samples the run kept raw tensors of (archives ``dump/raw/<sample>.npz`` it holds or recorded: one
+        it holds without having recorded it is refused when read)."""
+        names = set(self.run.recorded())
+        folder = self.run_dir / "dump" / "raw"
+        if folder.is_dir() and not folder.is_symlink():
+            names |= {f"dump/raw/{name}" for name in os.listdir(folder)}
+        found = set()
+        for name in names:
+            stem = name[len("dump/raw/"):-len(".npz")] if name.startswith("dump/raw/") and name.endswith(".npz") else ""
+            if stem.isdigit():
+                found.add(int(stem))
+        return found
 
     def raw_file(self, sample: int) -> Path | None:
         """The verified raw-tensor archive of a sample, ``None`` when the run kept none for it."""
-        relative = f"dump/raw/{sample:06d}.npz"
-        if self.manifest is None:
-            path = self.run_dir / relative
-            return path if path.is_file() else None
-        return optional_run_file(self.run_dir, self.manifest, relative)
+        return self.run.optional_file(f"dump/raw/{sample:06d}.npz")
 
     def raw_arrays(self, sample: int, columns: list[int]) -> dict[int, np.ndarray]:
         """The raw tensors of ``columns`` kept for ``sample`` (those not kept are left out)."""
@@ -71,13 +89,6 @@ def _read_json(path: Path) -> Any:
         raise RunStoreError(f"cannot read {path}: {' '.join(str(exc).split())[:160]}") from None
 
 
-def _section(run_dir: Path, section: dict[str, Any], key: str) -> str:
-    value = section.get(key)
-    if not isinstance(value, str):
-        raise RunStoreError(f"run {run_dir}: the manifest's dump section has no {key!r} (a damaged manifest)")
-    return value
-
-
 def _index(run_dir: Path, data: Any) -> tuple[list[dict[str, Any]], list[tuple[int, ...]]]:
     """The dump index's tensors and shape table, their structure checked."""
     bad = RunStoreError(f"run {run_dir}: dump/index.json is damaged (tensors and shapes must be lists of records)")
@@ -93,65 +104,50 @@ def _index(run_dir: Path, data: Any) -> tuple[list[dict[str, Any]], list[tuple[i
     return data["tensors"], shapes
 
 
-def load_dump(run_dir: Path, manifest: Manifest | None = None) -> LoadedDump:
-    """The dump of a complete inference run made with ``--dump``."""
-    run_dir = Path(run_dir)
-    manifest = manifest or open_run(run_dir)
-    section = manifest.sections.get("dump")
-    if not isinstance(section, dict):
-        raise RunStoreError(f"run {run_dir} has no tensor dump; rerun it with `qconsist run ... --dump`")
-    index_path = run_file(run_dir, manifest, _section(run_dir, section, "index"), "dump index path")
-    index = _read_json(index_path)
-    records, shapes = _index(run_dir, index)
-    table_name = _section(run_dir, section, "fingerprints")
-    table_path = run_file(run_dir, manifest, table_name, "dump fingerprints path")
-    check_npy(table_path, f"run {run_dir}: {table_name}", ndim=2)  # read_table checks the record type
+def _table(run: Run, index: dict[str, Any], dtypes: list[str], shapes: list[tuple[int, ...]]) -> FingerprintTable:
+    """The dump's fingerprint table, either format, its files verified."""
+    section = run.dump
+    name = section.fingerprints
+    if section.table_format == TABLE_FORMAT:
+        record = index.get("table")
+        if not isinstance(record, dict) or record.get("format") != TABLE_FORMAT:
+            raise RunStoreError(f"run {run.path}: dump/index.json does not describe the fingerprint table (damaged)")
+        return CompactTable(f"run {run.path}: {name}", lambda member: run.file(f"{name}/{member}", "dump fingerprints path"),
+                            dtypes, str(record.get("hash_function")), run.inference.samples, shapes)
+    if section.table_format:
+        raise RunStoreError(f"run {run.path}: a fingerprint table of format {section.table_format!r} is not read by this qconsist")
+    path = run.file(name, "dump fingerprints path")
+    check_npy(path, f"run {run.path}: {name}", ndim=2)  # read_legacy checks the record type
     try:
-        table = read_table(table_path)
+        return read_legacy(path)
     except (OSError, ValueError) as exc:
-        raise RunStoreError(f"run {run_dir}: cannot read the dump's fingerprints ({' '.join(str(exc).split())[:200]})") from None
+        raise RunStoreError(f"run {run.path}: cannot read the dump's fingerprints ({' '.join(str(exc).split())[:200]})") from None
+
+
+def load_dump(run: Run) -> LoadedDump:
+    """The dump of a complete inference run made with ``--dump``."""
+    section = run.dump
+    index = _read_json(run.file(section.index, "dump index path"))
+    records, shapes = _index(run.path, index)
+    table = _table(run, index, [t["dtype"] for t in records], shapes)
     try:
         tensors = [TensorOrigin.from_json(t) for t in records]
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise RunStoreError(f"run {run_dir}: dump/index.json is damaged (a tensor record lacks its fields)") from None
-    if table.shape[1] != len(tensors):
-        raise RunStoreError(f"run {run_dir}: dump index and fingerprint table disagree ({len(tensors)} vs {table.shape[1]} tensors)")
-    if table.size and len(shapes) <= int(table["shape"].max()):
-        raise RunStoreError(f"run {run_dir}: the fingerprint table names shape {int(table['shape'].max())}, the index has {len(shapes)}")
-    optimized = run_file(run_dir, manifest, _section(run_dir, section, "optimized"), "dump graph path")
+        raise RunStoreError(f"run {run.path}: dump/index.json is damaged (a tensor record lacks its fields)") from None
+    if table.columns != len(tensors):
+        raise RunStoreError(f"run {run.path}: dump index and fingerprint table disagree ({len(tensors)} vs {table.columns} tensors)")
+    if table.samples and len(shapes) <= table.max_shape():
+        raise RunStoreError(f"run {run.path}: the fingerprint table names shape {table.max_shape()}, the index has {len(shapes)}")
     return LoadedDump(
-        run_dir=run_dir,
+        run=run,
         tensors=tensors,
         dtypes=[t["dtype"] for t in records],
         shapes=shapes,
         table=table,
-        structure=_section(run_dir, section, "structure"),
-        original_structure=_section(run_dir, section, "original_structure"),
-        inputs_digest=str(manifest.inputs.get("digest", "")),
-        optimized_path=optimized,
-        faithful=bool(section.get("faithful")),
-        manifest=manifest,
+        structure=section.structure,
+        original_structure=section.original_structure,
+        inputs_digest=str(run.manifest.inputs.get("digest", "")),
+        optimized_path=run.file(section.optimized, "dump graph path"),
+        faithful=bool(section.faithful),
         original_order=index.get("axis_order") == "original",
     )
-
-
-def load_outputs(run_dir: Path, manifest: Manifest, sample: int) -> list[np.ndarray]:
-    """The final outputs of one sample of an inference run."""
-    names = inference_section(run_dir, manifest).get("outputs")
-    if not isinstance(names, list):
-        raise RunStoreError(f"run {run_dir}: the manifest's inference section lists no outputs (a damaged manifest)")
-    relative = f"outputs/{sample:06d}.npz"
-    path = run_file(run_dir, manifest, relative, "outputs path")
-    arrays = load_npz(path, f"run {run_dir}: {relative}", [f"o{i}" for i in range(len(names))])
-    return [arrays[f"o{i}"] for i in range(len(names))]
-
-
-def inference_section(run_dir: Path, manifest: Manifest) -> dict[str, Any]:
-    """The ``inference`` section of an inference run, its sample count checked."""
-    section = manifest.sections.get("inference")
-    if not isinstance(section, dict):
-        raise RunStoreError(f"run {run_dir}: the manifest has no inference section (a damaged manifest)")
-    samples = section.get("samples")
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-        raise RunStoreError(f"run {run_dir}: the manifest's inference.samples is {samples!r}, not a count")
-    return section

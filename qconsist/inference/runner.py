@@ -2,10 +2,14 @@
 
 Files written (besides ``manifest.json``)::
 
-    outputs/fingerprints.npy   RECORD[samples, outputs] of the production session's final outputs
-    outputs/<sample>.npz       the final outputs of each sample (keys o<index>, order of sections.inference.outputs)
+    outputs/o<i>.npy           the final output i of every sample (qconsist.store.arrays; order of
+                               sections.inference.outputs), written a step at a time
     inputs/samples.jsonl       every sample's name, digest, file digest and label (qconsist.inputs.record)
-    dump/...                   with --dump (see qconsist.inference.dump)
+    dump/...                   with --dump (see qconsist.inference.dump and qconsist.inference.recording)
+
+The manifest refers to the run the model came from (its manifest's sha256) instead of copying its stage records
+and calibration table (``qconsist.store.run``). Where the inputs have labels and the model one class-scores
+output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qconsist.compare.accuracy``).
 """
 
 from __future__ import annotations
@@ -22,32 +26,33 @@ import numpy as np
 import onnx
 
 from qconsist.compare import compare_outputs
+from qconsist.compare.accuracy import AccuracyCounter, labels_array
+from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_kinds
 from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
-from qconsist.inference import dump as dump_module
-from qconsist.inference.dump import (
-    DumpPlan, DumpRecorder, RawMode, RawSelection, observed_graph, plan_dump, save_npz, select_raw,
-)
-from qconsist.inference.device import DeviceDump
+from qconsist.inference.dump import DumpPlan, RawMode, RawSelection, observed_graph, plan_dump, select_raw
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
-from qconsist.inference.fingerprint import HASH_FUNCTION, RECORD, FingerprintTable, check_hash_functions
-from qconsist.inference.kernels import HASH_NAME
+from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
+from qconsist.inference.reader import load_dump
+from qconsist.inference.recording import StepRecorder, make_recorder
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.stream import SampleInfo
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.store.atomic import write_bytes_atomic, write_json_atomic
-from qconsist.store.hashing import hash_artifact
-from qconsist.store.manifest import Manifest
+from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
+from qconsist.store.arrays import OutputWriter, ShapeTable, sample_rows
+from qconsist.store.atomic import write_bytes_atomic
+from qconsist.store.hashing import hash_artifact, hash_file
+from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
+from qconsist.store.run import SOURCE_KEY, Run
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.serde import structure, to_jsonable
-from qconsist.inference.reader import load_dump
+from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, table_digest
 
 log = logging.getLogger(__name__)
 KIND = "inference"
@@ -86,43 +91,6 @@ class RunRequest:
 
 
 @dataclass
-class DumpSummary:
-    """What a ``--dump`` recorded (the manifest's ``sections.dump``): the faithfulness verdict against
-    production, the tensors dumped and where the files are."""
-
-    faithful: bool
-    samples_checked: int
-    mismatched_samples: list[int]
-    max_abs_diff: float
-    tensors: int
-    ms_per_sample: float
-    structure: str
-    original_structure: str
-    level: str
-    raw: dict[str, Any]
-    optimized: str = "dump/optimized.onnx"
-    index: str = "dump/index.json"
-    fingerprints: str = "dump/fingerprints.npy"
-    bytes_per_tensor_per_sample: int = RECORD.itemsize
-    fingerprints_in_worker_thread: bool = True
-    fingerprints_on: str = "host"  # "device": computed on the GPU (qconsist.inference.device)
-    hash_function: str = HASH_NAME
-    # seconds per sample in the dump session's parts (device dumps): ORT with every output exposed,
-    # the fingerprint kernels, copies of final outputs and raw tensors to the host
-    seconds_per_sample: dict[str, float] = field(default_factory=dict)
-    # when not faithful: does production itself give other outputs from run to run on the first mismatched
-    # sample (distinct outputs in PRODUCTION_REPEATS runs)? Then no dump can match it bit for bit.
-    production_distinct: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DumpSummary":
-        return structure(cls, data)
-
-
-@dataclass
 class InferenceResult:
     run_dir: Path
     run_id: str
@@ -131,6 +99,7 @@ class InferenceResult:
     outputs: list[str]
     dump: DumpSummary | None = None
     onnxruntime_log: OrtLog | None = None  # onnxruntime's own log lines, kept in the run directory
+    accuracy: Accuracy | None = None  # of the class-scores output, where the inputs have labels
 
     @property
     def passed(self) -> bool:
@@ -146,21 +115,18 @@ class InferenceResult:
             "ms_per_sample": self.ms_per_sample, "outputs": self.outputs,
             "dump": self.dump.to_json() if self.dump is not None else None, "passed": self.passed,
             "onnxruntime_log": self.onnxruntime_log.to_json() if self.onnxruntime_log else None,
+            "accuracy": self.accuracy.to_json() if self.accuracy is not None else None,
         }
-
-
-_CURRENT = (0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 1, HASH_FUNCTION)  # a record of the hash function this run writes
 
 
 class _Reference:
     """The fingerprints of a reference dump, looked up by the key two dumps share."""
 
     def __init__(self, run_dir: Path, plan: DumpPlan, samples: int) -> None:
-
-        ref = load_dump(run_dir)
-        check_hash_functions(ref.table, np.array([[_CURRENT]], dtype=RECORD), f"`reference` {run_dir}", "this run")
-        if ref.table.shape[0] != samples:
-            raise ConfigError(f"`reference` {run_dir} has {ref.table.shape[0]} samples, this run {samples}")
+        ref = load_dump(Run.open(run_dir))
+        check_hash_functions(ref.table, {HASH_FUNCTIONS[HASH_FUNCTION]}, f"`reference` {run_dir}", "this run")
+        if ref.table.samples != samples:
+            raise ConfigError(f"`reference` {run_dir} has {ref.table.samples} samples, this run {samples}")
         same_graph = ref.structure == plan.structure
         keys = [t.name if same_graph else t.original for t in plan.tensors]
         ref_keys = {(t.name if same_graph else t.original): i for i, t in enumerate(ref.tensors)}
@@ -171,28 +137,45 @@ class _Reference:
 
     def differing(self, sample: int, row: np.ndarray) -> set[int]:
         """Columns of this run's ``row`` whose bytes or type differ from the reference's sample."""
-        ref_row = self.table[sample]
+        ref_row = self.table.block(sample, sample + 1)[0]
         return {
             c for c, r in self.pairs
             if row[c]["hash"] != ref_row[r]["hash"] or row[c]["dtype"] != ref_row[r]["dtype"]
         }
 
 
-def _model_record(source: ModelSource) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+@dataclass
+class _ModelRecord:
+    """What the manifest records of the model a run ran, the stages it came from, and the model itself."""
+
+    record: dict[str, Any]
+    stages: list[dict[str, Any]]
+    model: onnx.ModelProto
+
+
+def _model_record(source: ModelSource) -> _ModelRecord:
     model = onnx.load(str(source.path))
     hashes = hash_artifact(source.path, model=model).to_json()
     hashes["path"] = str(source.path.resolve())
-    structure = structure_hash(model)
-    record = {**source.describe(), "path": str(source.path.resolve()), "artifact": hashes, "structure": structure}
-    if source.stages:
-        stages = [dict(s) for s in source.stages]
-        for stage in stages:
-            artifact = stage.get("artifact")
-            if isinstance(artifact, dict) and source.run_dir is not None and not Path(artifact.get("path", "/")).is_absolute():
-                stage["artifact"] = {**artifact, "path": str((source.run_dir / artifact["path"]).resolve())}
-    else:
-        stages = [{"name": "model", "params": {}, "artifact": hashes}]
-    return record, stages, structure
+    record = {**source.describe(), "path": str(source.path.resolve()), "artifact": hashes, "structure": structure_hash(model)}
+    if source.run is None:
+        return _ModelRecord(record, [{"name": "model", "params": {}, "artifact": hashes}], model)
+    # the run it came from is referred to, by its manifest's hashes and its calibration table's digest, instead of
+    # copying the table and the per-initializer digests (``store.run``); the stage records stay
+    table = source.run.calibration.table
+    record[SOURCE_KEY] = {**hash_file(source.run.path / MANIFEST_NAME).to_json(), "run_id": source.run.run_id,
+                          "calibration": {"sha256": table_digest(table), "tensors": len(table)}}
+    record["artifact"] = {k: v for k, v in hashes.items() if k != "initializers"}
+    stages = []
+    for stage in source.stages:
+        stage = dict(stage)
+        artifact = stage.get("artifact")
+        if isinstance(artifact, dict):
+            stage["artifact"] = {k: v for k, v in artifact.items() if k != "initializers"}
+            if isinstance(artifact.get("path"), str) and not Path(artifact["path"]).is_absolute():
+                stage["artifact"]["path"] = str((source.run.path / artifact["path"]).resolve())
+        stages.append(stage)
+    return _ModelRecord(record, stages, model)
 
 
 def _rows(step: dict[str, np.ndarray]) -> int:
@@ -249,6 +232,123 @@ def _engines(model_path: Path, options: ExecutionOptions, step: dict[str, np.nda
     return record_engines(EngineRequest(model_path, options, step, request.engine_runs), graph_path, label, order, labels)
 
 
+@dataclass
+class _Prepared:
+    """A run's sessions, ready for its steps: the model file run, production, its outputs and the dump plan."""
+
+    model_path: Path
+    production: Any
+    outputs: list[str]
+    plan: DumpPlan | None
+    reference: _Reference | None
+    recorder: StepRecorder
+
+
+def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory,
+             model: _ModelRecord) -> _Prepared:
+    options, batch = request.options, request.batch_size
+    model_path = source.path
+    if request.dynamic_batch:
+        model_path = _restamp(source.path, run.file("model/model.onnx"), inputs.sample(0), options)
+        restamped = {k: v for k, v in hash_artifact(model_path, run.path).to_json().items() if k != "initializers"}
+        model.record["dynamic_batch"] = {"path": "model/model.onnx", **restamped}
+    production = create_session(model_path, options)
+    if batch != 1:
+        check_batching(input_specs(production), batch, len(inputs))
+    outputs = [o.name for o in production.get_outputs()]
+    probe = inputs.sample(0) if batch != 1 else None
+    plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
+    reference = _Reference(request.reference, plan, len(inputs)) if plan and request.reference else None
+    raw_columns = select_raw(plan, request.raw) if plan else set()
+    if plan is not None and request.raw.mode is RawMode.AUTO:
+        raw_columns = {plan.column(name) for name in plan.outputs}
+    raw = {**request.raw.to_json(), "reference": str(request.reference) if request.reference else None, "dir": "dump/raw"}
+    recorder = make_recorder(plan, options, run.path, len(inputs), _on_device(plan, request), raw_columns, raw,
+                             request.raw.mode, reference.differing if reference else None)
+    return _Prepared(model_path, production, outputs, plan, reference, recorder)
+
+
+def _on_device(plan: DumpPlan | None, request: RunRequest) -> bool:
+    """Whether a dump fingerprints on the GPU: asked for, or ``auto`` on the CUDA EP with CuPy installed."""
+    cuda_auto = request.fingerprints == "auto" and request.options.provider == "cuda"
+    on_device = plan is not None and (request.fingerprints == "device" or (cuda_auto and _cupy_installed()))
+    if plan is not None and cuda_auto and not on_device:
+        log.warning("CuPy is not installed (qconsist[gpu] brings cupy-cuda13x): fingerprinting on the host, "
+                    "which copies every tensor off the GPU; the hashes are the same function (qc-mix64/1)")
+    return on_device
+
+
+def _accuracy_counter(source: ModelSource, model: onnx.ModelProto, inputs: InputSet,
+                      outputs: list[str]) -> tuple[AccuracyCounter | None, int, str]:
+    """The counter of the class-scores output's accuracy, that output's position, or why there is none."""
+    if inputs.labels is None:
+        return None, -1, ""
+    try:
+        judged = judged_outputs(_float_model(source, model), _declared_kinds(source))
+        target = class_scores_output(judged, "accuracy against the labels")
+    except ConfigError as exc:
+        log.warning("no accuracy recorded: %s", exc.message)
+        return None, -1, exc.message
+    return AccuracyCounter(target.output), outputs.index(target.output), ""
+
+
+def _quantized(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear") for n in model.graph.node)
+
+
+def _float_model(source: ModelSource, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph the outputs' kinds are read from, as the gate reads them: a quantized model's float model (the
+    last stage before it, in the run it came from, whose graph holds no quantized node), else the model itself
+    (a Softmax followed by its QuantizeLinear/DequantizeLinear still makes class scores)."""
+    if source.run is None or not _quantized(model):
+        return model
+    stages = source.run.model_stages()
+    for stage in reversed(stages[:stages.index(source.stage)] if source.stage in stages else []):
+        found = source.run.model(stage)
+        if found is not None and not _quantized(found):
+            return found
+    return model
+
+
+def _declared_kinds(source: ModelSource) -> dict[str, Any]:
+    """The output kinds the pipeline the model came from declared (``[evaluation] outputs``)."""
+    for key in ("config", "pipeline"):
+        config = source.manifest.sections.get(key) if source.manifest is not None else None
+        if isinstance(config, dict) and "calibration" in config:
+            return parse_kinds(config.get("outputs") or {}, f"run {source.run_dir}: [evaluation] outputs")
+    return {}
+
+
+@dataclass
+class _Loop:
+    """What the steps produced besides the files: sample infos, production's time, the accuracy."""
+
+    infos: list[SampleInfo]
+    seconds: float
+    accuracy: AccuracyCounter | None
+
+
+def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tuple[AccuracyCounter | None, int],
+           labels: np.ndarray, task: Any) -> _Loop:
+    """Every step: the recorder's part, production (alone, so its time per sample is its own), the outputs."""
+    counter, position = accuracy
+    loop = _Loop([], 0.0, counter)
+    recorder = prepared.recorder
+    for index, step, step_infos in stream:  # input workers prepare the next steps meanwhile (inputs.stream)
+        count = _rows(step)
+        loop.infos += step_infos
+        recorder.before(step, count)
+        start = time.perf_counter()
+        produced = prepared.production.run(None, step)
+        loop.seconds += time.perf_counter() - start
+        writer.write_step(produced, count)
+        if counter is not None:
+            counter.add(sample_rows(produced[position], count), labels[index:index + count])
+        recorder.after(index, produced, count)
+        task.advance(count)
+    return loop
+
+
 def run_inference(
     source: ModelSource,
     inputs: InputSet,
@@ -262,157 +362,65 @@ def run_inference(
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
-    options, batch = request.options, request.batch_size
     label = f"run-{source.describe().get('name') or source.path.stem}"
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
-        stream = inputs.steps(batch, borrowed=True)  # the input workers start while the model loads
-        model_record, stages, structure = _model_record(source)
-        model_path = source.path
-        if request.dynamic_batch:
-            model_path = _restamp(source.path, run.file("model/model.onnx"), inputs.sample(0), options)
-            model_record["dynamic_batch"] = {"path": "model/model.onnx", **hash_artifact(model_path, run.path).to_json()}
-        production = create_session(model_path, options)
-        if batch != 1:
-            check_batching(input_specs(production), batch, len(inputs))
-        output_names = [o.name for o in production.get_outputs()]
-        probe = inputs.sample(0) if batch != 1 else None
-        plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
-        reference = _Reference(request.reference, plan, len(inputs)) if plan and request.reference else None
-        raw_columns = select_raw(plan, request.raw) if plan else set()
-        if plan is not None and request.raw.mode is RawMode.AUTO:
-            raw_columns = {plan.column(name) for name in plan.outputs}
+        stream = inputs.steps(request.batch_size, borrowed=True)  # the input workers start while the model loads
+        model = _model_record(source)
+        prepared = _prepare(source, inputs, request, run, model)
+        counter, position, note = _accuracy_counter(source, model.model, inputs, prepared.outputs)
+        labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
-        outputs_table = FingerprintTable(run.file("outputs/fingerprints.npy"), len(inputs), len(output_names))
-        infos: list[SampleInfo] = []  # what the input workers learnt of each sample: digests, image modes
-        names = [t.name for t in plan.tensors] if plan else []
-        recorder = DumpRecorder(
-            FingerprintTable(run.file("dump/fingerprints.npy"), len(inputs), len(plan.tensors)),
-            [names.index(n) for n in output_names], raw_columns,
-            lambda index: run.file(f"dump/raw/{index:06d}.npz"), reference.differing if reference else None,
-        ) if plan else None
-        seconds = {"production": 0.0, "dump": 0.0}
-        on_device = plan is not None and (request.fingerprints == "device" or (
-            request.fingerprints == "auto" and options.provider == "cuda" and _cupy_installed()))
-        if plan is not None and request.fingerprints == "auto" and options.provider == "cuda" and not on_device:
-            log.warning("CuPy is not installed (qconsist[gpu] brings cupy-cuda13x): fingerprinting on the host, "
-                        "which copies every tensor off the GPU; the hashes are the same function (qc-mix64/1)")
-        device = None
-        if on_device:
-            device = DeviceDump(plan.session, names, plan.dtypes, plan.batched, recorder.table.shapes,  # type: ignore[union-attr]
-                                int(options.option("device_id") or 0), {c: plan.tensors[c].layout for c in plan.relaid})  # type: ignore[union-attr]
-            host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
+        writer = OutputWriter(run.path / "outputs", prepared.outputs, len(inputs))
         try:
-            with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
-                for index, step, step_infos in stream:
-                    # Input workers prepare the next steps meanwhile (qconsist.inputs.stream). The dump session
-                    # runs while the recorder fingerprints the previous step; the production session runs
-                    # alone, so its time per sample is not disturbed by the dump.
-                    count = _rows(step)
-                    infos += step_infos
-                    if device is not None:
-                        start = time.perf_counter()
-                        records, host = device.run(step, count, host_columns if host_columns is not None else range(len(names)))
-                        seconds["dump"] += time.perf_counter() - start
-                    elif recorder is not None:
-                        start = time.perf_counter()
-                        arrays = plan.to_original(plan.session.run(names, step))  # type: ignore[union-attr]
-                        recorder.wait()
-                        seconds["dump"] += time.perf_counter() - start
-                    start = time.perf_counter()
-                    produced = production.run(None, step)
-                    seconds["production"] += time.perf_counter() - start
-                    for row in range(count):
-                        outputs = [o[row:row + 1] if count > 1 and o.ndim and o.shape[0] == count else o for o in produced]
-                        outputs_table.write_row(index + row, outputs)
-                        save_npz(run.file(f"outputs/{index + row:06d}.npz"), {f"o{i}": a for i, a in enumerate(outputs)})
-                    if device is not None:
-                        start = time.perf_counter()
-                        recorder.record_device(index, produced, host, records)  # type: ignore[union-attr]
-                        seconds["dump"] += time.perf_counter() - start
-                    elif recorder is not None:
-                        start = time.perf_counter()
-                        recorder.submit(index, produced, arrays, plan.rows(arrays, count))  # type: ignore[union-attr]
-                        seconds["dump"] += time.perf_counter() - start
-                    task.advance(count)
-                if recorder is not None:
-                    start = time.perf_counter()
-                    recorder.wait()
-                    seconds["dump"] += time.perf_counter() - start
+            with progress.task("inference" + prepared.recorder.description, len(inputs)) as task:
+                loop = _steps(stream, prepared, writer, (counter, position), labels, task)
+            dump = prepared.recorder.finish(len(inputs), lambda s: _production_distinct(prepared.production, inputs, request.batch_size, s))
         finally:
-            if recorder is not None:
-                recorder.close()
-        outputs_table.close()
-        recorded_inputs = record_inputs(inputs, infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
-        if reference is not None and not _same_inputs(reference.digest, recorded_inputs["digest"], inputs):
-            raise InputError(f"`reference` {reference.run_dir} ran on other inputs (digest differs); `raw` auto needs the same input set")
-        samples = len(inputs)
-        sections: dict[str, Any] = {
-            "inference": {
-                "options": options.to_json(),
-                "providers": production.get_providers(),
-                "samples": samples,
-                "batch_size": batch,
-                "ms_per_sample": 1000 * seconds["production"] / samples,
-                "outputs": output_names,
-                "fingerprints": "outputs/fingerprints.npy",
-                "arrays": "outputs/<sample>.npz",
-            }
-        }
-        dump = None
-        if plan is not None:
-            check, dump_table = recorder.check, recorder.table  # type: ignore[union-attr]
-            dump_table.close()
-            dump = DumpSummary(
-                faithful=check.faithful, samples_checked=check.samples, mismatched_samples=list(check.mismatched),
-                max_abs_diff=check.max_abs_diff, tensors=len(plan.tensors), ms_per_sample=1000 * seconds["dump"] / samples,
-                structure=plan.structure, original_structure=plan.original_structure,
-                level=options.graph_optimization_level.value,
-                raw={**request.raw.to_json(), "reference": str(request.reference) if request.reference else None,
-                     "tensors_saved": recorder.raw_saved, "dir": "dump/raw"},  # type: ignore[union-attr]
-                fingerprints_in_worker_thread=dump_module.OVERLAP and device is None,
-                fingerprints_on="device" if device is not None else "host",
-                seconds_per_sample={k: v / samples for k, v in device.seconds.items()} if device is not None else {},
-            )
-            index = {
-                "schema": "qconsist.dump/1",
-                "hash_function": HASH_NAME,
-                "axis_order": "original",  # relaid tensors (a "layout" permutation) are recorded in the original's order
-                "repair": plan.repair,  # what was changed in ORT's saved graph so that it reloads ("" nothing)
-                "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(plan.tensors, plan.dtypes)],
-                "shapes": dump_table.shapes.to_json(),
-                "outputs": plan.outputs,
-                "mismatched_samples": check.mismatched,
-            }
-            if not check.faithful:
-                dump.production_distinct = _production_distinct(production, inputs, batch, check.mismatched[0])
-            write_json_atomic(run.file("dump/index.json"), index)
-            sections["dump"] = dump.to_json()
-            if not check.faithful:
-                log.warning(
-                    "dump is NOT faithful: final outputs of %d/%d samples differ from production (max %.3g)",
-                    len(check.mismatched), samples, check.max_abs_diff,
-                )
-        sections["inference"]["output_shapes"] = outputs_table.shapes.to_json()
+            prepared.recorder.close()
+        manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command)
         if request.engines:
             run.mark_progress("engines")
-            sections["engines"] = _engines(model_path, options, inputs.step(0, batch), request, plan,
-                                           run.file("engines/optimized.onnx")).to_json()
-        manifest = Manifest(
-            kind=KIND,
-            command=list(command),
-            model=model_record,
-            inputs=recorded_inputs,
-            stages=stages,
-            calibration=source.manifest.calibration if source.manifest is not None else {},
-            environment=environment_fingerprint(),
-            sections=sections,
-        )
+            manifest.sections["engines"] = _engines(prepared.model_path, request.options, inputs.step(0, request.batch_size),
+                                                    request, prepared.plan, run.file("engines/optimized.onnx")).to_json()
         if ort_log.refresh():
             manifest.sections["onnxruntime_log"] = ort_log.to_json()
-        path = run.finish(manifest)
-    return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump,
-                           ort_log if ort_log.lines else None)
+        result.run_dir = run.finish(manifest)
+        result.onnxruntime_log = ort_log if ort_log.lines else None
+    return result
+
+
+def _record(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model: _ModelRecord,
+            prepared: _Prepared, writer: OutputWriter, loop: _Loop, dump: DumpSummary | None,
+            note: str, command: Sequence[str]) -> tuple[Manifest, InferenceResult]:
+    """The manifest of a finished inference (the run directory writes it) and the result."""
+    recorded_inputs = record_inputs(inputs, loop.infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
+    reference = prepared.reference
+    if reference is not None and not _same_inputs(reference.digest, recorded_inputs["digest"], inputs):
+        raise InputError(f"`reference` {reference.run_dir} ran on other inputs (digest differs); `raw` auto needs the same input set")
+    shapes = ShapeTable()
+    files = writer.close(shapes)
+    accuracy = loop.accuracy.result() if loop.accuracy is not None else None
+    if loop.accuracy is not None and accuracy is None:
+        note = loop.accuracy.problem or "no sample has a label"
+        log.warning("no accuracy recorded: %s", note)
+    section = InferenceSection(
+        options=request.options.to_json(), providers=prepared.production.get_providers(), samples=len(inputs),
+        batch_size=request.batch_size, ms_per_sample=1000 * loop.seconds / len(inputs), outputs=prepared.outputs,
+        output_shapes=shapes.to_json(), output_format=OUTPUTS_FORMAT, output_files=files, accuracy=accuracy,
+        accuracy_note=note,
+    )
+    sections: dict[str, Any] = {"inference": section.to_json()}
+    if dump is not None:
+        sections["dump"] = dump.to_json()
+        if not dump.faithful:
+            log.warning("dump is NOT faithful: final outputs of %d/%d samples differ from production (max %.3g)",
+                        len(dump.mismatched_samples), len(inputs), dump.max_abs_diff)
+    manifest = Manifest(kind=KIND, command=list(command), model=model.record, inputs=recorded_inputs,
+                        stages=model.stages, environment=environment_fingerprint(), sections=sections)
+    result = InferenceResult(run.path, run.run_id, len(inputs), section.ms_per_sample, prepared.outputs, dump,
+                             accuracy=accuracy)
+    return manifest, result
 
 
 def _same_inputs(recorded: str, digest: str, inputs: InputSet) -> bool:

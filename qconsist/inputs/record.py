@@ -27,8 +27,7 @@ from qconsist.inputs.digest import XXH3, set_digest
 from qconsist.inputs.inputset import InputSet
 from qconsist.inputs.stream import SampleInfo
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.store.manifest import Manifest
-from qconsist.store.verify import run_file
+from qconsist.store.run import Run
 
 SCHEMA = "qconsist.samples/1"
 SAMPLES_FILE = "inputs/samples.jsonl"  # the sample table of a run of one input set (inference, locate)
@@ -69,9 +68,11 @@ def record_inputs(inputs: InputSet, infos: Sequence[SampleInfo], path: Path, rel
     return {**inputs.describe(infos), "digest": digest, "samples": relative}
 
 
-def read_samples(run_dir: Path, manifest: Manifest, recorded: dict[str, Any]) -> SampleTable:
-    """The sample table of ``recorded`` (a manifest's record of an input set), verified; the names alone for a
-    run written before the table."""
+def read_samples(run: Run, recorded: dict[str, Any] | None = None) -> SampleTable:
+    """The sample table of ``recorded`` (a manifest's record of an input set; default the run's own), verified;
+    the names alone for a run written before the table."""
+    recorded = run.manifest.inputs if recorded is None else recorded
+    run_dir = run.path
     relative = recorded.get("samples")
     if relative is None:
         names = recorded.get("names")
@@ -80,7 +81,7 @@ def read_samples(run_dir: Path, manifest: Manifest, recorded: dict[str, Any]) ->
         return SampleTable(list(names), kind="sha256")
     if not isinstance(relative, str):
         raise RunStoreError(f"run {run_dir}: the manifest's sample table path is {relative!r}, not a path")
-    path = run_file(run_dir, manifest, relative, "sample table path")
+    path = run.file(relative, "sample table path")
     bad = RunStoreError(f"run {run_dir}: {relative} is damaged (not a {SCHEMA} table)")
     try:
         lines = path.read_text(encoding="ascii").splitlines()

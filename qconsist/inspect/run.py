@@ -10,8 +10,7 @@ from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.inspect.model import ModelSummary, summarize_model
-from qconsist.store.manifest import Manifest
-from qconsist.store.rundir import open_run
+from qconsist.store.run import Run
 from qconsist.store.serde import structure, to_jsonable
 
 SCHEMA = "qconsist.inspect.run/1"
@@ -63,6 +62,7 @@ class RunSummary:
     files: int
     bytes: int
     stage_model: ModelSummary | None = None  # with ``stage``: that stage's model
+    accuracy: dict[str, Any] | None = None  # an inference run's accuracy against its labels
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **to_jsonable(self.__dict__)}
@@ -89,55 +89,57 @@ def _stage(run_dir: Path, record: dict[str, Any]) -> StageSummary:
     )
 
 
-def _inputs(manifest: Manifest) -> dict[str, Any]:
+def _inputs(run: Run) -> dict[str, Any]:
     keep = ("source", "kind", "count", "digest")
-    recorded = manifest.inputs
+    recorded = run.manifest.inputs
     if "source" in recorded:
         return {"inputs": {k: recorded.get(k) for k in keep}}
     return {name: {k: value.get(k) for k in keep} for name, value in recorded.items() if isinstance(value, dict)}
 
 
-def _dump(run_dir: Path, manifest: Manifest) -> DumpSummary | None:
-    dump = manifest.sections.get("dump")
-    if not isinstance(dump, dict):
+def _dump(run: Run) -> DumpSummary | None:
+    if not run.has_dump:
         return None
-    raw = dump.get("raw") if isinstance(dump.get("raw"), dict) else {}
-    folder = run_dir / "dump"
+    dump = run.dump
+    folder = run.path / "dump"
     return DumpSummary(
-        tensors=int(dump.get("tensors") or 0), level=dump.get("level"), faithful=dump.get("faithful"),
-        samples_checked=dump.get("samples_checked"), raw_mode=raw.get("mode"), raw_tensors=int(raw.get("tensors_saved") or 0),
+        tensors=dump.tensors, level=dump.level, faithful=dump.faithful, samples_checked=dump.samples_checked,
+        raw_mode=dump.raw.get("mode"), raw_tensors=int(dump.raw.get("tensors_saved") or 0),
         bytes=_size(folder)[1] if folder.is_dir() else 0,
     )
 
 
 def summarize_run(run_dir: Path | str, stage: str | None = None) -> RunSummary:
     """The summary of a complete run directory; with ``stage``, also that stage's model."""
-    run_dir = Path(run_dir)
-    manifest = open_run(run_dir)
+    run = Run.open(run_dir)
+    manifest, run_dir = run.manifest, run.path
     environment = {k: manifest.environment.get(k) for k in _ENVIRONMENT if k in manifest.environment}
     packages = manifest.environment.get("packages") if isinstance(manifest.environment.get("packages"), dict) else {}
     environment["packages"] = {k: packages[k] for k in _PACKAGES if packages.get(k)}
     cuda = manifest.environment.get("cuda")
     if isinstance(cuda, dict) and any(cuda.values()):
         environment["cuda"] = cuda
-    inference = manifest.sections.get("inference") if isinstance(manifest.sections.get("inference"), dict) else {}
     files, size = _size(run_dir)
     summary = RunSummary(
         path=str(run_dir), kind=manifest.kind, run_id=manifest.run_id, status=manifest.status, started=manifest.started,
         finished=manifest.finished, command=" ".join(shlex.quote(str(a)) for a in manifest.command),
         model={k: v for k, v in manifest.model.items() if k in ("name", "kind", "source", "path", "run", "stage")},
-        stages=[_stage(run_dir, s) for s in manifest.stages if isinstance(s, dict)], inputs=_inputs(manifest),
-        environment=environment, options=dict(inference.get("options") or {}), sections=sorted(manifest.sections),
-        dump=_dump(run_dir, manifest), files=files, bytes=size,
+        stages=[_stage(run_dir, s) for s in run.stages if isinstance(s, dict)], inputs=_inputs(run),
+        environment=environment, options=dict(run.inference.options) if run.has_inference else {},
+        sections=sorted(manifest.sections), dump=_dump(run), files=files, bytes=size,
     )
+    if run.kind == "inference" and run.inference.accuracy is not None:
+        summary.accuracy = run.inference.accuracy.to_json()
     if stage is not None:
-        record = manifest.stage(stage)
+        record = run.stage(stage)
         artifact = record.get("artifact") if isinstance(record, dict) else None
         if not isinstance(artifact, dict):
             names = ", ".join(s.name for s in summary.stages if s.path) or "none"
             raise ConfigError(f"run {run_dir} has no stage {stage!r} with a model; stages: {names}")
-        path = Path(artifact["path"])
-        summary.stage_model = summarize_model(path if path.is_absolute() else run_dir / path)
+        path = run.artifact(stage)
+        if path is None:
+            raise RunStoreError(f"run {run_dir}: the {stage} model ({artifact.get('path')}) is gone")
+        summary.stage_model = summarize_model(path)
     return summary
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import QconsistError, RunStoreError, UnavailableError
 from qconsist.gate import GateVerdict, evaluate_gate, load_policy
-from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, Side, evaluation_inputs
+from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, LABELS_FILE, Side, evaluation_inputs
 from qconsist.gpu.config import GpuConfig
 from qconsist.gpu.run import LocateRequest, run_locate
 from qconsist.history.summary import gpu_label
@@ -41,7 +41,9 @@ from qconsist.store.atomic import write_atomic
 from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
-from qconsist.store.rundir import RunDirectory, open_run
+from qconsist.store.atomic import write_json_atomic
+from qconsist.store.run import Run
+from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import dumps
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,7 @@ class EntryOutcome:
     gpu_type: str | None = None  # the GPU type the entry asked for
     gpus: list[str] = field(default_factory=list)  # the GPUs it ran on (names), as its node reported them
     attempts: list[Attempt] = field(default_factory=list)  # earlier attempts lost with their worker
+    figures: dict[str, float] = field(default_factory=dict)  # the night's own figures for the history (accuracy)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,7 +138,7 @@ class EntryOutcome:
             "baseline": self.baseline, "baseline_night": self.baseline_night, "locate_skipped": self.locate_skipped, "error": self.error,
             "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
-            "attempts": [a.to_json() for a in self.attempts],
+            "attempts": [a.to_json() for a in self.attempts], "figures": dict(self.figures),
         }
 
     @classmethod
@@ -145,7 +148,8 @@ class EntryOutcome:
         verdict = GateVerdict.from_json(data["verdict"]) if data.get("verdict") else None
         return cls(**values, verdict=verdict, seconds=float(data.get("seconds", 0.0)),
                    runs=[RunRecord(**r) for r in data.get("runs", [])], gpus=list(data.get("gpus") or []),
-                   attempts=[Attempt(**a) for a in data.get("attempts") or []])
+                   attempts=[Attempt(**a) for a in data.get("attempts") or []],
+                   figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()})
 
     @property
     def gpu_label(self) -> str:
@@ -203,7 +207,7 @@ def choose_baseline(task: EntryTask, environment: dict[str, Any]) -> tuple[str |
     judge), else none."""
     for night, run in task.baselines:
         try:
-            manifest = open_run(Path(run))
+            manifest = Run.open(run).manifest
         except RunStoreError:
             continue
         changes = compare_environments(manifest.environment, environment).numerics
@@ -230,17 +234,21 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
     with RunDirectory.create(runs_dir, f"{task.key}-entry", ENTRY_KIND, run_id=task.entry_run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:  # the gate's and locate's sessions
         record: dict[str, Any] = {
-            "model": task.key, "night_id": night_id, "pinned_gpu": entry.gpu_config, "labels": entry.labels,
+            "model": task.key, "night_id": night_id, "pinned_gpu": entry.gpu_config, "labels": None,
             "baseline": baseline_run, "baseline_night": baseline_night, "gpu_type": task.gpu_type,
         }
+        if entry.labels:  # kept in a file of the entry (its manifest refers to it), not copied into the manifest
+            write_json_atomic(run.file(LABELS_FILE), entry.labels)
+            record["labels"] = LABELS_FILE
         runs.append(RunRecord("entry", run.run_id, ENTRY_KIND, str(run.path)))
         run.mark_progress(ENTRY_STEPS[0])
         result = run_pipeline(entry.pipeline, runs_dir, progress=progress)
-        pipeline_manifest = open_run(result.path)
+        pipeline = Run.open(result.path)
+        pipeline_manifest = pipeline.manifest
         runs.append(RunRecord("pipeline", result.run_id, "pipeline", str(result.path)))
         record["pipeline_run"] = result.run_id
-        side = Side(path=run.path, manifest=Manifest(kind=ENTRY_KIND, sections={ENTRY_SECTION: record}),
-                    pipeline_path=result.path, pipeline=pipeline_manifest, pinned_gpu=entry.gpu_config, labels=entry.labels)
+        side = Side(run=Run(run.path, Manifest(kind=ENTRY_KIND, sections={ENTRY_SECTION: record})),
+                    pipeline=pipeline, pinned_gpu=entry.gpu_config, labels=entry.labels)
         inference_runs: dict[str, str] = {}
         for role in ("quantized", "repeat"):
             run.mark_progress(f"inference:{role}")  # ENTRY_STEPS
@@ -276,13 +284,15 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
             manifest.sections["onnxruntime_log"] = ort_log.to_json()
         run.mark_progress("report")
 
-        write_text(run.file("report.html"), render_entry_report(run.path, manifest, side))
+        write_text(run.file("report.html"), render_entry_report(Run(run.path, manifest), side))
         run.finish(manifest)
+    quantized = Run.open(side.inference["quantized"]).inference.accuracy
     return EntryOutcome(
         model=task.key, status="pass" if verdict.passed else "fail", entry_run=str(run.path),
         pipeline_run=str(result.path), baseline=baseline_run, baseline_night=baseline_night,
         locate_skipped=skipped, verdict=verdict, runs=runs, hashes=list(pipeline_manifest.stages), gpu_type=task.gpu_type,
         gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
+        figures=quantized.figures() if quantized is not None else {},
     )
 
 

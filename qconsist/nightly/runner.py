@@ -120,6 +120,8 @@ def _record(history: History, night_id: str, task: EntryTask, outcome: EntryOutc
         history.record_hashes(night_id, task.key, outcome.hashes)
     history.finish_entry(night_id, task.key, outcome.entry_run, outcome.verdict, outcome.baseline_night, outcome.error,
                          gpu_type=outcome.gpu_type, gpus=outcome.gpus)
+    if outcome.figures:  # the quantized model's accuracy on the evaluation set, as its inference run recorded it
+        history.record_figures(night_id, task.key, outcome.figures)
 
 
 class _InOrder:

@@ -15,11 +15,9 @@ from qconsist.report.history import history_link, render_history, write_history_
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
-from qconsist.store.manifest import Manifest
 from qconsist.gpu.run import load_report_data
 from qconsist.store.confine import linked_run
-from qconsist.store.rundir import open_run
-from qconsist.store.verify import verify_artifacts
+from qconsist.store.run import Run
 
 __all__ = ["render_entry_report", "render_history", "render_nightly_report", "render_paths", "write_history_page", "write_report"]
 
@@ -31,29 +29,29 @@ def _locate_section(path: Path | None) -> dict[str, Any] | None:
     return load_report_data(path)
 
 
-def _verified(path: Path, manifest: Manifest) -> None:
+def _verified(run: Run) -> None:
     """The artifacts whose hashes the report shows are checked against them (a nightly entry's are its
     pipeline run's)."""
-    if manifest.kind == "nightly-entry":
-        entry = manifest.sections.get("nightly_entry") or {}
+    if run.kind == "nightly-entry":
+        entry = run.sections.get("nightly_entry") or {}
         if isinstance(entry, dict) and entry.get("pipeline_run"):
-            pipeline = linked_run(path, entry["pipeline_run"], "pipeline run")
+            pipeline = linked_run(run.path, entry["pipeline_run"], "pipeline run")
             if pipeline.is_dir():
-                verify_artifacts(pipeline, open_run(pipeline))
+                Run.open(pipeline).verify_artifacts()
         return
-    verify_artifacts(path, manifest)
+    run.verify_artifacts()
 
 
-def _entry_parts(path: Path, manifest: Manifest, heading: str = "h1") -> tuple[str, list[str]]:
-    entry = manifest.sections.get("nightly_entry", {})
+def _entry_parts(run: Run, heading: str = "h1") -> tuple[str, list[str]]:
+    entry = run.sections.get("nightly_entry", {})
     if not isinstance(entry, dict):
-        raise RunStoreError(f"run {path}: the manifest's nightly_entry section must be an object")
-    _verified(path, manifest)
-    verdict = manifest.sections.get("gate")
+        raise RunStoreError(f"run {run.path}: the manifest's nightly_entry section must be an object")
+    _verified(run)
+    verdict = run.sections.get("gate")
     locate_run = entry.get("locate_run")
-    locate = _locate_section(linked_run(path, locate_run, "locate run")) if locate_run else None
-    name = str(entry.get("model") or manifest.model.get("name"))
-    return name, entry_body(name, manifest.stages, verdict, locate, entry.get("locate_skipped"), heading)
+    locate = _locate_section(linked_run(run.path, locate_run, "locate run")) if locate_run else None
+    name = str(entry.get("model") or run.manifest.model.get("name"))
+    return name, entry_body(name, run.stages, verdict, locate, entry.get("locate_skipped"), heading)
 
 
 def _title(name: str, verdict: dict[str, Any] | None) -> tuple[str, str]:
@@ -63,11 +61,11 @@ def _title(name: str, verdict: dict[str, Any] | None) -> tuple[str, str]:
     return verdict_state(verdict), f"{word} — {name}"
 
 
-def render_entry_report(path: Path, manifest: Manifest, side: Any = None) -> str:
+def render_entry_report(run: Run, side: Any = None) -> str:
     """One model's night: verdict, artifacts, divergence against the baseline, origin nodes, GPU matrix."""
-    name, body = _entry_parts(Path(path), manifest)
-    state, title = _title(name, manifest.sections.get("gate"))
-    reasons = (manifest.sections.get("gate") or {}).get("reasons") or []
+    name, body = _entry_parts(run)
+    state, title = _title(name, run.sections.get("gate"))
+    reasons = (run.sections.get("gate") or {}).get("reasons") or []
     return page(f"qconsist {name}", [banner(state, title, f"{len(reasons)} reason(s) to fail" if reasons else "all checks passed"),
                                      "<main>", *body, "</main>"])
 
@@ -112,11 +110,11 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
         if entry.get("entry_run"):
             path = Path(entry["entry_run"])  # the night's own record, written by this qconsist
             try:
-                manifest = open_run(path)
+                run = Run.open(path)
             except RunStoreError as exc:
                 body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p>{_esc(exc.message)}</p>")
                 continue
-            body += _entry_parts(path, manifest, heading="h2")[1]
+            body += _entry_parts(run, heading="h2")[1]
         else:
             body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p class=\"reasons\">error: {_esc(entry.get('error'))}</p>")
     body.append("</main>")
@@ -173,13 +171,14 @@ def _diff_parts(diff: dict[str, Any], label: str, explorer: str = "") -> list[st
 
 
 def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[str]]:
-    manifest = open_run(path)
-    if manifest.kind == "nightly-entry":
-        name, body = _entry_parts(path, manifest)
-        state, title = _title(name, manifest.sections.get("gate"))
+    run = Run.open(path)
+    manifest = run.manifest
+    if run.kind == "nightly-entry":
+        name, body = _entry_parts(run)
+        state, title = _title(name, run.sections.get("gate"))
         return name, [banner(state, title), "<main>", *body, "</main>"]
-    if manifest.kind == "nightly":
-        data = dict(manifest.sections.get("nightly") or {})
+    if run.kind == "nightly":
+        data = dict(run.sections.get("nightly") or {})
         entries = data.get("entries")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise RunStoreError(f"run {path}: the manifest's nightly.entries must be a list of objects")
@@ -188,15 +187,17 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
                            for e in entries]
         html = render_nightly_report(data, history_link(data.get("history"), relative_to or path))
         return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
-    _verified(path, manifest)
-    name = str(manifest.model.get("name") or manifest.run_id)
+    _verified(run)
+    name = run.name
     body = [banner("neutral", f"{manifest.kind} run {manifest.run_id}", name), "<main>",
-            artifacts_section(manifest.stages)]
+            artifacts_section(run.stages)]
+    if run.kind == "inference" and run.inference.accuracy is not None:
+        body.append(f"<h2>Accuracy</h2><p>{_esc(run.inference.accuracy.describe())}</p>")
     repeat = manifest.sections.get("calib_repeat")
     if isinstance(repeat, dict):
         body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
-    if manifest.kind == "locate":
-        body.append(gpu_section(_locate_section(path), "the locate report (locate.json) is unreadable"))
+    if run.kind == "locate":
+        body.append(gpu_section(load_report_data(run), "the locate report (locate.json) is unreadable"))
     body.append("</main>")
     return name, body
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.store.confine import check_relative, confined
-from qconsist.store.rundir import RUNNING_NAME, being_written, open_run, run_state
-from qconsist.store.manifest import Manifest
-from qconsist.store.verify import COST, check_digest, file_sha256, recorded_files
+from qconsist.store.rundir import RUNNING_NAME, being_written, run_state
+from qconsist.store.run import Run
+from qconsist.store.verify import COST, check_digest, file_sha256
 
 SCHEMA = "qconsist.runs/1"
 VERIFY_SCHEMA = "qconsist.verify/1"
@@ -97,7 +97,7 @@ class VerifyResult:
                                                       for f in data.get("files", [])])
 
 
-def _status(run_dir: Path, manifest: Manifest, relative: str, record: dict[str, Any]) -> FileStatus:
+def _status(run_dir: Path, relative: str, record: dict[str, Any]) -> FileStatus:
     try:
         check_relative(run_dir, relative, "file path")
         if not os.path.lexists(run_dir / relative):
@@ -117,16 +117,16 @@ def verify_run(path: Path | str) -> VerifyResult:
     bytes_before = COST.bytes
     result = VerifyResult(run=str(run_dir), state="complete")
     try:
-        manifest = open_run(run_dir)
+        run = Run.open(run_dir)
     except RunStoreError as exc:
         result.error = str(exc)
         result.state = run_state(run_dir)
         if result.state == "complete":
             result.state = "invalid"
         return result
-    recorded = recorded_files(manifest)
+    recorded = run.recorded()
     for relative in sorted(recorded):
-        result.files.append(_status(run_dir, manifest, relative, recorded[relative]))
+        result.files.append(_status(run_dir, relative, recorded[relative]))
     root = os.path.realpath(run_dir)
     for folder, dirs, names in os.walk(root):
         dirs.sort()
@@ -134,7 +134,7 @@ def verify_run(path: Path | str) -> VerifyResult:
             relative = Path(os.path.join(folder, name)).relative_to(root).as_posix()
             if relative in recorded or relative in _NOT_RECORDED:
                 continue
-            status = "unrecorded" if manifest.files or name.startswith(".") else "unverified"
+            status = "unrecorded" if run.manifest.files or name.startswith(".") else "unverified"
             result.files.append(FileStatus(relative, status, "not recorded in the manifest"))
     result.seconds = time.perf_counter() - start
     result.bytes = COST.bytes - bytes_before
@@ -192,9 +192,9 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
     checked: VerifyResult | None = None
     if state == "complete":
         try:
-            manifest = open_run(path)
-            kind, started = manifest.kind, manifest.started
-            model = str(manifest.model.get("name") or "")
+            run = Run.open(path)
+            kind, started = run.kind, run.manifest.started
+            model = str(run.manifest.model.get("name") or "")
             status = "complete"
             if verify:
                 checked = verify_run(path)

@@ -19,6 +19,7 @@ from photo_files import photo
 from qconsist.cli import app
 from qconsist.inputs.record import read_samples
 from qconsist.store.rundir import open_run
+from qconsist.store.run import Run
 
 
 def _invoke(*args) -> object:
@@ -119,7 +120,7 @@ def test_names_that_are_not_utf8_are_read_and_written(tmp_path):
     manifest = open_run(Path("runs/a"))
     assert manifest.inputs["source"] == str(folder)
     assert "\\udce9" in Path("runs/a/manifest.json").read_text(encoding="utf-8")  # valid UTF-8: the byte escaped
-    table = read_samples(Path("runs/a"), manifest, manifest.inputs)
+    table = read_samples(Run.open("runs/a"))
     assert [os.fsencode(n) for n in table.names] == [b"ok.jpg", b"\xff\xfe.jpg"]
     assert table.names[1] == odd.name
     result = _invoke("diff", "runs/a", "runs/b")

@@ -310,7 +310,8 @@ def test_files_respect_the_umask(made, tmp_path):
     old = os.umask(0o027)
     try:
         assert _invoke("pipeline", "run", _pipeline(tmp_path, made["model"], made["arrays"]), "--run-id", "masked").exit_code == 0
-        assert _invoke("run", Path("runs/masked"), "--inputs", made["arrays"], "--run-id", "inference").exit_code == 0
+        assert _invoke("run", Path("runs/masked"), "--inputs", made["arrays"], "--run-id", "inference", "--dump", "--raw",
+                       "all").exit_code == 0  # every kind of file a run writes: .npy tables and outputs, .npz raw tensors
     finally:
         os.umask(old)
     files = [p for p in Path("runs").rglob("*") if p.is_file()]

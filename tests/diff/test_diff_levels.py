@@ -137,11 +137,11 @@ def test_cli_reports_divergence_with_exit_1(level_runs):
 
 def test_missing_raw_tensors_name_the_capture_command(level_runs, nsfw_run, nsfw_inputs):
     from qconsist.diff import capture_command
-    from qconsist.store.rundir import open_run
+    from qconsist.store.run import Run
 
     result = diff_runs(level_runs["disable"], level_runs["extended"])
     assert result.tensors.raw_missing == [] and result.capture == []  # the first conv's raw tensors were kept
-    command = capture_command(open_run(level_runs["disable"]), ["relu_1_QuantizeLinear_Output", "prob"])
+    command = capture_command(Run.open(level_runs["disable"]), ["relu_1_QuantizeLinear_Output", "prob"])
     assert command == (
         f"qconsist run {nsfw_run.path.resolve()} --stage quantize --inputs {nsfw_inputs.resolve()} --ep cpu --level disable "
         "--offset 0 --count 4 --dump --raw relu_1_QuantizeLinear_Output,prob"

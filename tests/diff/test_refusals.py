@@ -108,9 +108,14 @@ def test_pipelines_of_one_model_under_two_names_are_compared(nsfw_run, tmp_path)
 
 
 def _make_legacy(run: Path) -> None:
-    """Rewrite a run's fingerprint table as qconsist wrote it before hash functions were recorded."""
+    """Rewrite a run's fingerprint table as qconsist wrote it before hash functions were recorded (one .npy of
+    records, ``dump/fingerprints.npy``)."""
+    from qconsist.inference.reader import load_dump
+    from qconsist.store.run import Run
+
+    compact = load_dump(Run.open(run)).table
+    table = np.stack([compact.row(s) for s in range(compact.samples)])
     table_path = run / "dump" / "fingerprints.npy"
-    table = np.load(table_path)
     legacy = np.dtype([(n, "<u2" if n == "present" else table.dtype[n]) for n in table.dtype.names if n != "function"])
     old = np.zeros(table.shape, dtype=legacy)
     for name in legacy.names:
@@ -118,6 +123,7 @@ def _make_legacy(run: Path) -> None:
     np.save(table_path, old)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest.pop("files")  # nor did it record the sha256 of every file: its table is not verified
+    manifest["sections"]["dump"].update(fingerprints="dump/fingerprints.npy", table_format="")
     (run / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -15,6 +15,7 @@ from qconsist.diff import diff_runs
 from qconsist.errors import ConfigError
 from qconsist.gate.policy import parse_policy
 from qconsist.inference.reader import load_dump
+from qconsist.store.run import Run
 from qconsist.diff.tensors import tensor_keys
 
 runner = CliRunner()
@@ -22,7 +23,7 @@ runner = CliRunner()
 
 def _greatest(run_a, run_b, key: str, space: str) -> float:
     """Independently: the greatest |b - a| of one tensor over the samples, from the raw archives."""
-    dump_a, dump_b = load_dump(run_a), load_dump(run_b)
+    dump_a, dump_b = load_dump(Run.open(run_a)), load_dump(Run.open(run_b))
     col_a, col_b = tensor_keys(dump_a, space)[key], tensor_keys(dump_b, space)[key]
     worst = 0.0
     for sample in range(dump_a.table.shape[0]):

@@ -15,6 +15,7 @@ from qconsist.gate.evidence import Side
 from qconsist.gate.policy import GpuPolicy, Policy
 from qconsist.gate.verdict import CheckStatus
 from qconsist.store.manifest import Manifest
+from qconsist.store.run import Run
 from qconsist.store.rundir import RunDirectory
 
 REPORT = json.loads((Path(__file__).resolve().parents[1] / "data" / "locate_h100_open_nsfw_qdq.json").read_text())
@@ -35,8 +36,8 @@ def locate_run(tmp_path):
 
 def _side(tmp_path, locate_run, pinned):
     manifest = Manifest(kind="pipeline", run_id="p", status="complete")
-    return Side(path=tmp_path, manifest=manifest, pipeline_path=tmp_path, pipeline=manifest,
-                locate_path=locate_run, pinned_gpu=pinned)
+    run = Run(tmp_path, manifest)
+    return Side(run=run, pipeline=run, locate_path=locate_run, pinned_gpu=pinned)
 
 
 def _median(label):
@@ -127,8 +128,8 @@ def test_a_pin_under_which_a_node_varied_fails_naming_the_node(tmp_path):
 def test_a_model_whose_unstable_nodes_were_rewritten_passes_and_says_so(tmp_path, locate_run):
     stage = {"name": "determinize", "params": {"rewritten": ["deconvolution3"]}, "artifact": None, "checks": {}}
     manifest = Manifest(kind="pipeline", run_id="p", status="complete", stages=[stage])
-    side = Side(path=tmp_path, manifest=manifest, pipeline_path=tmp_path, pipeline=manifest, locate_path=locate_run,
-                pinned_gpu="HEURISTIC/tf32=0")
+    run = Run(tmp_path, manifest)
+    side = Side(run=run, pipeline=run, locate_path=locate_run, pinned_gpu="HEURISTIC/tf32=0")
     result = check_gpu(side, Policy())
     assert result.status is CheckStatus.PASS
     assert result.message.endswith("accepted up to 1.05x; the determinize stage rewrote deconvolution3")

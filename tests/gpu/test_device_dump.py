@@ -10,8 +10,9 @@ import pytest
 from onnx_builders import conv_transpose_model
 from qconsist.diff import diff_runs
 from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
-from qconsist.inference.fingerprint import HASH_FUNCTIONS, fingerprint, read_table
+from qconsist.inference.fingerprint import fingerprint
 from qconsist.inference.reader import load_dump
+from qconsist.store.run import Run
 from qconsist.inference.runner import PRODUCTION_REPEATS
 from qconsist.inputs import open_input_set
 
@@ -41,9 +42,13 @@ def _dump(model, inputs, tmp_path, run_id, search, batch=1, fingerprints="device
     return run_inference(resolve_model(model), inputs, request, tmp_path / "runs", run_id=run_id)
 
 
+def _table(result):
+    return load_dump(Run.open(result.run_dir)).table
+
+
 def _differs(a, b):
-    ta, tb = read_table(a.run_dir / "dump" / "fingerprints.npy"), read_table(b.run_dir / "dump" / "fingerprints.npy")
-    return ta["hash"] != tb["hash"]
+    ta, tb = _table(a), _table(b)
+    return ta.block(0, ta.samples)["hash"] != tb.block(0, tb.samples)["hash"]
 
 
 def test_device_and_host_fingerprints_agree_on_what_is_equal_and_what_differs(tmp_path):
@@ -55,13 +60,13 @@ def test_device_and_host_fingerprints_agree_on_what_is_equal_and_what_differs(tm
         # for bit, and the runner says so instead of blaming the dump
         assert run.dump.fingerprints_on == "device" and not run.dump.faithful
         assert run.dump.production_distinct == PRODUCTION_REPEATS
-        table = read_table(run.run_dir / "dump" / "fingerprints.npy")
-        assert {HASH_FUNCTIONS[int(f)] for f in table["function"].ravel()} == {"qc-mix64/1"}
-        dump = load_dump(run.run_dir)
+        dump = load_dump(Run.open(run.run_dir))
+        table = dump.table
+        assert table.hash_functions() == {"qc-mix64/1"}
         for sample in range(table.shape[0]):
             for column in range(table.shape[1]):
                 host = fingerprint(dump.raw(sample, column), 0)  # the host kernels on the raw tensor the GPU hashed
-                record = table[sample, column]
+                record = table.record(sample, column)
                 assert int(record["hash"]) == host[0]
                 assert (record["min"], record["max"], int(record["nan"]), int(record["inf"])) == (host[1], host[2], host[4], host[5])
                 assert record["mean"] == pytest.approx(host[3], rel=1e-9, abs=1e-12)
@@ -89,7 +94,7 @@ def test_batch_32_against_batch_1_names_the_batch_dependent_nodes(tmp_path):
     assert diff_runs(one.run_dir, again.run_dir).tensors.nodes == []  # DEFAULT is stable run to run
     named = {n.label for n in diff_runs(one.run_dir, many.run_dir).tensors.nodes}
     # evidence: the raw tensors of each sample, batch 1 vs its row of batch 32, byte for byte
-    d1, d32 = load_dump(one.run_dir), load_dump(many.run_dir)
+    d1, d32 = load_dump(Run.open(one.run_dir)), load_dump(Run.open(many.run_dir))
     differ = {d1.tensors[c].label for c in range(len(d1.tensors)) for s in range(64)
               if d1.raw(s, c).tobytes() != d32.raw(s, c).tobytes()}
     assert named == differ

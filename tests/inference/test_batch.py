@@ -14,7 +14,8 @@ from qconsist.cli import app
 from qconsist.diff import diff_runs
 from qconsist.errors import UnsupportedModelError
 from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
-from qconsist.inference.fingerprint import read_table
+from qconsist.inference.reader import load_dump
+from qconsist.store.run import Run
 from qconsist.inputs import open_input_set
 from qconsist.store.rundir import open_run
 
@@ -32,7 +33,7 @@ def test_batches_are_recorded_per_sample_and_compare_with_batch_1(tmp_path):
     one = _run(model, arrays, tmp_path, "one")
     four = _run(model, arrays, tmp_path, "four", batch_size=4)
     assert four.samples == 10 and open_run(four.run_dir).sections["inference"]["batch_size"] == 4
-    table = read_table(four.run_dir / "dump" / "fingerprints.npy")
+    table = load_dump(Run.open(four.run_dir)).table
     assert table.shape[0] == 10
     index = open_run(four.run_dir).sections["dump"]
     assert index["faithful"] and index["samples_checked"] == 10
@@ -61,10 +62,10 @@ def test_tensors_without_a_batch_axis_are_shared_by_the_rows_of_a_step(tmp_path)
     four = _run(path, tmp_path / "x.npy", tmp_path, "four", batch_size=4, level="disable")
     one = _run(path, tmp_path / "x.npy", tmp_path, "one", level="disable")
     names = _tensors(four.run_dir)
-    table = read_table(four.run_dir / "dump" / "fingerprints.npy")
+    hashes = load_dump(Run.open(four.run_dir)).table.block(0, 8)["hash"]
     shared, per_sample = names.index("rc"), names.index("y")
-    assert len(set(table[:, shared]["hash"].tolist())) == 1  # the same 4x3 tensor for all 8 samples
-    assert len(set(table[:, per_sample]["hash"].tolist())) == 8
+    assert len(set(hashes[:, shared].tolist())) == 1  # the same 4x3 tensor for all 8 samples
+    assert len(set(hashes[:, per_sample].tolist())) == 8
     assert diff_runs(one.run_dir, four.run_dir).passed
 
 

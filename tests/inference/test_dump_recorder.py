@@ -9,7 +9,8 @@ import pytest
 
 from qconsist.inference import dump as dump_module
 from qconsist.inference.dump import DumpRecorder
-from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTIONS, FingerprintTable, read_table
+from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTIONS, ShapeTable, fingerprint_row
+from qconsist.store.fingerprints import CompactTable, TableWriter
 from mix64_reference import reference_mix64
 
 
@@ -36,12 +37,12 @@ def test_rows_reuse_statistics_only_for_identical_columns(tmp_path):
         # column 2: the same bytes as int8, then as uint8 (another dtype), then in another shape
         third = codes if sample == 0 else codes.view(np.uint8) if sample == 1 else codes.view(np.uint8).reshape(2, 100)
         rows.append([weight, activation, third])
-    table = FingerprintTable(tmp_path / "t.npy", 3, 3)
-    for sample, arrays in enumerate(rows):
-        table.write_row(sample, arrays)
-    shapes = table.shapes.shapes
-    table.close()
-    saved = read_table(tmp_path / "t.npy")
+    shapes, last, records = ShapeTable(), None, []
+    for arrays in rows:
+        last = fingerprint_row(arrays, shapes, last)
+        records.append(last)
+    saved = np.stack(records)
+    shapes = shapes.shapes
     for sample, arrays in enumerate(rows):
         for column, array in enumerate(arrays):
             record, expected = saved[sample, column], _expected(array)
@@ -54,10 +55,27 @@ def test_rows_reuse_statistics_only_for_identical_columns(tmp_path):
             assert record["mean"] == pytest.approx(expected["mean"], rel=1e-6, abs=1e-9)
     assert saved[1, 2]["hash"] == saved[0, 2]["hash"]  # same bytes, other dtype: statistics recomputed
     assert saved[1, 2]["min"] >= 0 > saved[0, 2]["min"]
+    # a table keeps one element type per tensor (the graph's): a row that says otherwise is refused
+    table = TableWriter(tmp_path / "table", 3, [DTYPES[int(c)] for c in saved[0]["dtype"]])
+    table.write_records(0, saved[0])
+    with pytest.raises(ValueError, match="a tensor's element type differs from its column's"):
+        table.write_records(1, saved[1])
+    # the rows of a fixed element type go through a table and come back the same, record for record
+    steady = TableWriter(tmp_path / "steady", 3, [DTYPES[int(c)] for c in saved[0]["dtype"]])
+    again = np.stack([saved[0], saved[0], saved[2]])
+    again[2, 2] = saved[0, 2]
+    again["hash"][2, 2] += 1  # other bytes in the last row: its statistics are stored again
+    for sample in range(3):
+        steady.write_records(sample, again[sample])
+    record = steady.close()
+    read = CompactTable("t", lambda name: tmp_path / "steady" / name, record["dtypes"], record["hash_function"], 3,
+                        shapes)
+    for sample in range(3):
+        assert read.row(sample).tobytes() == again[sample].tobytes()
 
 
 def _recorder(tmp_path: Path, raw_dir: Path, columns: int = 2) -> DumpRecorder:
-    table = FingerprintTable(tmp_path / "dump.npy", 2, columns)
+    table = TableWriter(tmp_path / "dump", 2, ["float32"] * columns)
     return DumpRecorder(table, [1], {0}, lambda i: raw_dir / f"{i:06d}.npz")
 
 

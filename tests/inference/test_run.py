@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 from qconsist.cli import app
 from qconsist.errors import ConfigError, UnavailableError
 from qconsist.inference import ExecutionOptions, create_session
-from qconsist.inference.fingerprint import RECORD, read_table
+from qconsist.inference.fingerprint import RECORD
+from qconsist.inference.reader import load_dump
+from qconsist.store.run import Run
 
 
 def _gelu_model(path: Path) -> Path:
@@ -91,15 +93,16 @@ def test_run_writes_an_inference_run_directory(tmp_path):
     assert manifest["kind"] == "inference" and manifest["status"] == "complete"
     assert manifest["sections"]["inference"]["options"]["graph_optimization_level"] == "all"
     assert manifest["stages"][0]["artifact"]["md5"] == manifest["model"]["artifact"]["md5"]
+    assert manifest["sections"]["inference"]["output_files"] == ["outputs/o0.npy"]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
+        "inputs/samples.jsonl", "manifest.json", "outputs/o0.npy"]  # one file per output, not per sample
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    table = read_table(run / "outputs" / "fingerprints.npy")
-    assert table.shape == (3, 1)
+    saved = np.load(run / "outputs" / "o0.npy", allow_pickle=False)
+    assert saved.shape[0] == 3
     for i in range(3):
         expected = sess.run(None, {"x": x[i : i + 1]})[0]
-        with np.load(run / "outputs" / f"{i:06d}.npz", allow_pickle=False) as saved:
-            assert saved["o0"].tobytes() == expected.tobytes()
-        assert table[i, 0]["hash"] == reference_mix64(expected.tobytes())
-        assert table[i, 0]["max"] == float(expected.max())
+        assert saved[i].shape == expected.shape and saved[i].tobytes() == expected.tobytes()
+    assert [a[0].tobytes() for a in map(Run.open(run).outputs().sample, range(3))] == [saved[i].tobytes() for i in range(3)]
 
 
 def test_dump_keeps_a_tensor_shape_inference_cannot_type(tmp_path):
@@ -113,13 +116,13 @@ def test_dump_keeps_a_tensor_shape_inference_cannot_type(tmp_path):
     index = json.loads(Path("runs/d/dump/index.json").read_text())
     column = [t["name"] for t in index["tensors"]].index("g")
     assert index["tensors"][column]["dtype"] == "float32" and index["tensors"][column]["label"] == "gelu"
-    table = read_table(Path("runs/d/dump/fingerprints.npy"))
+    table = load_dump(Run.open("runs/d")).table
     expose = onnx.load(str(model))
     expose.graph.output.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4, 3]))
     sess = ort.InferenceSession(expose.SerializeToString(), providers=["CPUExecutionProvider"])
     for i in range(3):
         g = sess.run(["g"], {"x": x[i : i + 1]})[0]
-        assert table[i, column]["hash"] == reference_mix64(g.tobytes())
+        assert table.record(i, column)["hash"] == reference_mix64(g.tobytes())
         with np.load(f"runs/d/dump/raw/{i:06d}.npz", allow_pickle=False) as raw:
             assert np.array_equal(raw[f"t{column}"], g)
 
@@ -147,7 +150,7 @@ def test_open_nsfw_dump_at_level_all_is_faithful(nsfw_run, tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert data["dump"]["faithful"] is True and data["dump"]["samples_checked"] == 2
-    assert data["dump"]["bytes_per_tensor_per_sample"] == RECORD.itemsize <= 64
+    assert data["dump"]["bytes_per_tensor_per_sample"] < RECORD.itemsize  # the compact table, its headers included
     manifest = json.loads(Path("runs/n/manifest.json").read_text())
     assert manifest["model"]["stage"] == "quantize" and manifest["sections"]["dump"]["faithful"] is True
     optimized = onnx.load("runs/n/dump/optimized.onnx")
@@ -157,7 +160,9 @@ def test_open_nsfw_dump_at_level_all_is_faithful(nsfw_run, tmp_path):
     name = input_specs(source.path)[0].name
     photos = open_input_set("package:photos", load_pipeline(pipeline).preprocess, name)
     sess = ort.InferenceSession(str(source.path), providers=["CPUExecutionProvider"])
-    table = read_table(Path("runs/n/outputs/fingerprints.npy"))
+    dump = load_dump(Run.open("runs/n"))
+    column = [t.name for t in dump.tensors].index("prob")
+    stored = np.load("runs/n/outputs/o0.npy")
     for i in range(2):
         prob = sess.run(None, photos.sample(i))[0]
-        assert table[i, 0]["hash"] == reference_mix64(prob.tobytes())
+        assert dump.table.record(i, column)["hash"] == reference_mix64(prob.tobytes()) == reference_mix64(stored[i].tobytes())

@@ -19,6 +19,7 @@ from qconsist.inputs import Preprocess, open_input_set
 from qconsist.inputs.labels import read_labels
 from qconsist.inputs.record import read_samples
 from qconsist.store.rundir import open_run
+from qconsist.store.run import Run
 
 SMALL = Preprocess(resize=(8, 8))
 
@@ -137,7 +138,7 @@ def test_run_records_files_digests_and_labels_in_a_sample_table(tmp_path):
     recorded = manifest.inputs
     assert "names" not in recorded and recorded["samples"] == "inputs/samples.jsonl" and recorded["offset"] == 0
     assert recorded["labels"] == {"source": "folders", "labelled": 5, "classes": 2}
-    table = read_samples(Path("runs/tree"), manifest, recorded)
+    table = read_samples(Run.open("runs/tree"), recorded)
     assert table.names == ["a/000.jpg", "a/001.jpg", "a/002.jpg", "b/000.jpg", "b/001.jpg"]
     assert table.labels == [0, 0, 0, 1, 1] and table.classes == ["a", "b"]
     assert table.files == [xxhash.xxh3_128((root / n).read_bytes()).hexdigest() for n in table.names]
@@ -148,7 +149,7 @@ def test_run_records_files_digests_and_labels_in_a_sample_table(tmp_path):
     from qconsist.errors import RunStoreError
 
     with pytest.raises(RunStoreError, match=r"inputs/samples.jsonl was modified after the run"):
-        read_samples(Path("runs/tree"), manifest, recorded)
+        read_samples(Run.open("runs/tree"), recorded)
 
 
 def test_gate_takes_the_labels_of_a_class_folder_evaluation_set(tmp_path):

@@ -24,6 +24,7 @@ from qconsist.inputs.digest import legacy_digest, sample_digest
 from qconsist.inputs.preprocess import ChannelOrder
 from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers
 from qconsist.store.rundir import open_run, run_state
+from qconsist.store.run import Run
 
 CAFFE = Preprocess(resize=(32, 32), crop=(24, 24), channel_order=ChannelOrder.BGR, mean=(104.0, 117.0, 123.0))
 
@@ -175,9 +176,9 @@ def test_old_layout_runs_stay_readable_and_diffable(jpegs, tmp_path):
                               "differ); compare runs on the same inputs\n")
     from qconsist.explain.replay import replay_inputs
 
-    replayed, where = replay_inputs(open_run(Path("runs/old")), model, Path("runs/old"))
+    replayed, where = replay_inputs(Run.open("runs/old"), model)
     assert where == (0, 6) and replayed.digest("sha256") == old_inputs.digest("sha256")
-    replayed, where = replay_inputs(open_run(Path("runs/other")), model, Path("runs/other"))
+    replayed, where = replay_inputs(Run.open("runs/other"), model)
     assert where == (1, 6) and replayed.digest() == open_run(Path("runs/other")).inputs["digest"]
 
 
@@ -196,6 +197,13 @@ def _descendants(pid: int) -> set[int]:
         frontier = {p for p, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def _stage(marker: Path) -> str | None:
+    try:
+        return json.loads(marker.read_text()).get("stage")
+    except (OSError, ValueError):
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -222,11 +230,11 @@ def test_ctrl_c_during_a_parallel_run_leaves_it_incomplete_and_no_workers(tmp_pa
     process = subprocess.Popen([qconsist, "run", str(model), "--inputs", str(folder), "--pipeline", str(pipeline),
                                 "--workers", "2", "--runs-dir", str(runs), "--run-id", "cut"],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    outputs, workers = runs / "cut" / "outputs", set()
+    marker, workers = runs / "cut" / "RUNNING.json", set()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         workers |= _descendants(process.pid)
-        if len(workers) >= 2 and outputs.is_dir() and len(list(outputs.iterdir())) > 20:
+        if len(workers) >= 2 and _stage(marker) == "inference":  # the steps are under way
             break
         time.sleep(0.02)
     assert process.poll() is None, f"finished before the signal: {process.communicate()}"

@@ -13,6 +13,7 @@ from qconsist.inputs.record import read_samples
 from qconsist.pipeline.config import parse_pipeline
 from qconsist.pipeline.runner import PipelineResult, run_pipeline
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
+from qconsist.store.run import Run
 
 
 def test_open_nsfw_run_directory(nsfw_run):
@@ -44,7 +45,7 @@ def test_manifest_inputs_calibration_environment(nsfw_run):
     manifest = open_run(nsfw_run.path)
     calibration, evaluation = manifest.inputs["calibration"], manifest.inputs["evaluation"]
     assert calibration["count"] == 12 and evaluation["count"] == 9
-    names = {role: read_samples(nsfw_run.path, manifest, manifest.inputs[role]).names for role in ("calibration", "evaluation")}
+    names = {role: read_samples(Run.open(nsfw_run.path), manifest.inputs[role]).names for role in ("calibration", "evaluation")}
     assert names["calibration"][:2] == ["astronaut.png", "chelsea.png"] and not set(names["calibration"]) & set(names["evaluation"])
     assert (len(names["calibration"]), len(names["evaluation"])) == (12, 9) and "names" not in calibration
     assert calibration["digest"].startswith("xxh3-128:") and calibration["digest"] != evaluation["digest"]

@@ -10,6 +10,8 @@ import pytest
 
 from onnx_builders import build_classifier_model, save_arrays
 
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "old_runs"
+
 
 @pytest.fixture(scope="session")
 def small_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -41,13 +43,16 @@ def small_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture()
 def runs_copy(small_runs, tmp_path) -> dict[str, Path]:
-    """A private copy of the small runs (same names, one runs folder), free to damage; ``outside``: a folder
-    beside it with a bait file (``secret.onnx``, a copy of the quantized model) that nothing may open."""
+    """A private copy of the small runs (same names, one runs folder) and of two runs written in the per-sample
+    layout (``legacy``, ``legacy2``: tests/data/old_runs), free to damage; ``outside``: a folder beside it with a
+    bait file (``secret.onnx``, a copy of the quantized model) that nothing may open."""
     runs = tmp_path / "runs"
     shutil.copytree(small_runs["runs"], runs, symlinks=True)
+    for key, name in (("legacy", "v1570-a"), ("legacy2", "v1570-b")):  # runs of the per-sample layout
+        shutil.copytree(LEGACY / name, runs / key, symlinks=True)
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.copyfile(runs / "pipeline" / "quantize" / "model.onnx", outside / "secret.onnx")
     (outside / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
-    return {**{k: runs / k for k in ("pipeline", "pipeline2", "inference", "inference2")}, "runs": runs,
+    return {**{k: runs / k for k in ("pipeline", "pipeline2", "inference", "inference2", "legacy", "legacy2")}, "runs": runs,
             "outside": outside, "data": small_runs["data"]}

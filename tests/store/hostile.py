@@ -67,33 +67,39 @@ def _npy_with_header(target: Path, header_shape: tuple, data_rows: int, dtype=No
         handle.write(real.tobytes())
 
 
-def _lying_table(p: Paths) -> None:
-    target = p["inference2"] / "dump" / "fingerprints.npy"
+# Runs written before one file per output and the compact fingerprint table (``legacy2``: a copy of
+# tests/data/old_runs/v1570-b) are read as safely as new ones: their old files get the same damage.
+LEGACY_TABLE = "dump/fingerprints.npy"
+HASHES = "dump/table/hashes.npy"
+
+
+def _lying_table(p: Paths, key: str = "legacy2", relative: str = LEGACY_TABLE, dtype=None) -> None:
+    target = p[key] / relative
     shape = np.load(target, mmap_mode="r").shape
-    _npy_with_header(target, (1000000, shape[1]), shape[0])
-    rehash(p["inference2"], "dump/fingerprints.npy")
+    _npy_with_header(target, (1000000, shape[1]), shape[0], dtype)
+    rehash(p[key], relative)
 
 
-def _wrong_dtype_table(p: Paths) -> None:
-    target = p["inference2"] / "dump" / "fingerprints.npy"
+def _wrong_dtype_table(p: Paths, key: str = "legacy2", relative: str = LEGACY_TABLE) -> None:
+    target = p[key] / relative
     table = np.load(target)
     np.save(target, np.zeros(table.shape, dtype=np.float64))
-    rehash(p["inference2"], "dump/fingerprints.npy")
+    rehash(p[key], relative)
 
 
-def _truncated_table(p: Paths) -> None:
-    target = p["inference2"] / "dump" / "fingerprints.npy"
+def _truncated_table(p: Paths, key: str = "legacy2", relative: str = LEGACY_TABLE) -> None:
+    target = p[key] / relative
     blob = target.read_bytes()
     target.write_bytes(blob[: len(blob) - 100])
 
 
-def _truncated_table_rehashed(p: Paths) -> None:
-    _truncated_table(p)
-    rehash(p["inference2"], "dump/fingerprints.npy")
+def _truncated_table_rehashed(p: Paths, key: str = "legacy2", relative: str = LEGACY_TABLE) -> None:
+    _truncated_table(p, key, relative)
+    rehash(p[key], relative)
 
 
 def _lying_npz_member(p: Paths) -> None:
-    target = p["inference2"] / "outputs" / "000000.npz"
+    target = p["legacy2"] / "outputs" / "000000.npz"
     with zipfile.ZipFile(target) as archive:
         names = archive.namelist()
     with zipfile.ZipFile(target, "w") as archive:
@@ -101,23 +107,57 @@ def _lying_npz_member(p: Paths) -> None:
             with archive.open(name, "w") as handle:
                 np.lib.format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
                 handle.write(b"\0" * 20)
-    rehash(p["inference2"], "outputs/000000.npz")
+    rehash(p["legacy2"], "outputs/000000.npz")
 
 
 def _not_a_zip(p: Paths) -> None:
-    (p["inference2"] / "outputs" / "000000.npz").write_bytes(b"PK\x03\x04 not really a zip")
-    rehash(p["inference2"], "outputs/000000.npz")
+    (p["legacy2"] / "outputs" / "000000.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    rehash(p["legacy2"], "outputs/000000.npz")
 
 
 def _pickled_output(p: Paths) -> None:
-    target = p["inference2"] / "outputs" / "000000.npz"
+    target = p["legacy2"] / "outputs" / "000000.npz"
     with zipfile.ZipFile(target) as archive:
         names = archive.namelist()
     with zipfile.ZipFile(target, "w") as archive:
         for name in names:
             with archive.open(name, "w") as handle:
                 np.lib.format.write_array(handle, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    rehash(p["inference2"], "outputs/000000.npz")
+    rehash(p["legacy2"], "outputs/000000.npz")
+
+
+def _output_file(p: Paths, writer: Callable[[Path], None]) -> None:
+    """Damage the new run's one file of output 0 (``outputs/o0.npy``), the manifest rehashed."""
+    writer(p["inference2"] / "outputs" / "o0.npy")
+    rehash(p["inference2"], "outputs/o0.npy")
+
+
+def _lying_output_header(target: Path) -> None:
+    with open(target, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40, 1, 5)})
+        handle.write(b"\0" * 20)
+
+
+def _pickled_output_file(target: Path) -> None:
+    with open(target, "wb") as handle:
+        np.lib.format.write_array(handle, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+
+
+def _fewer_output_samples(target: Path) -> None:
+    np.save(target, np.load(target)[:2])
+
+
+def _event_of_no_tensor(events: np.ndarray) -> np.ndarray:
+    more = np.concatenate([events, events[-1:]])
+    more["column"][-1] = 999
+    return more
+
+
+def _table_file(p: Paths, relative: str, change: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Replace a file of the new run's compact fingerprint table by ``change`` of its array, rehashed."""
+    target = p["inference2"] / relative
+    np.save(target, change(np.load(target)))
+    rehash(p["inference2"], relative)
 
 
 def _swap(p: Paths) -> None:
@@ -152,12 +192,20 @@ def diff_inference(p: Paths) -> list[str]:
     return ["diff", str(p["inference"]), str(p["inference2"])]
 
 
+def diff_legacy(p: Paths) -> list[str]:
+    return ["diff", str(p["legacy"]), str(p["legacy2"])]
+
+
 def _q(p: Paths) -> str:
     return str(p["pipeline2"])
 
 
 def _i(p: Paths) -> str:
     return str(p["inference2"])
+
+
+def _l(p: Paths) -> str:
+    return str(p["legacy2"])
 
 
 SHA = "<sha>"  # tokens in messages: <sha> a 12-digit hash prefix and "…", <n> a number, <any> any text
@@ -237,21 +285,47 @@ CASES: list[Case] = [
          diff_inference, lambda p: f"run {_i(p)}: the manifest's dump index path '../inference/dump/index.json' leaves the run directory ('..')"),
     Case("dump section a string", lambda p: edit(p["inference2"], lambda d: d["sections"].__setitem__("dump", "dump/index.json")),
          diff_inference, lambda p: f"{_i(p)}/manifest.json: sections.dump must be a JSON object"),
-    Case("fingerprint table truncated", _truncated_table, diff_inference,
-         lambda p: f"run {_i(p)}: dump/fingerprints.npy was modified after the run (sha256 {SHA} recorded, {SHA} found)"),
-    Case("fingerprint table truncated, manifest rehashed", _truncated_table_rehashed, diff_inference,
-         lambda p: f"run {_i(p)}: dump/fingerprints.npy: its header says (3, <n>) [<any>] (<n> bytes with the header), the file holds <n>; refused"),
-    Case("fingerprint header lies about its shape, manifest rehashed", _lying_table, diff_inference,
-         lambda p: f"run {_i(p)}: dump/fingerprints.npy: its header says (1000000, <n>) [<any>] (<n> bytes with the header), the file holds <n>; refused"),
-    Case("fingerprint table of another dtype, manifest rehashed", _wrong_dtype_table, diff_inference,
-         lambda p: f"run {_i(p)}: cannot read the dump's fingerprints ({_i(p)}/dump/fingerprints.npy is not a qconsist fingerprint table)"),
-    Case("output archive member header lies, manifest rehashed", _lying_npz_member, diff_inference,
-         lambda p: f"run {_i(p)}: outputs/000000.npz member o0.npy: its header says (1099511627776,) float32 (<n> bytes with the header), the file holds <n>; refused"),
-    Case("output archive not a zip, manifest rehashed", _not_a_zip, diff_inference,
-         lambda p: f"run {_i(p)}: outputs/000000.npz is not a valid .npz archive (<any>)"),
+    Case("fingerprint table truncated", _truncated_table, diff_legacy,
+         lambda p: f"run {_l(p)}: dump/fingerprints.npy was modified after the run (sha256 {SHA} recorded, {SHA} found)"),
+    Case("fingerprint table truncated, manifest rehashed", _truncated_table_rehashed, diff_legacy,
+         lambda p: f"run {_l(p)}: dump/fingerprints.npy: its header says (8, <n>) [<any>] (<n> bytes with the header), the file holds <n>; refused"),
+    Case("fingerprint header lies about its shape, manifest rehashed", _lying_table, diff_legacy,
+         lambda p: f"run {_l(p)}: dump/fingerprints.npy: its header says (1000000, <n>) [<any>] (<n> bytes with the header), the file holds <n>; refused"),
+    Case("fingerprint table of another dtype, manifest rehashed", _wrong_dtype_table, diff_legacy,
+         lambda p: f"run {_l(p)}: cannot read the dump's fingerprints ({_l(p)}/dump/fingerprints.npy is not a qconsist fingerprint table)"),
+    Case("output archive member header lies, manifest rehashed", _lying_npz_member, diff_legacy,
+         lambda p: f"run {_l(p)}: outputs/000000.npz member o0.npy: its header says (1099511627776,) float32 (<n> bytes with the header), the file holds <n>; refused"),
+    Case("output archive not a zip, manifest rehashed", _not_a_zip, diff_legacy,
+         lambda p: f"run {_l(p)}: outputs/000000.npz is not a valid .npz archive (<any>)"),
     Case("output archive holds a pickled object, manifest rehashed", _pickled_output,
+         lambda p: ["diff", str(p["legacy"]), str(p["legacy2"]), "--atol", "1"],
+         lambda p: f"run {_l(p)}: outputs/000000.npz member o0.npy holds Python objects; refused (qconsist never unpickles)"),
+    # the same damage to the files of runs written now: the compact fingerprint table and one file per output
+    Case("hash table truncated", lambda p: _truncated_table(p, "inference2", HASHES), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table/hashes.npy was modified after the run (sha256 {SHA} recorded, {SHA} found)"),
+    Case("hash table truncated, manifest rehashed", lambda p: _truncated_table_rehashed(p, "inference2", HASHES), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table/hashes.npy: its header says (3, <n>) uint64 (<n> bytes with the header), the file holds <n>; refused"),
+    Case("hash table header lies about its shape, manifest rehashed", lambda p: _lying_table(p, "inference2", HASHES, np.dtype("<u8")),
+         diff_inference,
+         lambda p: f"run {_i(p)}: dump/table/hashes.npy: its header says (1000000, <n>) uint64 (<n> bytes with the header), the file holds <n>; refused"),
+    Case("hash table of another dtype, manifest rehashed", lambda p: _wrong_dtype_table(p, "inference2", HASHES), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table/hashes.npy: dtype float64 is not the expected uint64; refused"),
+    Case("hash table of fewer samples, manifest rehashed", lambda p: _table_file(p, HASHES, lambda a: a[:2]), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table/hashes.npy holds (2, <n>), the table (3, <n>); refused"),
+    Case("statistics cut short, manifest rehashed", lambda p: _table_file(p, "dump/table/stats.npy", lambda a: a[:-8]), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table: starts.npy and stats.npy disagree (damaged)"),
+    Case("shape events emptied, manifest rehashed", lambda p: _table_file(p, "dump/table/events.npy", lambda a: a[:0]), diff_inference,
+         lambda p: f"run {_i(p)}: dump/table: events.npy lacks the first sample's shapes (damaged)"),
+    Case("shape event naming a tensor that is not there, manifest rehashed",
+         lambda p: _table_file(p, "dump/table/events.npy", _event_of_no_tensor),
+         diff_inference, lambda p: f"run {_i(p)}: dump/table: events.npy does not fit the table (damaged)"),
+    Case("output file header lies, manifest rehashed", lambda p: _output_file(p, _lying_output_header), diff_inference,
+         lambda p: f"run {_i(p)}: outputs/o0.npy: its header says (1099511627776, 1, 5) float32 (<n> bytes with the header), the file holds <n>; refused"),
+    Case("output file holds a pickled object, manifest rehashed", lambda p: _output_file(p, _pickled_output_file),
          lambda p: ["diff", str(p["inference"]), str(p["inference2"]), "--atol", "1"],
-         lambda p: f"run {_i(p)}: outputs/000000.npz member o0.npy holds Python objects; refused (qconsist never unpickles)"),
+         lambda p: f"run {_i(p)}: outputs/o0.npy holds Python objects; refused (qconsist never unpickles)"),
+    Case("output file of fewer samples, manifest rehashed", lambda p: _output_file(p, _fewer_output_samples), diff_inference,
+         lambda p: f"run {_i(p)}: outputs/o0.npy holds 2 samples, the manifest 3"),
     Case("a sample added after the run", _extra_raw, diff_inference,
          lambda p: "the runs hold 3 and 8 samples; compare runs on the same input set"),
     Case("inference samples not a count", lambda p: edit(p["inference2"], lambda d: d["sections"]["inference"].__setitem__("samples", "3")),
@@ -259,8 +333,11 @@ CASES: list[Case] = [
     Case("artifact path names another file of the run (was: InvalidProtobuf)", _set_artifact_path("quantize/calibration_ranges.json"),
          lambda p: ["run", str(p["pipeline2"]), "--inputs", str(p["data"]), "--runs-dir", str(p["runs"])],
          lambda p: f"run {_q(p)}: quantize/calibration_ranges.json was modified after the run (sha256 {SHA} recorded, {SHA} found)"),
-    Case("an output name added to the manifest", lambda p: edit(p["inference2"], lambda d: d["sections"]["inference"]["outputs"].append("extra")),
-         diff_inference, lambda p: f"run {_i(p)}: outputs/000000.npz has no array 'o1'"),
+    Case("an output name added to the manifest", lambda p: edit(p["legacy2"], lambda d: d["sections"]["inference"]["outputs"].append("extra")),
+         diff_legacy, lambda p: f"run {_l(p)}: outputs/000000.npz has no array 'o1'"),
+    Case("an output name added to the manifest (one file per output)",
+         lambda p: edit(p["inference2"], lambda d: d["sections"]["inference"]["outputs"].append("extra")),
+         diff_inference, lambda p: f"run {_i(p)}: the manifest names 1 output files for 2 outputs (a damaged manifest)"),
     Case("dump index shape table emptied, index rehashed", lambda p: (
             (p["inference2"] / "dump" / "index.json").write_text(json.dumps({**json.loads((p["inference2"] / "dump" / "index.json").read_text()), "shapes": []})),
             rehash(p["inference2"], "dump/index.json")),

@@ -28,7 +28,8 @@ def test_finish_records_every_file_with_sha256_and_md5(runs_copy):
     data = json.loads((run / "manifest.json").read_text())
     on_disk = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file() and p.name != "manifest.json")
     assert sorted(data["files"]) == on_disk
-    assert "dump/fingerprints.npy" in on_disk and "outputs/000002.npz" in on_disk and "dump/raw/000000.npz" in on_disk
+    assert {"dump/table/hashes.npy", "dump/table/stats.npy", "dump/table/starts.npy", "dump/table/events.npy",
+            "outputs/o0.npy", "dump/raw/000000.npz"} <= set(on_disk)
     blob = (run / "dump" / "index.json").read_bytes()
     assert data["files"]["dump/index.json"] == {"sha256": hashlib.sha256(blob).hexdigest(),
                                                 "md5": hashlib.md5(blob).hexdigest(), "size": len(blob)}
@@ -58,7 +59,7 @@ def test_verify_lists_every_file(runs_copy):
 
 def test_verify_json_and_statuses(runs_copy):
     run = runs_copy["inference2"]
-    (run / "outputs" / "000001.npz").unlink()
+    (run / "dump" / "raw" / "000001.npz").unlink()
     (run / "notes.txt").write_text("added later")
     (run / "dump" / "index.json").write_text("{}")
     result = runner.invoke(app, ["verify", "--json", str(run), str(runs_copy["inference"])])
@@ -68,10 +69,10 @@ def test_verify_json_and_statuses(runs_copy):
     assert data["schema"] == "qconsist.verify/1" and data["passed"] is False
     first, second = data["runs"]
     statuses = {f["path"]: f["status"] for f in first["files"]}
-    assert statuses["outputs/000001.npz"] == "missing"
+    assert statuses["dump/raw/000001.npz"] == "missing"
     assert statuses["dump/index.json"] == "modified"
     assert statuses["notes.txt"] == "unrecorded"
-    assert statuses["outputs/000000.npz"] == "ok"
+    assert statuses["outputs/o0.npy"] == "ok" and statuses["dump/raw/000000.npz"] == "ok"
     assert second["passed"] is True and all(f["status"] == "ok" for f in second["files"])
 
 
@@ -85,11 +86,12 @@ def test_runs_list_show_and_statuses(runs_copy, tmp_path):
     listing = {r["name"]: r for r in json.loads(result.stdout)["runs"]}
     assert {k: (v["kind"], v["status"]) for k, v in listing.items()} == {
         "inference": ("inference", "complete"), "inference2": ("inference", "complete"),
+        "legacy": ("inference", "complete"), "legacy2": ("inference", "complete"),  # the per-sample layout
         "pipeline": ("pipeline", "complete"), "pipeline2": ("pipeline", "modified"), "stuck": ("pipeline", "incomplete")}
     assert listing["pipeline"]["model"] == "tiny" and listing["pipeline"]["size"] > 1000
     assert listing["stuck"]["running"] is True and listing["stuck"]["detail"] == "being written by a live process"
     text = runner.invoke(app, ["runs", "list", "--runs-dir", str(runs)]).stdout.splitlines()
-    assert text[-1] == f"5 run(s) in {runs}"
+    assert text[-1] == f"7 run(s) in {runs}"
     assert any(line.startswith("pipeline2  pipeline  tiny  modified  ") and "quantize/model.onnx was modified" in line for line in text)
     shown = runner.invoke(app, ["runs", "show", str(runs_copy["pipeline2"])])
     assert shown.exit_code == 0

@@ -62,11 +62,11 @@ def test_sigint_during_dump_leaves_it_incomplete(tmp_path):
     model = build_classifier_model(tmp_path / "classifier.onnx")
     arrays = save_arrays(tmp_path / "many.npy", 20000, seed=3)
     runs = tmp_path / "runs"
-    outputs = runs / "dumping" / "outputs"
+    raw = runs / "dumping" / "dump" / "raw"  # one archive per sample: the dump is under way
     code, out, err = _interrupt_when(
         [QCONSIST, "run", str(model), "--inputs", str(arrays), "--dump", "--raw", "all", "--runs-dir", str(runs),
          "--run-id", "dumping"],
-        lambda: outputs.is_dir() and len(list(outputs.iterdir())) > 20, tmp_path)
+        lambda: raw.is_dir() and len(list(raw.iterdir())) > 20, tmp_path)
     assert code == 130
     assert err == "error: interrupted\n"
     assert out == ""

@@ -1,0 +1,197 @@
+"""What ``qconsist run`` records of each step besides production's outputs: a strategy per kind of dump.
+
+``run_inference`` runs every step the same way — ``recorder.before(step)``, production, ``recorder.after(...)`` —
+and a ``StepRecorder`` says what else happens:
+
+* ``NoDump``: nothing (a plain run);
+* ``HostDump``: the exposed graph (``dump.DumpPlan``) runs on the step, its tensors are copied to numpy and
+  fingerprinted on the CPU by a worker thread while production runs (``dump.DumpRecorder``);
+* ``DeviceDump``: the exposed graph runs with every tensor bound to GPU memory and fingerprinted there
+  (``device.DeviceDump``); only the records, the final outputs and the raw tensors asked for come back.
+
+Both dumps store their records in one fingerprint table (``qconsist.store.fingerprints``), check the dumped
+final outputs against production's bit for bit, and ``finish`` with the same ``DumpSummary`` and index.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from qconsist.inference import dump as dump_module
+from qconsist.inference.device import DeviceDump as GpuFingerprints
+from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode
+from qconsist.inference.kernels import HASH_NAME
+from qconsist.inference.session import ExecutionOptions
+from qconsist.store.atomic import write_json_atomic
+from qconsist.store.fingerprints import FORMAT as TABLE_FORMAT
+from qconsist.store.fingerprints import TableWriter
+from qconsist.store.sections import DumpSummary
+
+TABLE_DIR = "dump/table"
+
+
+class StepRecorder(Protocol):
+    """What a run records of a step besides production's final outputs."""
+
+    description: str  # shown in the progress: "" or " + dump"
+
+    def before(self, step: dict[str, np.ndarray], count: int) -> None:
+        """Before production runs the step (a dump session runs it here)."""
+
+    def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
+        """Once production gave its outputs for the step of ``count`` samples starting at ``index``."""
+
+    def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary | None:
+        """After the last step: what was recorded (``distinct(sample)``: production's distinct outputs in repeated
+        runs of the step holding ``sample``, asked only when the dump was not faithful)."""
+
+    def close(self) -> None:
+        """Stop any worker; called after ``finish`` and after an error alike."""
+
+
+class NoDump:
+    description = ""
+
+    def before(self, step: dict[str, np.ndarray], count: int) -> None:
+        return None
+
+    def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
+        return None
+
+    def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _Dump:
+    """What both dumps share: the plan, the table, the recorder of rows and raw tensors, the time spent."""
+
+    description = " + dump"
+    on = "host"
+
+    def __init__(self, plan: DumpPlan, options: ExecutionOptions, run_dir: Path, samples: int,
+                 raw_columns: set[int], raw: dict[str, Any], differing: Callable[[int, np.ndarray], set[int]] | None) -> None:
+        self.plan, self.options, self.run_dir, self.raw = plan, options, run_dir, raw
+        self.names = [t.name for t in plan.tensors]
+        self.table = TableWriter(run_dir / TABLE_DIR, samples, plan.dtypes)
+        self.recorder = DumpRecorder(self.table, [self.names.index(n) for n in plan.outputs], raw_columns,
+                                     lambda index: _raw_path(run_dir, index), differing)
+        self.seconds = 0.0
+
+    def _timed(self, work: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary:
+        self._timed(self.recorder.wait)
+        check = self.recorder.check
+        table = self.table.close()
+        summary = DumpSummary(
+            faithful=check.faithful, samples_checked=check.samples, mismatched_samples=list(check.mismatched),
+            max_abs_diff=check.max_abs_diff, tensors=len(self.plan.tensors), ms_per_sample=1000 * self.seconds / samples,
+            structure=self.plan.structure, original_structure=self.plan.original_structure,
+            level=self.options.graph_optimization_level.value, raw={**self.raw, "tensors_saved": self.recorder.raw_saved},
+            fingerprints=TABLE_DIR, table_format=TABLE_FORMAT,
+            bytes_per_tensor_per_sample=_bytes(self.run_dir / TABLE_DIR) / max(1, samples * len(self.names)),
+            fingerprints_in_worker_thread=dump_module.OVERLAP and self.on == "host", fingerprints_on=self.on,
+            seconds_per_sample=self._parts(samples), hash_function=HASH_NAME,
+        )
+        if not check.faithful:
+            summary.production_distinct = distinct(check.mismatched[0])
+        write_json_atomic(self.run_dir / "dump" / "index.json", self._index(table, check.mismatched))
+        return summary
+
+    def _parts(self, samples: int) -> dict[str, float]:
+        return {}
+
+    def _index(self, table: dict[str, Any], mismatched: list[int]) -> dict[str, Any]:
+        return {
+            "schema": "qconsist.dump/1",
+            "hash_function": HASH_NAME,
+            "axis_order": "original",  # relaid tensors (a "layout" permutation) are recorded in the original's order
+            "repair": self.plan.repair,  # what was changed in ORT's saved graph so that it reloads ("" nothing)
+            "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(self.plan.tensors, self.plan.dtypes)],
+            "shapes": self.table.shapes.to_json(),
+            "table": table,
+            "outputs": self.plan.outputs,
+            "mismatched_samples": mismatched,
+        }
+
+    def close(self) -> None:
+        self.recorder.close()
+
+
+class HostDump(_Dump):
+    """Tensors copied to numpy and fingerprinted on the CPU, a step behind the dump session (worker thread)."""
+
+    _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
+
+    def before(self, step: dict[str, np.ndarray], count: int) -> None:
+        session: Any = self.plan.session
+
+        def work() -> None:
+            self._arrays = self.plan.to_original(session.run(self.names, step))
+            self.recorder.wait()
+
+        self._timed(work)
+
+    def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
+        arrays = self._arrays
+        self._timed(lambda: self.recorder.submit(index, produced, arrays, self.plan.rows(arrays, count)))
+
+
+class DeviceDump(_Dump):
+    """Tensors kept in GPU memory and fingerprinted there (CUDA EP, CuPy)."""
+
+    on = "device"
+
+    def __init__(self, plan: DumpPlan, options: ExecutionOptions, run_dir: Path, samples: int,
+                 raw_columns: set[int], raw: dict[str, Any], differing: Callable[[int, np.ndarray], set[int]] | None,
+                 auto_raw: bool) -> None:
+        super().__init__(plan, options, run_dir, samples, raw_columns, raw, differing)
+        relaid = {c: plan.tensors[c].layout for c in plan.relaid}
+        self.device = GpuFingerprints(plan.session, self.names, plan.dtypes, plan.batched, self.table.shapes,
+                                      int(options.option("device_id") or 0), relaid)
+        # the columns copied back: final outputs (the faithfulness check) and raw tensors; with raw auto every
+        # column, since which differ from the reference is known only once the records are
+        self.host_columns = range(len(self.names)) if auto_raw else sorted(set(self.recorder.final_columns) | raw_columns)
+
+    def before(self, step: dict[str, np.ndarray], count: int) -> None:
+        self._found = self._timed(lambda: self.device.run(step, count, self.host_columns))
+
+    def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
+        records, host = self._found
+        self._timed(lambda: self.recorder.record_device(index, produced, host, records))
+
+    def _parts(self, samples: int) -> dict[str, float]:
+        return {k: v / samples for k, v in self.device.seconds.items()}
+
+
+def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Path, samples: int, on_device: bool,
+                  raw_columns: set[int], raw: dict[str, Any], raw_mode: RawMode,
+                  differing: Callable[[int, np.ndarray], set[int]] | None) -> StepRecorder:
+    """The recorder a run needs: none without a plan, else a dump on the device or on the host."""
+    if plan is None:
+        return NoDump()
+    if on_device:
+        return DeviceDump(plan, options, run_dir, samples, raw_columns, raw, differing, raw_mode is RawMode.AUTO)
+    return HostDump(plan, options, run_dir, samples, raw_columns, raw, differing)
+
+
+def _raw_path(run_dir: Path, index: int) -> Path:
+    path = run_dir / "dump" / "raw" / f"{index:06d}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
