@@ -29,7 +29,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -156,6 +156,21 @@ class CalibrationOptions:
             data["batch_size"] = self.batch_size
         return data
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CalibrationOptions":
+        """The options a manifest recorded (``to_json``; a pipeline's ``[calibration]`` as recorded also holds
+        its data keys, which are not options and are left aside)."""
+        try:
+            method = CalibrationMethodChoice(data.get("method", CalibrationMethodChoice.MINMAX.value))
+            execution = (ExecutionOptions.from_json(data["execution"]) if isinstance(data.get("execution"), Mapping)
+                         else ExecutionOptions(str(data.get("provider", "cpu"))))
+            values = {name: data[name] for name in METHOD_PARAMETERS[method] if data.get(name) is not None}
+            if "scenario" in values:
+                values["scenario"] = DistributionScenario(values["scenario"])
+            return cls(method=method, execution=execution, batch_size=int(data.get("batch_size", 1)), **values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"recorded calibration options are not valid: {exc}") from None
+
 
 @dataclass(frozen=True)
 class QuantizeOptions:
@@ -202,6 +217,24 @@ class QuantizeOptions:
             "min_top1_agreement": self.min_top1_agreement, "max_abs_diff": self.max_abs_diff,
             "min_sqnr_db": self.min_sqnr_db,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "QuantizeOptions":
+        """The options a manifest recorded (``to_json``; ``min_sqnr_db`` null is "off"); unknown keys are errors."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"recorded quantize options have unknown key(s) {', '.join(unknown)}")
+        try:
+            values = dict(data)
+            for name in ("format", "activation_type", "weight_type"):
+                if name in values:
+                    values[name] = (QuantFormatChoice if name == "format" else QuantTypeChoice)(values[name])
+            for name in ("op_types", "nodes_to_exclude"):
+                if name in values:
+                    values[name] = tuple(str(v) for v in values[name])
+            return cls(**values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"recorded quantize options are not valid: {exc}") from None
 
 
 class InputSetReader:
@@ -326,6 +359,16 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     return ranges
 
 
+def load_ranges(path: Path):  # -> onnxruntime's TensorsData
+    """A calibration cache written by ``quantize_model`` (onnxruntime's ``save_tensors_data``), read back."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    try:
+        return load_tensors_data(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"cannot read the calibration ranges {path}: {exc}") from None
+
+
 def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
     found = {}
     for name in tensors_data:
@@ -338,16 +381,22 @@ def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
 def quantize_model(
     source: Path,
     output: Path,
-    calibration_inputs: InputSet,
+    calibration_inputs: InputSet | None,
     options: QuantizeOptions = QuantizeOptions(),
     calibration: CalibrationOptions = CalibrationOptions(),
     evaluation: InputSet | None = None,
     ranges_output: Path | None = None,
     progress: Progress = NULL_PROGRESS,
     output_kinds: Mapping[str, OutputKind] | None = None,
+    ranges: Path | None = None,
 ) -> QuantizeResult:
     """Calibrate ``source`` on ``calibration_inputs``, quantize it into ``output`` and validate the result
-    (``output_kinds``: the outputs' declared kinds, the others read from the float graph)."""
+    (``output_kinds``: the outputs' declared kinds, the others read from the float graph).
+
+    ``ranges``: a calibration cache recorded by an earlier calibration of ``source`` with ``calibration`` (a
+    pipeline run's ``quantize/calibration_ranges.json``): then nothing is calibrated (``calibration_inputs`` is
+    not read) and quantize_static reads those ranges, so quantizations that differ only in ``options`` (the
+    nodes excluded, say) differ in nothing else."""
     from onnxruntime.quantization import quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -358,10 +407,16 @@ def quantize_model(
     start = time.perf_counter()
     with scratch_dir("qconsist-quantize-") as tmp:
         workdir = Path(tmp)
-        tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
-        calibration_seconds = time.perf_counter() - start
         cache = workdir / "ranges.json"
-        save_tensors_data(tensors_data, cache)
+        if ranges is None:
+            if calibration_inputs is None:
+                raise ConfigError("quantize_model needs calibration inputs or recorded ranges")
+            tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
+            save_tensors_data(tensors_data, cache)
+        else:
+            tensors_data = load_ranges(Path(ranges))
+            cache.write_bytes(Path(ranges).read_bytes())
+        calibration_seconds = time.perf_counter() - start
         extra = {"ActivationSymmetric": options.activation_symmetric, "WeightSymmetric": options.resolved_weight_symmetric}
 
         def write(target: Path) -> None:
@@ -390,11 +445,13 @@ def quantize_model(
     table = build_table(quantized, _ranges(tensors_data))
     issues = table.issues()
     params = {
-        **options.to_json(), "calibration": calibration.to_json(), "calibration_count": len(calibration_inputs),
+        **options.to_json(), "calibration": calibration.to_json(),
+        **({"calibration_count": len(calibration_inputs)} if ranges is None else {"calibration_ranges": str(ranges)}),
         "tool": "onnxruntime.quantization.quantize_static",
         "ort_arguments": {
             "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
-            "calibrate_method": method.name, "calibration_providers": calibration.ort_providers(),
+            "calibrate_method": method.name,
+            "calibration_providers": calibration.ort_providers() if ranges is None else calibration.execution.ort_providers(),
             "extra_options": extra,
         },
     }
