@@ -491,11 +491,15 @@ def _why_assertion(source: Path, exc: AssertionError) -> str:
 
 
 def quantizable_op_types(options: QuantizeOptions) -> list[str]:
-    """The operators onnxruntime quantizes in ``options.format``."""
+    """The operators onnxruntime quantizes in ``options.format``: in QDQ, what ``quantize_static`` quantizes when
+    given no ``op_types`` (its QLinear and QDQ registries together: an operator without a QDQ rule of its own, such
+    as Add, Mul, Sigmoid, Softmax or Concat, gets Q/DQ pairs on its inputs and outputs); in QOperator, the operators
+    it has a QLinear kernel for."""
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    registry = QDQRegistry if options.format is QuantFormatChoice.QDQ else QLinearOpsRegistry
-    return sorted(registry)
+    if options.format is QuantFormatChoice.QDQ:
+        return sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    return sorted(QLinearOpsRegistry)
 
 
 # what a quantization needs of the model's ai.onnx opset (onnxruntime's quantizer writes an invalid model below it)
