@@ -96,8 +96,9 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
 def sensitivity(
     run: Path = typer.Argument(..., help="A pipeline run directory (or a nightly entry): its float model, quantize options and recorded calibration ranges."),
     target: List[str] = typer.Option([], "--target", help='What the proposal must reach, e.g. "sqnr>=40" (dB, every output and part), "sqnr[prob]>=45", "cosine>=0.999", "max-abs<=0.01", "top1>=0.999", "accuracy-drop<=0.1" (points, needs --labels); repeatable, all must hold. None: rank only.'),
-    candidates: int = typer.Option(16, "--candidates", min=1, help="How many nodes to probe one by one: the first pass's (quant-error's) top N."),
+    candidates: int = typer.Option(16, "--candidates", min=1, help="How many nodes to probe one by one: the first pass's (quant-error's) top N, and, while a target is not reached, N more at a time (--no-widen: only the first N)."),
     all_nodes: bool = typer.Option(False, "--all", help="Probe every quantizable node (slower; also measures how quant-error's ranking relates to the probes')."),
+    widen: bool = typer.Option(True, "--widen/--no-widen", help="While the proposal does not reach the targets, probe the first pass's next --candidates nodes (until every node is probed)."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
     pipeline: opt.PipelineFile = None,
     offset: opt.Offset = 0,
@@ -115,7 +116,7 @@ def sensitivity(
     disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
     warmup: opt.Warmup = 5,
     timed_runs: opt.TimedRuns = 30,
-    alternatives: bool = typer.Option(True, "--alternatives/--no-alternatives", help="When keeping nodes in float cannot reach the targets, measure 16-bit activations (same calibration) and propose them if they do."),
+    alternatives: bool = typer.Option(True, "--alternatives/--no-alternatives", help="When keeping nodes in float cannot reach the targets, measure 16-bit activations (then activations and weights), from the same calibration, and propose the first that reaches them."),
     top: opt.Top = 20,
     runs_dir: opt.RunsDir = None,
     run_id: opt.RunId = None,
@@ -138,7 +139,8 @@ def sensitivity(
     execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
                                       provider_option, disabled_optimizers)
     request = SensitivityRequest(targets=targets, candidates=None if all_nodes else candidates, execution=execution,
-                                 latency=LatencyOptions(warmup=warmup, runs=timed_runs), alternatives=alternatives)
+                                 latency=LatencyOptions(warmup=warmup, runs=timed_runs), alternatives=alternatives,
+                                 widen=widen)
     probe_inputs = None
     if inputs is not None:
         from qconsist.inference import resolve_model

@@ -15,7 +15,7 @@ import onnx
 
 from qconsist.diff.quantization import QuantErrorResult, quantization_error
 from qconsist.environment import fingerprint
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, InputError, RunStoreError
 from qconsist.gpu.latency import LatencyOptions
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged, require_provider, run_outputs, sessions_opened
 from qconsist.inputs import InputSet
@@ -26,7 +26,7 @@ from qconsist.sensitivity.probe import Probe, Prober, quantizable_nodes
 from qconsist.sensitivity.result import (
     Cost, FirstPass, NodeSensitivity, Proposal, SensitivityResult, Step, Verification,
 )
-from qconsist.sensitivity.search import agreement, propose
+from qconsist.sensitivity.search import agreement, improving, propose
 from qconsist.sensitivity.source import STAGE, QuantizedRun, open_quantized_run
 from qconsist.sensitivity.target import Target
 from qconsist.stages.base import stage as registered_stage
@@ -35,9 +35,10 @@ from qconsist.store.atomic import write_atomic
 from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
-from qconsist.store.rundir import RunDirectory
+from qconsist.store.rundir import RunDirectory, open_run
 from qconsist.store.scratch import scratch_dir
-from qconsist.store.serde import dumps
+from qconsist.store.serde import dumps, loads
+from qconsist.store.verify import run_file
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class SensitivityRequest:
     execution: ExecutionOptions = ExecutionOptions()
     first_pass_samples: int = FIRST_PASS_SAMPLES
     latency: LatencyOptions = LatencyOptions()
-    alternatives: bool = True  # when keeping nodes in float cannot reach the targets, measure int16 activations
+    alternatives: bool = True  # when keeping nodes in float cannot reach the targets, measure 16-bit quantization
+    widen: bool = True  # targets not reached with the top ``candidates``: probe the next ones, until every node is
 
     def __post_init__(self) -> None:
         if self.candidates is not None and (isinstance(self.candidates, bool) or not isinstance(self.candidates, int)
@@ -113,27 +115,50 @@ def _first_pass_order(first: dict[str, FirstPass], names: Sequence[str]) -> list
     return sorted(names, key=key)
 
 
+def reachable(prober: Prober, baseline: Probe, single: dict[str, Probe], targets: Sequence[Target]) -> bool:
+    """Whether the nodes probed so far can reach the targets: every node that improved alone, kept in float
+    together, measured (one probe; the search runs once the answer is yes, or when every node is probed)."""
+    order = improving(single, baseline.figures, targets)
+    return bool(order) and prober.probe(order).figures.meets_all(targets)
+
+
+def _strategy(probed: int, quantizable: int, batch: int, rounds: int, request: SensitivityRequest) -> str:
+    """Which nodes were probed, in words."""
+    if request.candidates is None or probed == quantizable and rounds == 1:
+        return f"every quantizable node ({quantizable})"
+    text = f"the first pass's top {probed} of {quantizable} quantizable nodes (quant-error's ranking"
+    if rounds > 1:
+        text += f"; widened {rounds - 1} time(s) by {batch}: the targets were not reached with fewer"
+    return text + "; --all probes every one)"
+
+
 def _md5(path: Path) -> str:
     return hashlib.md5(Path(path).read_bytes()).hexdigest()
 
 
 def _alternatives(prober: Prober, run: QuantizedRun, proposal: Proposal, targets: Sequence[Target]) -> tuple[list[Step], Proposal | None]:
     """Where keeping nodes in float does not reach the targets: 16-bit activations (QDQ; the same ranges), alone and
-    with the nodes the search chose. The first that reaches the targets is the proposal."""
+    with the nodes the search chose, then 16-bit activations and weights. The first that reaches the targets is the
+    proposal (16-bit QDQ runs in float on the CPU EP, which has no 16-bit kernels: its latency is measured too)."""
     options = run.options
     if options.format is not QuantFormatChoice.QDQ or options.activation_type not in (QuantTypeChoice.INT8, QuantTypeChoice.UINT8):
         return [], None
     wide = "int16" if options.activation_type is QuantTypeChoice.INT8 else "uint16"
-    changes = {"activation_type": wide}
+    tries: list[tuple[dict, list[str]]] = [({"activation_type": wide}, [])]
+    if proposal.nodes:
+        tries.append(({"activation_type": wide}, list(proposal.nodes)))
+    if options.weight_type in (QuantTypeChoice.INT8, QuantTypeChoice.UINT8):
+        tries.append(({"activation_type": wide, "weight_type": "int16" if options.weight_type.signed else "uint16"}, []))
     steps, found = [], None
-    for nodes in ([], proposal.nodes) if proposal.nodes else ([],):
+    for changes, nodes in tries:
         trial = prober.probe(nodes, changes)
         met = trial.figures.meets_all(targets)
-        steps.append(Step("alternative", f"activation_type = {wide}", list(nodes), trial.figures, met))
+        label = ", ".join(f"{k} = {v}" for k, v in changes.items())
+        steps.append(Step("alternative", label, list(nodes), trial.figures, met))
         if met:
             found = Proposal(list(nodes), trial.figures, True, proposal.method,
-                             f"keeping nodes in float did not reach the targets; 16-bit activations ({wide}, the same "
-                             "calibration ranges) do, measured on the probe inputs", quantize_changes=changes, md5=trial.md5)
+                             f"keeping nodes in float did not reach the targets; {label} (the same calibration ranges) does, "
+                             "measured on the probe inputs", quantize_changes=changes, md5=trial.md5)
             break
     return steps, found
 
@@ -166,6 +191,11 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     """The analysis itself (``sensitivity`` opens the run and the run directory around it)."""
     started = time.perf_counter()
     sessions_before = sessions_opened()
+
+    def step(name: str) -> None:  # an interrupted run says where it stopped (RUNNING.json)
+        if rundir is not None:
+            rundir.mark_progress(f"sensitivity:{name}")
+
     seconds: dict[str, float] = {}
     per_sample = _labels_per_sample(inputs, labels)
     judged = run.judged()
@@ -182,6 +212,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     baseline = prober.probe([], keep=True)
     run_md5 = _md5(run.quantized_model)
 
+    step("first-pass")
     mark = time.perf_counter()
     first_inputs = inputs.subset(0, min(request.first_pass_samples, len(inputs)))
     errors = quantization_error(run.path, first_inputs, request.execution, float_stage=run.float_stage,
@@ -190,16 +221,30 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     first_order = _first_pass_order(first, names)
     seconds["first_pass"] = time.perf_counter() - mark
 
-    mark = time.perf_counter()
-    chosen = list(first_order) if request.candidates is None else first_order[:request.candidates]
+    targets = request.targets
+    batch = len(first_order) if request.candidates is None else request.candidates
     single: dict[str, Probe] = {}
-    with progress.task("probing nodes", len(chosen)) as task:
-        for name in chosen:
-            single[name] = prober.probe([name])
-            task.advance()
-    seconds["probes"] = time.perf_counter() - mark
-    strategy = (f"every quantizable node ({len(names)})" if request.candidates is None or request.candidates >= len(names) else
-                f"the first pass's top {len(chosen)} of {len(names)} quantizable nodes (quant-error's added SQNR; --all probes every one)")
+    proposal: Proposal | None = None
+    seconds["probes"] = seconds["search"] = 0.0
+    rounds = 0
+    step("probes")
+    while len(single) < len(first_order):
+        mark = time.perf_counter()
+        chosen = first_order[len(single):len(single) + batch]
+        with progress.task("probing nodes", len(chosen)) as task:
+            for name in chosen:
+                single[name] = prober.probe([name])
+                task.advance()
+        rounds += 1
+        seconds["probes"] += time.perf_counter() - mark
+        if not targets or not request.widen or reachable(prober, baseline, single, targets):
+            break
+    strategy = _strategy(len(single), len(names), batch, rounds, request)
+    if targets:
+        step("search")
+        mark = time.perf_counter()
+        proposal = propose(lambda nodes: prober.probe(nodes), baseline, single, targets, progress)
+        seconds["search"] += time.perf_counter() - mark
 
     targets = request.targets
     by_standing = sorted(single, key=lambda n: (tuple(-v for v in standing(single[n].figures, targets, baseline.figures)), n))
@@ -218,22 +263,23 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
         agreed = agreement({n: f.added_db for n, f in first.items()}, {n: f.sqnr_db for n, f in first.items()},
                            {n: gains[n] for n in single}, [n for n in first_order if n in single], by_standing, 10)
 
-    proposal = verification = latency = None
+    verification = latency = None
     alternatives: list[Step] = []
     record = None
-    if targets:
+    if proposal is not None:
         mark = time.perf_counter()
-        proposal = propose(lambda nodes: prober.probe(nodes), baseline, single, targets, progress)
         if not proposal.reached and request.alternatives:
             alternatives, found = _alternatives(prober, run, proposal, targets)
             if found is not None:
                 found.steps = proposal.steps
                 proposal = found
-        seconds["search"] = time.perf_counter() - mark
+        seconds["search"] += time.perf_counter() - mark
+        step("verify")
         mark = time.perf_counter()
         verification, record = _verify(prober, run, proposal, targets, rundir, scratch, progress)
         seconds["verify"] = time.perf_counter() - mark
         if proposal.nodes or proposal.quantize_changes:
+            step("latency")
             mark = time.perf_counter()
             verified = rundir.path / verification.model if rundir is not None else Path(verification.model)
             latency = latency_cost(run.float_model, prober.model([]), verified, request.execution, inputs, request.latency, progress)
@@ -276,7 +322,6 @@ def sensitivity(run_path: Path | str, request: SensitivityRequest = SensitivityR
     with RunDirectory.create(Path(runs_dir), f"{run.name}-sensitivity", "sensitivity", run_id) as rundir, \
             capture_ort_log(rundir.file(ORT_LOG), str(rundir.path / ORT_LOG)) as ort_log, \
             scratch_dir("qconsist-sensitivity-") as scratch:
-        rundir.mark_progress("sensitivity")
         result, record = analyse(run, request, chosen, labels, scratch, rundir, progress)
         write_atomic(rundir.file(RESULT_FILE), lambda tmp: tmp.write_text(dumps(result), encoding="utf-8"))
         manifest = Manifest(
@@ -291,6 +336,23 @@ def sensitivity(run_path: Path | str, request: SensitivityRequest = SensitivityR
             manifest.sections["onnxruntime_log"] = ort_log.to_json()
         path = rundir.finish(manifest)
     return result, path
+
+
+def load_sensitivity(run_dir: Path, manifest: Manifest | None = None) -> SensitivityResult:
+    """The ``SensitivityResult`` of a complete sensitivity run directory (``sensitivity.json``, verified)."""
+    run_dir = Path(run_dir)
+    manifest = manifest if manifest is not None else open_run(run_dir)
+    if manifest.kind != "sensitivity":
+        raise RunStoreError(f"run {run_dir} is a(n) {manifest.kind} run, not a sensitivity run")
+    path = run_file(run_dir, manifest, RESULT_FILE, "sensitivity result")
+    try:
+        data = loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunStoreError(f"cannot read {path}: {exc}") from None
+    try:
+        return SensitivityResult.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunStoreError(f"{path} is not a sensitivity result ({' '.join(str(exc).split())})") from None
 
 
 def summary(result: SensitivityResult) -> dict:

@@ -86,7 +86,8 @@ class Proposal:
         for key, value in self.quantize_changes.items():
             lines.append(f"{key} = {json.dumps(value)}")
         nodes = [*existing, *self.nodes]
-        lines.append("nodes_to_exclude = [" + ", ".join(json.dumps(n) for n in nodes) + "]")
+        if self.nodes:
+            lines.append("nodes_to_exclude = [" + ", ".join(json.dumps(n) for n in nodes) + "]")
         return lines
 
 

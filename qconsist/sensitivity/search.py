@@ -7,14 +7,16 @@ step a real probe (a quantization with that list, measured), never an estimate:
    the share of each target's gap closed, then the worst output's SQNR) are tried most-improving first; a node
    is added when the model with it and the nodes chosen so far measures better than without it, and skipped
    otherwise (effects do not add up: two nodes can fix the same loss); forward stops as soon as the targets are
-   met;
+   met. Where that misses the targets but every improving node kept in float together reaches them (one probe),
+   a second forward pass adds the improving nodes in the same order, skipping none (nodes can also help only
+   together, each fixing part of one loss), until they are met;
 2. backward: each chosen node, the last added first, is dropped when the targets are still met without it.
 
 What that guarantees: the list reaches the targets on the probe inputs (measured with exactly that list), and
 it is *1-minimal*: dropping any one of its nodes misses a target (each drop was measured). It is not
 guaranteed to be the smallest such list — that is a search over subsets, exponential in the candidates, since
 effects interact — and only the candidates probed are considered (the first pass's top K by default).
-Cost: at most one probe per improving candidate forward, plus one per chosen node backward.
+Cost: one probe per improving candidate forward (two where the second pass runs), plus one per chosen node backward.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from qconsist.sensitivity.result import Agreement, Proposal, Step
 from qconsist.sensitivity.target import Target
 
 METHOD = ("forward selection in the order of the single-node effects (a node is kept when the list with it measures "
-          "better), then backward elimination (a node is dropped when the targets still hold without it); every step "
-          "a quantization measured on the probe inputs")
+          "better; if that misses, every improving node in turn), then backward elimination (a node is dropped when the "
+          "targets still hold without it); every step a quantization measured on the probe inputs")
 GUARANTEE = ("reaches the targets on the probe inputs with exactly this list (measured), and is 1-minimal: dropping any "
              "one node misses a target (each drop measured); not guaranteed the smallest list (a search over subsets), "
              "and only the probed candidates are considered")
@@ -44,6 +46,27 @@ def improving(single: dict[str, Probe], baseline: Figures, targets: Sequence[Tar
     return [node for _, node in sorted(better, key=lambda item: (tuple(-v for v in item[0]), item[1]))]
 
 
+def _forward(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: dict[str, Probe], order: Sequence[str],
+             targets: Sequence[Target], skip: bool, steps: list[Step], task) -> tuple[list[str], Probe]:
+    """Nodes added in ``order`` until the targets are met; with ``skip``, a node whose addition does not measure
+    better is left out."""
+    chosen: list[str] = []
+    current = baseline
+    for node in order:
+        trial = single[node] if not chosen else probe([*chosen, node])
+        better = standing(trial.figures, targets, baseline.figures) > standing(current.figures, targets, baseline.figures)
+        met = trial.figures.meets_all(targets)
+        added = better or not skip
+        steps.append(Step("add" if added else "skip", node, [*chosen, node], trial.figures, met))
+        task.advance()
+        if added:
+            chosen.append(node)
+            current = trial
+        if current.figures.meets_all(targets):
+            break
+    return chosen, current
+
+
 def propose(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: dict[str, Probe],
             targets: Sequence[Target], progress: Progress = NULL_PROGRESS) -> Proposal:
     """The list of nodes to keep in float (see the module docstring); ``probe(nodes)`` measures a list."""
@@ -52,20 +75,12 @@ def propose(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: di
                         md5=baseline.md5)
     order = improving(single, baseline.figures, targets)
     steps: list[Step] = []
-    chosen: list[str] = []
-    current = baseline
-    with progress.task("searching", len(order)) as task:
-        for node in order:
-            trial = single[node] if not chosen else probe([*chosen, node])
-            better = standing(trial.figures, targets, baseline.figures) > standing(current.figures, targets, baseline.figures)
-            met = trial.figures.meets_all(targets)
-            steps.append(Step("add" if better else "skip", node, [*chosen, node], trial.figures, met))
-            task.advance()
-            if better:
-                chosen.append(node)
-                current = trial
-            if current.figures.meets_all(targets):
-                break
+    with progress.task("searching", 2 * len(order)) as task:
+        chosen, current = _forward(probe, baseline, single, order, targets, True, steps, task)
+        if not current.figures.meets_all(targets) and len(order) > 1 and probe(order).figures.meets_all(targets):
+            # nodes may help only together (each fixing part of one loss): every improving node, in order, until
+            # the targets are met (they are with all of them: that list was measured)
+            chosen, current = _forward(probe, baseline, single, order, targets, False, steps, task)
     if not current.figures.meets_all(targets):
         return Proposal(chosen, current.figures, False, METHOD, GUARANTEE, steps, md5=current.md5)
     for node in reversed(list(chosen)):

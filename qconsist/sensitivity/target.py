@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
@@ -98,9 +99,10 @@ class Target:
         if op != wanted:
             kind = "a lower bound" if measure.lower_bound else "an upper bound"
             raise ConfigError(f"target {text!r}: {measure.value} takes {kind}: write {measure.value}{wanted}{bound_text}")
-        try:
-            bound = float(bound_text.rstrip("%")) / (100 if bound_text.endswith("%") else 1)
-        except ValueError:
+        try:  # a percentage divided exactly (99.9% is 0.999, not 0.9990000000000001)
+            number = Decimal(bound_text.removesuffix("%"))
+            bound = float(number / 100 if bound_text.endswith("%") else number)
+        except (InvalidOperation, ValueError):
             raise ConfigError(f"target {text!r}: the bound {bound_text!r} is not a number") from None
         if not math.isfinite(bound):
             raise ConfigError(f"target {text!r}: the bound must be a finite number")
