@@ -26,7 +26,7 @@ from qconsist.sensitivity.probe import Probe, Prober, quantizable_nodes
 from qconsist.sensitivity.result import (
     Cost, FirstPass, NodeSensitivity, Proposal, SensitivityResult, Step, Verification,
 )
-from qconsist.sensitivity.search import agreement, improving, propose
+from qconsist.sensitivity.search import agreement, improving, meets, propose
 from qconsist.sensitivity.source import STAGE, QuantizedRun, open_quantized_run
 from qconsist.sensitivity.target import Target
 from qconsist.stages.base import stage as registered_stage
@@ -119,7 +119,7 @@ def reachable(prober: Prober, baseline: Probe, single: dict[str, Probe], targets
     """Whether the nodes probed so far can reach the targets: every node that improved alone, kept in float
     together, measured (one probe; the search runs once the answer is yes, or when every node is probed)."""
     order = improving(single, baseline.figures, targets)
-    return bool(order) and prober.probe(order).figures.meets_all(targets)
+    return bool(order) and meets(prober.probe(order), targets)
 
 
 def _strategy(probed: int, quantizable: int, batch: int, rounds: int, request: SensitivityRequest) -> str:
@@ -152,7 +152,7 @@ def _alternatives(prober: Prober, run: QuantizedRun, proposal: Proposal, targets
     steps, found = [], None
     for changes, nodes in tries:
         trial = prober.probe(nodes, changes)
-        met = trial.figures.meets_all(targets)
+        met = meets(trial, targets)
         label = ", ".join(f"{k} = {v}" for k, v in changes.items())
         steps.append(Step("alternative", label, list(nodes), trial.figures, met))
         if met:

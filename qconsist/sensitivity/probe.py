@@ -23,7 +23,7 @@ from qconsist.inference.session import ExecutionOptions, create_session, ort_log
 from qconsist.inputs import InputSet
 from qconsist.sensitivity.figures import Figures, judge
 from qconsist.sensitivity.source import QuantizedRun
-from qconsist.stages.quantize import QuantizeOptions, quantize_model, quantizable_op_types
+from qconsist.stages.quantize import NothingQuantizedError, QuantizeOptions, quantize_model, quantizable_op_types
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class Probe:
     inference_seconds: float = 0.0
     same_model_as: tuple[str, ...] | None = None  # byte-identical to the probe excluding these: not run again
     options: dict | None = None  # quantize options that differ from the run's (an alternative), else None
+    nothing_quantized: bool = False  # the list leaves no node quantized (the quantize stage refuses that): never proposed
 
     @property
     def seconds(self) -> float:
@@ -126,8 +127,19 @@ class Prober:
         reference = self.reference()
         path = self.workdir / f"probe-{len(self._probes) + len(self._kept)}.onnx"
         started = time.perf_counter()
-        quantize_model(self.run.float_model, path, None, self.options_for(excluded, changes), self.run.calibration,
-                       ranges=self.run.ranges)
+        try:
+            quantize_model(self.run.float_model, path, None, self.options_for(excluded, changes), self.run.calibration,
+                           ranges=self.run.ranges)
+        except NothingQuantizedError:  # everything in float: the float model's figures, and never a proposal
+            self.cost.quantizations += 1
+            self.cost.quantize_seconds += time.perf_counter() - started
+            path.unlink(missing_ok=True)
+            reference = self.reference()
+            figures = judge(reference, reference, self.run.judged(), self.labels, self._float_accuracy)
+            result = Probe(tuple(excluded), "", figures, time.perf_counter() - started, options=dict(changes) if changes else None,
+                           nothing_quantized=True)
+            self._probes[key] = result
+            return result
         quantized = time.perf_counter()
         self.cost.quantizations += 1
         self.cost.quantize_seconds += quantized - started

@@ -38,11 +38,16 @@ GUARANTEE = ("reaches the targets on the probe inputs with exactly this list (me
              "and only the probed candidates are considered")
 
 
+def meets(probe: Probe, targets: Sequence[Target]) -> bool:
+    """The probe's quantization reaches the targets (one that quantizes nothing never does: it is no quantization)."""
+    return not probe.nothing_quantized and probe.figures.meets_all(targets)
+
+
 def improving(single: dict[str, Probe], baseline: Figures, targets: Sequence[Target]) -> list[str]:
     """The nodes whose probe alone measures better than ``baseline``, most improving first (then by name)."""
     start = standing(baseline, targets, baseline)
     better = [(standing(p.figures, targets, baseline), node) for node, p in single.items()
-              if standing(p.figures, targets, baseline) > start]
+              if not p.nothing_quantized and standing(p.figures, targets, baseline) > start]
     return [node for _, node in sorted(better, key=lambda item: (tuple(-v for v in item[0]), item[1]))]
 
 
@@ -54,8 +59,9 @@ def _forward(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: d
     current = baseline
     for node in order:
         trial = single[node] if not chosen else probe([*chosen, node])
-        better = standing(trial.figures, targets, baseline.figures) > standing(current.figures, targets, baseline.figures)
-        met = trial.figures.meets_all(targets)
+        usable = not trial.nothing_quantized  # a list that leaves nothing quantized is no quantization
+        better = usable and standing(trial.figures, targets, baseline.figures) > standing(current.figures, targets, baseline.figures)
+        met = usable and trial.figures.meets_all(targets)
         added = better or not skip
         steps.append(Step("add" if added else "skip", node, [*chosen, node], trial.figures, met))
         task.advance()
@@ -77,7 +83,7 @@ def propose(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: di
     steps: list[Step] = []
     with progress.task("searching", 2 * len(order)) as task:
         chosen, current = _forward(probe, baseline, single, order, targets, True, steps, task)
-        if not current.figures.meets_all(targets) and len(order) > 1 and probe(order).figures.meets_all(targets):
+        if not current.figures.meets_all(targets) and len(order) > 1 and meets(probe(order), targets):
             # nodes may help only together (each fixing part of one loss): every improving node, in order, until
             # the targets are met (they are with all of them: that list was measured)
             chosen, current = _forward(probe, baseline, single, order, targets, False, steps, task)
@@ -88,7 +94,7 @@ def propose(probe: Callable[[Sequence[str]], Probe], baseline: Probe, single: di
             break
         rest = [n for n in chosen if n != node]
         trial = probe(rest)
-        met = trial.figures.meets_all(targets)
+        met = meets(trial, targets)
         steps.append(Step("drop" if met else "keep", node, rest, trial.figures, met))
         if met:
             chosen, current = rest, trial

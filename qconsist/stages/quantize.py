@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MIN_SQNR_DB = 15.0
 
 
+class NothingQuantizedError(ConfigError):
+    """quantize_static wrote a model without a quantized node (every quantizable node excluded, or none selected)."""
+
+
 class QuantFormatChoice(str, Enum):
     QDQ = "QDQ"
     QOPERATOR = "QOperator"
@@ -441,7 +445,7 @@ def quantize_model(
     seconds = time.perf_counter() - start
     quantized = onnx.load(str(output))
     if not quantized_nodes(quantized):
-        raise ConfigError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
+        raise NothingQuantizedError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
     table = build_table(quantized, _ranges(tensors_data))
     issues = table.issues()
     params = {
