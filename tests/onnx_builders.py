@@ -215,3 +215,36 @@ def prelu_conv_model(channels: int = 10, height: int = 10, width: int = 10, *, k
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def build_unet_model(path: Path, upsample: bool = True) -> Path:
+    """An encoder-decoder on a 1×3×h×w input of any height and width: two stride-2 convolutions, then (with
+    ``upsample``) two nearest ×2 Resizes, each added to the encoder's tensor of its size — a model that takes
+    multiples of 4 (otherwise a classifier head: GlobalAveragePool, any size)."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": (4, 3, 3, 3), "w2": (4, 4, 3, 3), "w0": (4, 3, 1, 1)}
+    initializers = [numpy_helper.from_array(rng.normal(0, 0.5, shape).astype(np.float32), name) for name, shape in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["d1"], name="down1", strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d1", "w2"], ["d2"], name="down2", strides=[2, 2], pads=[1, 1, 1, 1]),
+    ]
+    if upsample:
+        nodes += [
+            helper.make_node("Resize", ["d2", "", "scales"], ["u1"], name="up1", mode="nearest"),
+            helper.make_node("Add", ["u1", "d1"], ["m1"], name="merge1"),
+            helper.make_node("Resize", ["m1", "", "scales"], ["u0"], name="up0", mode="nearest"),
+            helper.make_node("Conv", ["x", "w0"], ["s0"], name="skip0"),
+            helper.make_node("Add", ["u0", "s0"], ["y"], name="merge0"),
+        ]
+        output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])
+    else:
+        nodes.append(helper.make_node("GlobalAveragePool", ["d2"], ["y"], name="gap"))
+        output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1, 1])
+    graph = helper.make_graph(nodes, "unet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [output], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path

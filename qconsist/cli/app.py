@@ -88,6 +88,7 @@ class QconsistGroup(TyperGroup):
         return super().parse_args(ctx, rest)
 
     def invoke(self, ctx: Any) -> Any:
+        _bytes_of_paths()
         with _terminate_as_interrupt(), _onnxruntime_log():
             return self._invoke(ctx)
 
@@ -168,6 +169,14 @@ def combined_summary(logs: list[Any]) -> str | None:
         where += f" ({loose} line(s) outside the run, not kept)"
     first = next((e.first for e in logs if e.first), None)
     return f"onnxruntime logged {counts}{where}" + (f"; first: {first}" if first else "")
+
+
+def _bytes_of_paths() -> None:
+    """A file name that is not UTF-8 is printed as the bytes it is (Python holds them as surrogate escapes),
+    as ``ls`` prints it, instead of failing to encode."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and getattr(stream, "encoding", "").lower().replace("-", "") == "utf8":
+            stream.reconfigure(errors="surrogateescape")
 
 
 class Terminated(KeyboardInterrupt):
@@ -275,10 +284,20 @@ class RichProgress:
     """``qconsist.progress.Progress`` drawn with rich on stderr."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+        )
+        from rich.text import Text
+
+        class Rate(ProgressColumn):
+            """Items per second (samples, calibrations…)."""
+
+            def render(self, task: Any) -> Text:
+                speed = task.finished_speed or task.speed
+                return Text(f"{speed:,.0f}/s" if speed else "", style="progress.data.speed")
 
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=stderr_console(), transient=True,
         )
         self._open = 0

@@ -35,10 +35,13 @@ History = Annotated[Optional[Path], typer.Option("--history", help="History data
 # --- model and inputs -------------------------------------------------------------------------------------------
 ModelArg = Annotated[Path, typer.Argument(parser=read_path, help="An .onnx file, or a run directory (its --stage artifact)." + PACKAGE_PATHS)]
 Stage = Annotated[Optional[str], typer.Option("--stage", help="Which stage's artifact of a run directory (default: quantize).")]
-INPUTS_HELP = "The input set: package:photos, a folder of images, a .npy/.npz file, a folder of .npy, or package:<module>/<path>."
+INPUTS_HELP = ("The input set: package:photos, a folder of images (flat, with an optional labels file, or one subfolder "
+               "per class), a .npy/.npz file, a folder of .npy, or package:<module>/<path>.")
 Inputs = Annotated[str, typer.Option("--inputs", help=INPUTS_HELP)]
 Offset = Annotated[int, typer.Option("--offset", help="First sample of the input set.")]
 Count = Annotated[Optional[int], typer.Option("--count", help="How many samples from --offset (default: all; locate: 8).")]
+Workers = Annotated[Optional[int], typer.Option("--workers", min=0, help="Input workers decoding and preparing samples ahead of the model (default: the cores available, fewer for small sets; 1: one thread; 0: none, one sample after the other). The tensors are the same whatever the count.")]
+LabelsFile = Annotated[Optional[Path], typer.Option("--labels", parser=read_path, help="Labels of the input set's images: JSON {name: class}, CSV file,label or text lines 'file label' (default: a class-folder set's folders, or a labels.csv/json/txt beside the images).")]
 PipelineFile = Annotated[Optional[Path], typer.Option("--pipeline", parser=read_path, help="Pipeline file whose [preprocess] prepares images (and, for locate, whose [quantize] and [calibration] serve --calibration-repeats).")]
 
 # --- execution ------------------------------------------------------------------------------------------------
@@ -102,11 +105,11 @@ def execution_options(
 
 
 def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count: int | None = None,
-              batch_size: int = 1):  # -> InputSet
+              batch_size: int = 1, workers: int | None = None, labels: Path | None = None):  # -> InputSet
     """The inputs group's object: the input set, prepared as the pipeline file (or the source run) says,
-    sliced, and checked against the model's inputs."""
+    labelled, sliced, checked against the model's inputs, and read by ``workers`` input workers."""
     from qconsist.errors import ConfigError
-    from qconsist.inference.session import input_specs
+    from qconsist.inference.model import model_input_specs
     from qconsist.inputs import open_input_set
     from qconsist.inputs.preprocess import Preprocess
 
@@ -114,7 +117,7 @@ def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count
         raise ConfigError(f"`offset` must be >= 0, got {offset}")
     if count is not None and count < 1:
         raise ConfigError(f"`count` must be >= 1, got {count}")
-    specs = input_specs(source.path)
+    specs = model_input_specs(source.path)
     if not specs:
         raise ConfigError(f"model {source.path} has no inputs")
     if pipeline is not None:
@@ -125,7 +128,7 @@ def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count
         found = source.preprocess_json()
         preprocess = None if found is None else Preprocess.from_dict(
             {k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
-    selected = open_input_set(inputs, preprocess, specs[0].name)
+    selected = open_input_set(inputs, preprocess, specs[0].name, labels)
     if offset or count is not None:
         selected = selected.subset(offset, count)
-    return selected.checked(specs, batch_size)
+    return selected.checked(specs, batch_size).with_workers(workers)

@@ -34,6 +34,8 @@ def run(
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --raw auto: keep the tensors that differ from this dump run."),
     offset: opt.Offset = 0,
     count: opt.Count = None,
+    workers: opt.Workers = None,
+    labels: opt.LabelsFile = None,
     batch_size: opt.BatchSize = 1,
     dynamic_batch: opt.DynamicBatch = False,
     engines: opt.Engines = False,
@@ -55,7 +57,8 @@ def run(
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,
                          engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
-    input_set = opt.input_set(inputs, source, pipeline, offset, count, batch_size if not dynamic_batch else 1)
+    input_set = opt.input_set(inputs, source, pipeline, offset, count, batch_size if not dynamic_batch else 1,
+                              workers, labels)
     result = run_inference(source, input_set, request, runs_dir or Path("runs"), run_id=run_id, command=sys.argv,
                            progress=progress_for(json_output))
     if json_output:

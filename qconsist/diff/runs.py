@@ -12,6 +12,8 @@ from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.tensors import TensorComparison, compare_tensors
 from qconsist.inference.reader import inference_section, load_dump, load_outputs
+from qconsist.inputs.digest import digest_kind, same_inputs
+from qconsist.inputs.record import read_samples
 from qconsist.inputs.recorded import recorded_subset
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
@@ -212,7 +214,7 @@ def _same_source(a: Manifest, b: Manifest) -> bool:
     )
 
 
-def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> None:
+def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str | None:
     name_a, name_b = a.model.get("name"), b.model.get("name")
     if name_a and name_b and name_a != name_b and a.kind == b.kind == "pipeline" and not _same_source(a, b):
         raise RunStoreError(f"runs of different models: {path_a} is {name_a!r}, {path_b} is {name_b!r}")
@@ -225,12 +227,29 @@ def _check_comparable(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> N
                 "(qconsist run RUN_DIR) to compare them"
             )
     if a.kind == b.kind == "inference":
-        digest_a, digest_b = a.inputs.get("digest"), b.inputs.get("digest")
-        if digest_a != digest_b:
-            raise RunStoreError(
-                f"runs on different input sets ({a.inputs.get('source')} ×{a.inputs.get('count')} vs "
-                f"{b.inputs.get('source')} ×{b.inputs.get('count')}: input digests differ); compare runs on the same inputs"
-            )
+        return _check_inputs(a, b, path_a, path_b)
+    return None
+
+
+def _check_inputs(a: Manifest, b: Manifest, path_a: Path, path_b: Path) -> str | None:
+    """Refuse two inference runs on different input sets; a note when their digests are of different kinds
+    (one run written before qconsist 0.2): their sample names are compared instead."""
+    sets = f"{a.inputs.get('source')} ×{a.inputs.get('count')} vs {b.inputs.get('source')} ×{b.inputs.get('count')}"
+    digest_a, digest_b = a.inputs.get("digest"), b.inputs.get("digest")
+    same = same_inputs(digest_a, digest_b)
+    if same or digest_a == digest_b:
+        return None
+    if same is False:
+        raise RunStoreError(f"runs on different input sets ({sets}: input digests differ); compare runs on the same inputs")
+    kinds = f"{digest_kind(digest_a) or 'no'} and {digest_kind(digest_b) or 'no'} input digests"
+    try:
+        names_a, names_b = read_samples(path_a, a, a.inputs).names, read_samples(path_b, b, b.inputs).names
+    except RunStoreError:
+        return f"the runs record {kinds}: their inputs were not compared"
+    if names_a != names_b:
+        raise RunStoreError(f"runs on different input sets ({sets}: their sample names differ); compare runs on the same inputs")
+    return (f"the runs record {kinds} (one was written before qconsist 0.2): their {len(names_a)} sample names agree, "
+            "their bytes were not compared")
 
 
 def _original(run_dir: Path, manifest: Manifest) -> Path | None:
@@ -265,7 +284,7 @@ def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tol
     node where it says so) instead of bit for bit."""
     path_a, path_b = Path(path_a), Path(path_b)
     a, b = open_run(path_a), open_run(path_b)
-    _check_comparable(a, b, path_a, path_b)
+    inputs_note = _check_comparable(a, b, path_a, path_b)
     result = DiffResult(
         run_a=str(path_a), run_b=str(path_b), same_run=same_run(path_a, a, path_b, b),
         artifacts=compare_artifacts(path_a, a, path_b, b),
@@ -275,6 +294,8 @@ def diff_runs(path_a: Path | str, path_b: Path | str, tolerance: Tolerance = Tol
         versions=compare_environments(a.environment, b.environment),
         tolerance=tolerance,
     )
+    if inputs_note:
+        result.notes.append(inputs_note)
     opts_a = a.sections.get("inference", {}).get("options")
     opts_b = b.sections.get("inference", {}).get("options")
     if isinstance(opts_a, dict) and isinstance(opts_b, dict):

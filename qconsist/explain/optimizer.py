@@ -35,6 +35,7 @@ from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.explain.bisect import minimal_set
 from qconsist.explain.replay import replay_inputs
+from qconsist.inputs.digest import XXH3, digest_kind
 from qconsist.explain.rewrites import (
     GraphRewrites, ProducingNode, graph_rewrites, load_graph, nearest_rewritten, producing_node,
 )
@@ -260,7 +261,7 @@ def explain_optimization(
     subset = None
     if inputs is None:
         inputs, subset = replay_inputs(a, model, reference_path)
-    elif inputs.digest() != a.inputs.get("digest"):
+    elif inputs.digest(digest_kind(a.inputs.get("digest")) or XXH3) != a.inputs.get("digest"):
         raise RunStoreError(f"the `inputs` given are not the input set of run {reference_path} (their digest differs)")
     applied = transformer_activity(model, optimized)
     baseline = set(transformer_activity(model, reference).names)

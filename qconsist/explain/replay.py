@@ -7,29 +7,40 @@ from pathlib import Path
 from qconsist.errors import InputError, RunStoreError
 from qconsist.inference.model import input_specs
 from qconsist.inputs import InputSet
-from qconsist.inputs.recorded import reopen_recorded, stretch
+from qconsist.inputs.digest import digest_kind
+from qconsist.inputs.recorded import recorded_subset, reopen_recorded, stretch
 from qconsist.store.manifest import Manifest
 
 
 def replay_inputs(manifest: Manifest, model: Path, run_dir: Path) -> tuple[InputSet, tuple[int, int] | None]:
-    """The samples of ``manifest``'s input set (its source, preprocessing and sample names), in its order,
-    fitted to ``model``'s inputs, and where they lie in the whole set (offset, count) when they are one stretch
-    of it; ``RunStoreError`` when they cannot be found again or their bytes differ from the run's (its digest)."""
+    """The samples of ``manifest``'s input set (its source, preprocessing and the stretch of it the run read,
+    or for an old run its sample names), in its order, fitted to ``model``'s inputs, and where they lie in the
+    whole set (offset, count) when they are one stretch of it; ``RunStoreError`` when they cannot be found again
+    or their bytes differ from the run's (its digest, of the kind the run recorded)."""
     recorded = manifest.inputs
     source, names, digest = recorded.get("source"), recorded.get("names"), recorded.get("digest")
-    if not source or not isinstance(names, list) or not digest:
+    stretch_recorded = recorded_subset(recorded) if "offset" in recorded else None
+    kind = digest_kind(digest)
+    if not source or kind is None or (stretch_recorded is None and not isinstance(names, list)):
         raise RunStoreError(f"run {run_dir} does not record its input set; give `inputs`")
     specs = input_specs(model)
     try:
         opened = reopen_recorded(recorded, specs[0].name if specs else "input")
     except InputError as exc:
         raise RunStoreError(f"cannot open the input set of run {run_dir} again ({exc.message}); give `inputs`") from None
-    position = {name: index for index, name in enumerate(opened.names)}
-    missing = [n for n in names if n not in position]
-    if missing:
-        raise RunStoreError(f"the input set {source} no longer holds sample {missing[0]!r} of run {run_dir}; give `inputs`")
-    chosen = InputSet(opened.source, opened.kind, list(names), lambda i: opened.sample(position[names[i]]), opened.preprocess)
+    if stretch_recorded is not None:
+        offset, count = stretch_recorded
+        if offset + count > len(opened):
+            raise RunStoreError(f"the input set {source} no longer holds samples {offset}..{offset + count - 1} of run "
+                                f"{run_dir} (it has {len(opened)}); give `inputs`")
+        chosen, where = opened.subset(offset, count), stretch_recorded
+    else:
+        position = {name: index for index, name in enumerate(opened.names)}
+        missing = [n for n in names if n not in position]
+        if missing:
+            raise RunStoreError(f"the input set {source} no longer holds sample {missing[0]!r} of run {run_dir}; give `inputs`")
+        chosen, where = opened.picked([position[n] for n in names]), stretch(list(opened.names), names)
     chosen = chosen.checked(specs)
-    if chosen.digest() != digest:
+    if chosen.digest(kind) != digest:
         raise RunStoreError(f"the input set {source} of run {run_dir} has other bytes now (its digest differs); give `inputs`")
-    return chosen, stretch(list(opened.names), names)
+    return chosen, where

@@ -13,7 +13,7 @@ from qconsist.compare import OutputComparison, compare_outputs, top1
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.errors import QconsistError
 from qconsist.gate.blame import losing_nodes
-from qconsist.gate.evidence import Side, evaluation_inputs
+from qconsist.gate.evidence import Side, evaluation_inputs, same_role_inputs
 from qconsist.gate.policy import DriftLimits, Policy
 from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
@@ -81,13 +81,7 @@ def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def _changed_inputs(candidate: Side, baseline: Side) -> list[str]:
     """Which recorded input sets (calibration, evaluation) differ from the baseline's, by digest."""
-    changed = []
-    for role in ("calibration", "evaluation"):
-        mine = (candidate.pipeline.inputs.get(role) or {})
-        theirs = (baseline.pipeline.inputs.get(role) or {})
-        if isinstance(mine, dict) and isinstance(theirs, dict) and mine.get("digest") != theirs.get("digest"):
-            changed.append(role)
-    return changed
+    return [role for role in ("calibration", "evaluation") if same_role_inputs(candidate, baseline, role) is False]
 
 
 def _divergence_note(divergence: dict[str, Any] | None) -> str:
@@ -257,23 +251,13 @@ def check_drift_float(candidate: Side, policy: Policy) -> CheckResult:
                          blame=lambda failing: losing_nodes(candidate, failing, judged, policy.drift.float.min_sqnr_db or 0.0))
 
 
-def _evaluation_digest(side: Side) -> str:
-    """The evaluation inputs' digest as the pipeline recorded it, or computed when it did not."""
-    recorded = side.pipeline.inputs.get("evaluation")
-    if isinstance(recorded, dict) and recorded.get("same_as") == "calibration":
-        recorded = side.pipeline.inputs.get("calibration")
-    if isinstance(recorded, dict) and isinstance(recorded.get("digest"), str):
-        return recorded["digest"]
-    return evaluation_inputs(side).digest()
-
-
 def check_drift_baseline(candidate: Side, baseline: Side | None, policy: Policy, divergence: dict[str, Any] | None) -> CheckResult:
     limits = policy.drift.baseline
     if baseline is None:
         return CheckResult("drift.baseline", NA, "no baseline: nothing to compare the final outputs with",
                            {"max_abs_diff": limits.max_abs_diff, "min_top1_agreement": limits.min_top1_agreement,
                             "min_sqnr_db": limits.min_sqnr_db})
-    if _evaluation_digest(candidate) != _evaluation_digest(baseline):
+    if same_role_inputs(candidate, baseline, "evaluation") is False:
         return CheckResult("drift.baseline", FAIL,
                            "the evaluation inputs differ from the baseline's (input digests differ); outputs are not comparable")
     extra = _divergence_note(divergence)

@@ -7,6 +7,10 @@ A gate side is either
 * a nightly entry (kind ``nightly-entry``, written by ``qconsist nightly``): the pipeline run plus the
   inference runs with fingerprint dumps (quantized, its repeat, float), the locate run or why it was
   skipped, the pinned GPU config and the labels of the evaluation inputs where they exist.
+
+Labels are one idea (``qconsist.inputs.labels``): a nightly entry's ``labels`` file, else the labels the
+evaluation set carries itself (class folders, a labels file beside its images), read from the pipeline run's
+sample table.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import numpy as np
 import onnx
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
-from qconsist.errors import RunStoreError
+from qconsist.errors import QconsistError, RunStoreError
 from qconsist.stages.base import float_stage_names
 from qconsist.store.manifest import Manifest
 from qconsist.store.confine import linked_run
 from qconsist.store.rundir import open_run
 from qconsist.store.verify import stage_artifact
 from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inputs.digest import digest_kind, same_inputs
+from qconsist.inputs.record import read_samples
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import outputs_of
 
@@ -100,9 +106,13 @@ class Side:
 
 
 def evaluation_inputs(side: Side):  # -> InputSet
+    return role_inputs(side, "evaluation")
 
+
+def role_inputs(side: Side, role: str):  # -> InputSet
+    """The pipeline's calibration or evaluation set (the calibration set where it has no evaluation set)."""
     config = side.config()
-    data = config.get("evaluation") or config["calibration"]
+    data = config.get(role) or config["calibration"]
     preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
     quantized = side.artifact("quantize")
     name = input_specs(quantized)[0].name if quantized else "input"
@@ -110,12 +120,40 @@ def evaluation_inputs(side: Side):  # -> InputSet
     return inputs.subset(int(data.get("offset") or 0), data.get("count"))
 
 
+def recorded_inputs(side: Side, role: str) -> dict[str, Any]:
+    """The pipeline manifest's record of its calibration or evaluation set."""
+    recorded = side.pipeline.inputs.get(role)
+    if isinstance(recorded, dict) and recorded.get("same_as") == "calibration":
+        recorded = side.pipeline.inputs.get("calibration")
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def same_role_inputs(candidate: Side, baseline: Side, role: str) -> bool | None:
+    """Whether both pipelines ran on the same calibration or evaluation set, by digest; where one recorded a
+    digest of another kind (a run written before qconsist 0.2), the candidate's set is opened again and
+    digested the baseline's way. ``None``: it cannot be told (the set cannot be opened again)."""
+    mine, theirs = recorded_inputs(candidate, role).get("digest"), recorded_inputs(baseline, role).get("digest")
+    same = same_inputs(mine, theirs)
+    if same is not None or mine == theirs:
+        return True if same is None else same
+    try:  # digested again the other side's way (a side that recorded no digest is digested as the other did)
+        if digest_kind(theirs) is not None:
+            return role_inputs(candidate, role).digest(digest_kind(theirs)) == theirs
+        if digest_kind(mine) is not None:
+            return role_inputs(baseline, role).digest(digest_kind(mine)) == mine
+    except QconsistError:
+        pass
+    return None
+
+
 def load_side(path: Path | str) -> Side:
     """Open a pipeline run or a nightly entry as one side of the gate; ``RunStoreError`` if it is neither."""
     path = Path(path)
     manifest = open_run(path)
     if manifest.kind == "pipeline":
-        return Side(path=path, manifest=manifest, pipeline_path=path, pipeline=manifest)
+        side = Side(path=path, manifest=manifest, pipeline_path=path, pipeline=manifest)
+        side.labels = dataset_labels(side)
+        return side
     if manifest.kind != ENTRY_KIND:
         raise RunStoreError(
             f"run {path} is of kind {manifest.kind!r}; the gate judges a pipeline run or a nightly entry"
@@ -137,4 +175,16 @@ def load_side(path: Path | str) -> Side:
         locate_skipped=entry.get("locate_skipped"), pinned_gpu=entry.get("pinned_gpu"),
         labels=entry.get("labels"),
     )
+    if side.labels is None:
+        side.labels = dataset_labels(side)
     return side
+
+
+def dataset_labels(side: Side) -> dict[str, int] | None:
+    """The labels the evaluation set itself carries (class folders, a labels file beside its images), as the
+    pipeline run recorded them in its sample table; ``None`` where it has none."""
+    recorded = recorded_inputs(side, "evaluation")
+    if "samples" not in recorded:
+        return None
+    labelled = read_samples(side.pipeline_path, side.pipeline, recorded).labelled()
+    return labelled or None

@@ -30,6 +30,7 @@ from qconsist.gpu.report import SCHEMA, LocateReport
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs import open_input_set
+from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -221,7 +222,8 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
         write_json_atomic(rundir.file(REPORT_FILE), report.to_json())
         manifest = Manifest(
             kind="locate", command=list(command), model=source.describe(),
-            inputs={**input_set.describe(), "digest": input_set.digest()}, environment=fingerprint(),
+            inputs=record_inputs(input_set, input_set.sample_infos(), rundir.file(SAMPLES_FILE), SAMPLES_FILE),
+            environment=fingerprint(),
             sections={"locate": summary(report)},
         )
         if ort_log.refresh():  # the CUDA EP's kernel warnings ("running in Fallback mode") land here

@@ -4,6 +4,7 @@ Files written (besides ``manifest.json``)::
 
     outputs/fingerprints.npy   RECORD[samples, outputs] of the production session's final outputs
     outputs/<sample>.npz       the final outputs of each sample (keys o<index>, order of sections.inference.outputs)
+    inputs/samples.jsonl       every sample's name, digest, file digest and label (qconsist.inputs.record)
     dump/...                   with --dump (see qconsist.inference.dump)
 """
 
@@ -34,7 +35,10 @@ from qconsist.inference.kernels import HASH_NAME
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
+from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
+from qconsist.inputs.record import SAMPLES_FILE, record_inputs
+from qconsist.inputs.stream import SampleInfo
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_bytes_atomic, write_json_atomic
 from qconsist.store.hashing import hash_artifact
@@ -174,14 +178,6 @@ class _Reference:
         }
 
 
-def _digest_update(h: Any, sample: dict[str, np.ndarray]) -> None:
-    # Same format as InputSet.digest(), computed while running so the inputs are read once.
-    for name in sorted(sample):
-        arr = np.ascontiguousarray(sample[name])
-        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(arr.tobytes())
-
-
 def _model_record(source: ModelSource) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     model = onnx.load(str(source.path))
     hashes = hash_artifact(source.path, model=model).to_json()
@@ -232,7 +228,8 @@ PRODUCTION_REPEATS = 5
 def _production_distinct(production: Any, inputs: InputSet, batch: int, sample: int) -> int:
     """How many distinct final outputs production gives in ``PRODUCTION_REPEATS`` runs of the step holding
     ``sample``: more than one means a non-deterministic kernel, not an unfaithful dump."""
-    step = next(s for i, s in inputs.batches(batch) if i <= sample < i + batch)
+    start = sample - sample % batch
+    step = inputs.step(start, start + batch)
     seen = {hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in production.run(None, step))).digest()
             for _ in range(PRODUCTION_REPEATS)}
     return len(seen)
@@ -269,6 +266,7 @@ def run_inference(
     label = f"run-{source.describe().get('name') or source.path.stem}"
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
+        stream = inputs.steps(batch, borrowed=True)  # the input workers start while the model loads
         model_record, stages, structure = _model_record(source)
         model_path = source.path
         if request.dynamic_batch:
@@ -286,7 +284,7 @@ def run_inference(
             raw_columns = {plan.column(name) for name in plan.outputs}
         run.mark_progress("inference")
         outputs_table = FingerprintTable(run.file("outputs/fingerprints.npy"), len(inputs), len(output_names))
-        digest = hashlib.sha256()
+        infos: list[SampleInfo] = []  # what the input workers learnt of each sample: digests, image modes
         names = [t.name for t in plan.tensors] if plan else []
         recorder = DumpRecorder(
             FingerprintTable(run.file("dump/fingerprints.npy"), len(inputs), len(plan.tensors)),
@@ -306,12 +304,12 @@ def run_inference(
             host_columns = sorted(set(recorder._final) | raw_columns) if request.raw.mode is not RawMode.AUTO else None  # type: ignore[union-attr]
         try:
             with progress.task("inference" + (" + dump" if plan else ""), len(inputs)) as task:
-                for index, step in inputs.batches(batch):
-                    # The dump session runs while the recorder fingerprints the previous step; the
-                    # production session runs alone, so its time per sample is not disturbed by the dump.
+                for index, step, step_infos in stream:
+                    # Input workers prepare the next steps meanwhile (qconsist.inputs.stream). The dump session
+                    # runs while the recorder fingerprints the previous step; the production session runs
+                    # alone, so its time per sample is not disturbed by the dump.
                     count = _rows(step)
-                    for row in range(count):
-                        _digest_update(digest, {k: v[row:row + 1] for k, v in step.items()} if count > 1 else step)
+                    infos += step_infos
                     if device is not None:
                         start = time.perf_counter()
                         records, host = device.run(step, count, host_columns if host_columns is not None else range(len(names)))
@@ -345,8 +343,8 @@ def run_inference(
             if recorder is not None:
                 recorder.close()
         outputs_table.close()
-        inputs_digest = digest.hexdigest()
-        if reference is not None and reference.digest != inputs_digest:
+        recorded_inputs = record_inputs(inputs, infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
+        if reference is not None and not _same_inputs(reference.digest, recorded_inputs["digest"], inputs):
             raise InputError(f"`reference` {reference.run_dir} ran on other inputs (digest differs); `raw` auto needs the same input set")
         samples = len(inputs)
         sections: dict[str, Any] = {
@@ -398,13 +396,13 @@ def run_inference(
         sections["inference"]["output_shapes"] = outputs_table.shapes.to_json()
         if request.engines:
             run.mark_progress("engines")
-            sections["engines"] = _engines(model_path, options, next(inputs.batches(batch))[1], request, plan,
+            sections["engines"] = _engines(model_path, options, inputs.step(0, batch), request, plan,
                                            run.file("engines/optimized.onnx")).to_json()
         manifest = Manifest(
             kind=KIND,
             command=list(command),
             model=model_record,
-            inputs={**inputs.describe(), "digest": inputs_digest},
+            inputs=recorded_inputs,
             stages=stages,
             calibration=source.manifest.calibration if source.manifest is not None else {},
             environment=environment_fingerprint(),
@@ -415,6 +413,15 @@ def run_inference(
         path = run.finish(manifest)
     return InferenceResult(path, run.run_id, samples, sections["inference"]["ms_per_sample"], output_names, dump,
                            ort_log if ort_log.lines else None)
+
+
+def _same_inputs(recorded: str, digest: str, inputs: InputSet) -> bool:
+    """Whether a reference run's recorded input digest names ``inputs`` (digest ``digest``); a reference
+    recorded with sha256 (before qconsist 0.2) is compared with the sha256 of these inputs."""
+    same = same_inputs(recorded, digest)
+    if same is None and digest_kind(recorded) == SHA256:
+        return recorded == inputs.digest(SHA256)
+    return bool(same)
 
 
 def _cupy_installed() -> bool:

@@ -40,6 +40,7 @@ import numpy as np
 
 from qconsist.errors import ConfigError, OutputError, QconsistError, UnavailableError, UnsupportedModelError
 from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, ProviderSpec, provider_spec
+from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
@@ -407,7 +408,7 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
     where = "the model" if isinstance(model, bytes) else str(model)
     outputs = _graph_outputs(model)
     if outputs == 0:
-        return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
+        return empty_graph_error(where)
     if optimized_model_filepath is not None:
         try:
             open_ort_session(model, options, level=level, disabled_optimizers=disabled_optimizers)
@@ -417,6 +418,11 @@ def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: Bas
             return OutputError(f"cannot write onnxruntime's optimized graph to {optimized_model_filepath}: "
                                f"{_write_failure(Path(optimized_model_filepath), ort_message(exc))}")
     return UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}")
+
+
+def empty_graph_error(where: str) -> UnsupportedModelError:
+    """The one line for a model whose graph declares no output."""
+    return UnsupportedModelError(f"{where} has an empty graph: it declares no output, so there is nothing to run")
 
 
 def _graph_outputs(model: str | Path | bytes) -> int | None:
@@ -512,7 +518,9 @@ _ORT_TYPES = {
 
 
 def input_specs(session: Any) -> list[InputSpec]:
-    """The inputs of a session (or of a model file, opened on the CPU) as qconsist feeds them."""
+    """The inputs of a session (or of a model file, opened on the CPU) as qconsist feeds them; for a model file,
+    the sizes an input with a dynamic height and width takes (``strides.spatial_multiple``)."""
+    path = Path(session) if isinstance(session, (str, Path)) else None
     if isinstance(session, (str, Path, bytes)):
         session = create_session(session)
     specs = []
@@ -520,20 +528,30 @@ def input_specs(session: Any) -> list[InputSpec]:
         if item.type not in _ORT_TYPES:
             raise UnsupportedModelError(f"model input '{item.name}' has type {item.type}, which qconsist cannot feed")
         specs.append(InputSpec(name=item.name, dtype=np.dtype(_ORT_TYPES[item.type]), shape=tuple(item.shape)))
-    return specs
+    return with_multiples(specs, lambda: _load_graph(path)) if path is not None else specs
+
+
+def _load_graph(model: str | Path | bytes) -> Any:
+    import onnx  # only for a model with a dynamic height and width
+
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return onnx.load(str(model), load_external_data=False)
 
 
 @ort_logged()  # one capture for all its sessions and runs
-def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1,
+                specs: list[InputSpec] | None = None) -> list[dict[str, np.ndarray]]:
     """Every step's outputs (``batch_size`` samples stacked), by output name, in input order."""
-    checked = inputs.checked(input_specs(session), batch_size)
+    checked = inputs.checked(specs if specs is not None else input_specs(session), batch_size)
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(names, step))) for _, step in checked.batches(batch_size)]
 
 
 def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = ExecutionOptions(),
                batch_size: int = 1) -> list[dict[str, np.ndarray]]:
-    return run_outputs(create_session(path, options), inputs, batch_size)
+    session = create_session(path, options)
+    return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(path)))
 
 
 def onnxruntime_limits() -> tuple[int | None, int | None]:

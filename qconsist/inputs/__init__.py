@@ -1,6 +1,8 @@
-"""Input sets: photographs with declared preprocessing, or .npy/.npz arrays, fed one sample at a time."""
+"""Input sets: photographs with declared preprocessing, labelled image folders, or .npy/.npz arrays, prepared
+by parallel input workers and delivered in order."""
 
 from qconsist.inputs.inputset import InputSet, open_input_set
+from qconsist.inputs.labels import Labels
 from qconsist.inputs.preprocess import Preprocess
 
-__all__ = ["InputSet", "Preprocess", "open_input_set"]
+__all__ = ["InputSet", "Labels", "Preprocess", "open_input_set"]

@@ -5,20 +5,22 @@ Sources:
 * ``package:photos`` — the photographs shipped in scikit-image and scikit-learn (``qconsist.inputs.photos``)
 * ``package:photos:augmented:COUNT[:SEED]`` — COUNT samples made from those photographs by seeded random
   crops and flips (``qconsist.inputs.augment``), each made when read: an evaluation of any size
-* a folder of images (``.png .jpg .jpeg .bmp .tif .tiff .gif .webp``), sorted by file name
+* a folder (``qconsist.inputs.folder``): images, flat or one subfolder per class (labelled by it), a flat
+  image folder with a labels file, or ``.npy`` files, one sample each
 * a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
 * a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
-* a folder of ``.npy`` files, one sample each, sorted by file name
 
-Samples are produced one at a time, so memory does not grow with the number of samples. The ``digest``
-(sha256 over every sample's exact bytes, in order) identifies the input set across runs, whatever the batch
-size it is later run with. ``batches(n)`` stacks ``n`` samples on axis 0 (the last step may hold fewer).
+Samples are made one at a time from their index by a picklable loader (``qconsist.inputs.loaders``), so
+memory does not grow with the number of samples and input workers in other processes make the same bytes.
+``batches(n)`` stacks ``n`` samples on axis 0 (the last step may hold fewer), prepared by ``workers``
+(``qconsist.inputs.stream``). ``digest`` (``qconsist.inputs.digest``: xxh3-128 over the samples' digests)
+identifies the input set across runs, whatever the batch size or the number of workers; ``labels`` are the
+samples' classes where the set has them (``qconsist.inputs.labels``).
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -26,14 +28,21 @@ import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs import augment
+from qconsist.inputs.digest import file_digest, legacy_digest, set_digest, SHA256, XXH3
+from qconsist.inputs.folder import IMAGE_SUFFIXES, scan_folder
+from qconsist.inputs.labels import Labels, read_labels
+from qconsist.inputs.loaders import (
+    Augmented, Checked, ImageFiles, NpyFiles, Offset, Picked, Stacked, check_sample, load_npy,
+)
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.package import is_package_path, resolve_package_path
-from qconsist.inputs.preprocess import Preprocess, image_mode, mode_rule
+from qconsist.inputs.preprocess import Preprocess, mode_rule
+from qconsist.inputs.stream import SampleInfo, Step, resolve_workers, stack, steps
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
 PACKAGE_PHOTOS = "package:photos"
 
 Sample = dict[str, np.ndarray]
+__all__ = ["IMAGE_SUFFIXES", "InputSet", "InputSpec", "check_sample", "open_input_set"]
 
 
 @dataclass
@@ -43,18 +52,24 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple[int | str | None, ...]
+    multiple: int | None = None  # a dynamic height and width must be multiples of this (the model's graph says)
 
 
 @dataclass
 class InputSet:
     source: str
     kind: str  # "images" | "arrays"
-    names: list[str]  # one per sample
-    _load: Callable[[int], Sample]
+    names: Sequence[str]  # one per sample
+    _load: Callable[[int], Sample]  # a ``loaders.Loader`` (or any function of the sample's index)
     preprocess: Preprocess | None = None
     paths: list[Path] | None = None  # image sets: one file per sample (their modes are reported)
     stored: dict[str, str] | None = None  # array sets: the dtype of each input as stored
     cast: dict[str, str] | None = None  # set by ``checked``: inputs whose stored dtype is cast to the model's
+    labels: Labels | None = None  # the samples' classes, where the set has them
+    offset: int = 0  # where the first sample lies in the set ``source`` names
+    workers: int | None = None  # input workers of ``batches`` (None: as many as help, ``stream.resolve_workers``)
+    file: Path | None = None  # the one file a stacked set is read from
+    _infos: list[SampleInfo] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -62,9 +77,16 @@ class InputSet:
     def sample(self, index: int) -> Sample:
         return self._load(index)
 
+    def label(self, index: int) -> int | None:
+        """The class of sample ``index`` where the set has labels (a step from ``steps`` starts at ``step.start``)."""
+        return self.labels.get(self.names[index]) if self.labels is not None else None
+
     def __iter__(self) -> Iterator[Sample]:
         for i in range(len(self.names)):
             yield self._load(i)
+
+    def _derived(self, **changes) -> "InputSet":
+        return replace(self, _infos=None, **changes)
 
     def subset(self, offset: int = 0, count: int | None = None) -> "InputSet":
         if offset < 0 or (count is not None and count <= 0):
@@ -74,54 +96,84 @@ class InputSet:
             raise InputError(
                 f"input set {self.source} has {len(self.names)} samples; asked for {offset}..{end - 1}"
             )
-        base = self._load
         paths = self.paths[offset:end] if self.paths is not None else None
-        return InputSet(self.source, self.kind, self.names[offset:end], lambda i: base(offset + i), self.preprocess,
-                        paths, self.stored, self.cast)
+        return self._derived(names=self.names[offset:end], _load=Offset(self._load, offset), paths=paths,
+                             offset=self.offset + offset)
 
-    def digest(self) -> str:
-        """sha256 over every sample's input names, dtypes, shapes and bytes, in order."""
-        h = hashlib.sha256()
-        for sample in self:
-            for name in sorted(sample):
-                arr = np.ascontiguousarray(sample[name])
-                h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-                h.update(arr.tobytes())
-        return h.hexdigest()
+    def picked(self, positions: Sequence[int]) -> "InputSet":
+        """The samples at ``positions``, in that order (``offset`` is then meaningless: 0)."""
+        names = [self.names[p] for p in positions]
+        paths = [self.paths[p] for p in positions] if self.paths is not None else None
+        return self._derived(names=names, _load=Picked(self._load, positions), paths=paths, offset=0)
 
-    def describe(self) -> dict:
-        # numbered sets (augmented photos) are named by their source: no list that grows with the count
-        names = [] if isinstance(self.names, _Numbered) else list(self.names)
-        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "names": names}
+    def with_workers(self, workers: int | None) -> "InputSet":
+        """The same set, prepared by ``workers`` input workers in ``batches``."""
+        resolve_workers(workers, len(self.names), True)  # validated now
+        return replace(self, workers=workers)
+
+    def steps(self, size: int = 1, borrowed: bool = False) -> Iterator[Step]:
+        """Steps of ``size`` samples with what the workers learnt of each sample (``stream.Step``); with
+        ``borrowed`` the arrays are views valid until two more steps are requested. A complete pass keeps the
+        samples' digests (``sample_infos``)."""
+        check_batch_size(size)
+        workers = resolve_workers(self.workers, len(self.names), getattr(self._load, "parallel", False))
+        return self._kept(steps(self._load, len(self.names), size, workers, borrowed))  # workers start now
+
+    def _kept(self, made: Iterator[Step]) -> Iterator[Step]:
+        infos: list[SampleInfo] = []
+        for step in made:
+            infos += step.infos
+            yield step
+        self._infos = infos
+
+    def batches(self, size: int = 1) -> Iterator[tuple[int, Sample]]:
+        """Steps of ``size`` samples stacked on axis 0, as ``(index of the first sample, stacked sample)``;
+        the last step holds what is left."""
+        for step in self.steps(size):
+            yield step.start, step.arrays
+
+    def step(self, start: int, stop: int) -> Sample:
+        """Samples ``start .. stop-1`` stacked on axis 0, made here."""
+        return stack([self._load(i) for i in range(start, min(stop, len(self.names)))], start)
+
+    def sample_infos(self) -> list[SampleInfo]:
+        """Each sample's digest (and file digest, image mode), from the last complete pass or a new one."""
+        if self._infos is None or len(self._infos) != len(self.names):
+            for _ in self.steps(max(1, min(32, len(self.names)))):
+                pass
+        return list(self._infos or [])
+
+    def digest(self, kind: str = XXH3) -> str:
+        """The set's digest (``qconsist.inputs.digest``); ``kind`` sha256 computes the digest of old runs."""
+        if kind == SHA256:
+            return legacy_digest(self)
+        return set_digest(info.digest for info in self.sample_infos())
+
+    def describe(self, infos: Sequence[SampleInfo] | None = None) -> dict:
+        """The manifest's record of the set (without its digest and sample table, ``qconsist.inputs.record``):
+        ``infos`` (default: ``sample_infos``) say how each non-RGB image was converted."""
+        data = {"source": self.source, "kind": self.kind, "count": len(self.names), "offset": self.offset}
         if self.preprocess is not None:
             data["preprocess"] = self.preprocess.to_json()
         if self.paths is not None:  # how each non-RGB image was converted (``mode_rule``)
-            rules = {name: mode_rule(image_mode(path)) for name, path in zip(self.names, self.paths)}
+            infos = self.sample_infos() if infos is None else infos
+            rules = {name: mode_rule(info.mode) for name, info in zip(self.names, infos) if info.mode}
             data["conversions"] = {name: rule for name, rule in rules.items() if rule is not None}
         if self.stored is not None:
             data["dtype"] = dict(self.stored)
         if self.cast:
             data["cast"] = dict(self.cast)
+        if self.file is not None:
+            data["file_digest"] = XXH3 + ":" + file_digest(self.file).hex()
+        if self.labels is not None:
+            data["labels"] = self.labels.summary(self.names)
         return data
-
-    def batches(self, size: int = 1) -> Iterator[tuple[int, Sample]]:
-        """Steps of ``size`` samples stacked on axis 0, as ``(index of the first sample, stacked sample)``;
-        the last step holds what is left."""
-        check_batch_size(size)
-        for start in range(0, len(self.names), size):
-            samples = [self._load(i) for i in range(start, min(start + size, len(self.names)))]
-            if len(samples) == 1:
-                yield start, samples[0]
-            else:
-                yield start, {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
 
     def checked(self, specs: Sequence[InputSpec], batch_size: int = 1) -> "InputSet":
         """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
-        base = self._load
-
-        def load(i: int) -> Sample:
-            return check_sample(base(i), specs, self.names[i])
-
+        if self.kind == "images" and self.preprocess is not None:
+            check_spatial(specs, self.preprocess)
+        load = Checked(self._load, list(specs), self.names)
         if len(self.names):
             load(0)  # fail early with a clear message
         if batch_size != 1:
@@ -131,7 +183,26 @@ class InputSet:
         if len(specs) == 1 and len(stored) == 1:
             stored = {specs[0].name: next(iter(stored.values()))}
         cast = {name: f"{stored[name]} -> {dtype}" for name, dtype in wanted.items() if name in stored and stored[name] != dtype}
-        return InputSet(self.source, self.kind, self.names, load, self.preprocess, self.paths, self.stored, cast or None)
+        return self._derived(_load=load, cast=cast or None)
+
+
+def check_spatial(specs: Sequence[InputSpec], preprocess: Preprocess) -> None:
+    """Images fit an input whose height and width are dynamic only at a declared size, one the model takes
+    (``InputSpec.multiple``): said before any work, in one line, instead of failing inside ONNX Runtime."""
+    size, key = (preprocess.crop, "crop") if preprocess.crop is not None else (preprocess.resize, "resize")
+    for spec in specs:
+        if len(spec.shape) != 4:
+            continue
+        spatial = spec.shape[2:4] if preprocess.layout.value == "NCHW" else spec.shape[1:3]
+        dynamic = sum(not isinstance(d, int) or d <= 0 for d in spatial)
+        multiple = spec.multiple
+        if dynamic == 2 and size is None:
+            raise ShapeMismatchError(f"input {spec.name} has dynamic height and width: declare [preprocess] resize"
+                                     + (f" (the model takes multiples of {multiple})" if multiple else ""))
+        if dynamic and multiple and size is not None and (size[0] % multiple or size[1] % multiple):
+            raise ShapeMismatchError(
+                f"input {spec.name} takes heights and widths that are multiples of {multiple}: [preprocess] {key} "
+                f"{list(size)} is not; declare multiples of {multiple}")
 
 
 def check_batch_size(size: int) -> int:
@@ -153,50 +224,12 @@ def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
             )
 
 
-def check_sample(sample: Sample, specs: Sequence[InputSpec], label: str) -> Sample:
-    if len(specs) == 1 and len(sample) == 1 and next(iter(sample)) not in {specs[0].name}:
-        sample = {specs[0].name: next(iter(sample.values()))}
-    wanted = {s.name for s in specs}
-    if set(sample) != wanted:
-        raise ShapeMismatchError(
-            f"sample {label} has inputs {sorted(sample)}, the model wants {sorted(wanted)}"
-        )
-    out = {}
-    for spec in specs:
-        arr = sample[spec.name]
-        if arr.ndim != len(spec.shape) or any(
-            isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
-        ):
-            shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
-            raise ShapeMismatchError(
-                f"sample {label}: input '{spec.name}' has shape {list(arr.shape)}, the model wants {shown}"
-            )
-        if arr.dtype != spec.dtype:
-            if np.issubdtype(arr.dtype, np.floating) and np.issubdtype(spec.dtype, np.floating):
-                arr = arr.astype(spec.dtype)
-            else:
-                raise ShapeMismatchError(
-                    f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
-                )
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
-            nan = int(np.isnan(arr).sum())
-            raise InputError(
-                f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "
-                "infinite value(s); every input must be finite"
-            )
-        out[spec.name] = arr
-    return out
-
-
-def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str) -> InputSet:
+def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str,
+               names: list[str] | None = None, labels: Labels | None = None) -> InputSet:
     if preprocess is None:
         raise InputError(f"input set {source} holds images: the pipeline must declare [preprocess]")
-    names = [p.name for p in paths]
-
-    def load(i: int) -> Sample:
-        return {input_name: preprocess.apply(paths[i])}
-
-    return InputSet(source, "images", names, load, preprocess, paths=list(paths))
+    return InputSet(source, "images", names or [p.name for p in paths], ImageFiles(paths, preprocess, input_name),
+                    preprocess, paths=list(paths), labels=labels)
 
 
 class _Numbered(Sequence[str]):
@@ -216,41 +249,39 @@ class _Numbered(Sequence[str]):
         return f"{index % self.count:06d}"
 
 
-def _npy_load(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(f"array file {path} does not exist") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"cannot read array file {path}: {exc}") from None
-
-
-def _stacked_set(source: str, arrays: dict[str, np.ndarray]) -> InputSet:
+def _stacked_set(source: str, arrays: dict[str, np.ndarray], path: Path) -> InputSet:
     counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
     if len(set(counts.values())) != 1:
         raise InputError(f"{source}: arrays differ in sample count {counts}")
     count = next(iter(counts.values()))
-    names = [f"{i:06d}" for i in range(count)]
-
-    def load(i: int) -> Sample:
-        return {name: np.ascontiguousarray(a[i : i + 1]) for name, a in arrays.items()}
-
-    return InputSet(source, "arrays", names, load, stored={name: a.dtype.name for name, a in arrays.items()})
+    return InputSet(source, "arrays", _Numbered(count), Stacked(arrays),
+                    stored={name: a.dtype.name for name, a in arrays.items()}, file=path)
 
 
 def open_input_set(
     source: str | Path,
     preprocess: Preprocess | None = None,
     input_name: str = "input",
+    labels: Path | None = None,
 ) -> InputSet:
-    """Open an input set from a path, ``package:photos`` or a ``package:<module>/<path>`` file or folder.
+    """Open an input set from a path, ``package:photos`` or a ``package:<module>/<path>`` file or folder;
+    ``labels``: a labels file for its samples (``qconsist.inputs.labels``), where the set itself has none.
     Raises ``InputError`` for anything unusable."""
+    opened = _open(source, preprocess, input_name, labels)
+    if labels is not None and opened.labels is None:
+        if opened.kind != "images":
+            raise ConfigError(f"input set {opened.source} holds arrays; labels are read for images")
+        opened.labels = read_labels(Path(labels))
+    return opened
+
+
+def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, labels: Path | None) -> InputSet:
     text = str(source)
     if text.startswith(augment.PREFIX):
         count, seed = augment.parse_source(text)
-        bases = augment.base_photos(package_photos(), preprocess)
+        bases = augment.PhotoBases(package_photos(), preprocess)
         make = augment.AugmentedPhotos(bases, preprocess.crop, seed, preprocess.layout.value == "NCHW")  # type: ignore[union-attr,arg-type]
-        return InputSet(text, "images", _Numbered(count), lambda i: {input_name: make(i)}, preprocess)
+        return InputSet(text, "images", _Numbered(count), Augmented(make, input_name), preprocess)
     if text == PACKAGE_PHOTOS:
         return _image_set(text, package_photos(), preprocess, input_name)
     if text.startswith("package:") and not is_package_path(text):
@@ -260,26 +291,16 @@ def open_input_set(
     if not path.exists():
         raise InputError(f"input set {path} does not exist")
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
-        arrays = [p for p in files if p.suffix.lower() == ".npy"]
-        if images and arrays:
-            raise InputError(f"input folder {path} mixes images and .npy files; keep one kind")
-        if images:
-            return _image_set(str(path), images, preprocess, input_name)
-        if arrays:
-            def load(i: int) -> Sample:
-                arr = _npy_load(arrays[i])
-                return {input_name: np.ascontiguousarray(arr if arr.ndim and arr.shape[0] == 1 else arr[None])}
-
-            return InputSet(str(path), "arrays", [p.name for p in arrays], load)
-        raise InputError(f"input folder {path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no .npy files")
+        found = scan_folder(path, Path(labels) if labels is not None else None)
+        if found.kind == "images":
+            return _image_set(str(path), found.files, preprocess, input_name, found.names, found.labels)
+        return InputSet(str(path), "arrays", found.names, NpyFiles(found.files, input_name))
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        arr = _npy_load(path)
+        arr = load_npy(path)
         if arr.ndim == 0:
             raise InputError(f"{path}: a 0-d array is not a stack of samples")
-        return _stacked_set(str(path), {input_name: arr})
+        return _stacked_set(str(path), {input_name: arr}, path)
     if suffix == ".npz":
         try:
             archive = np.load(path, allow_pickle=False)
@@ -288,7 +309,7 @@ def open_input_set(
             raise InputError(f"cannot read array file {path}: {exc}") from None
         if not arrays:
             raise InputError(f"{path} holds no arrays")
-        return _stacked_set(str(path), arrays)
+        return _stacked_set(str(path), arrays, path)
     if suffix in IMAGE_SUFFIXES:
         return _image_set(str(path), [path], preprocess, input_name)
     raise InputError(f"unsupported input {path}: give a folder of images, a .npy/.npz file, or {PACKAGE_PHOTOS}")

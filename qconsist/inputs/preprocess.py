@@ -95,6 +95,10 @@ class Preprocess:
     def apply(self, path: Path) -> np.ndarray:
         """Decode ``path`` (under ``MAX_IMAGE_PIXELS``, its mode converted by ``mode_rule``) and return a float32
         array with a batch dimension of 1."""
+        return self.prepare(path)[0]
+
+    def prepare(self, path: Path) -> tuple[np.ndarray, str]:
+        """``apply``'s array and the PIL mode the image had (``mode_rule`` says how it was converted)."""
         from PIL import Image
 
         resample = {
@@ -103,7 +107,7 @@ class Preprocess:
             Interpolation.BICUBIC: Image.Resampling.BICUBIC,
         }[self.interpolation]
         size = None if self.resize is None else (self.resize[1], self.resize[0])
-        array = read_image(path, size, resample)  # H, W, 3 in [0, 255]
+        array, mode = decode_image(path, size, resample)  # H, W, 3 in [0, 255]
         if self.crop is not None:
             ch, cw = self.crop
             h, w = array.shape[:2]
@@ -123,7 +127,7 @@ class Preprocess:
             array = array * np.float32(self.scale)
         if self.layout is Layout.NCHW:
             array = array.transpose(2, 0, 1)
-        return np.ascontiguousarray(array[None], dtype=np.float32)
+        return np.ascontiguousarray(array[None], dtype=np.float32), mode
 
 
 # The largest image qconsist decodes (width x height): 50 megapixels, e.g. 8660 x 5773. A photograph for a
@@ -189,6 +193,22 @@ def _open(path: Path):
     return image
 
 
+# The most a resize may enlarge an image, per side: a 28x28 digit or a 32x32 thumbnail brought to 224x224 (7-8x)
+# is still a picture; a 1x1 or 8x8 file resized 28-224 times is a placeholder or a broken file, refused.
+MAX_ENLARGEMENT = 8
+
+
+def _check_enlargement(path: Path, found: tuple[int, int], size: tuple[int, int]) -> None:
+    """Refuse a resize from ``found`` to ``size`` (both width, height) that enlarges a side more than
+    ``MAX_ENLARGEMENT`` times."""
+    (width, height), (to_width, to_height) = found, size
+    factor = max(to_width / max(width, 1), to_height / max(height, 1))
+    if factor > MAX_ENLARGEMENT:
+        raise InputError(f"image {path} is {width}x{height}: resizing it to {to_width}x{to_height} would enlarge it "
+                         f"{factor:.3g} times, more than {MAX_ENLARGEMENT}; remove it, or enlarge it yourself if it "
+                         "is meant")
+
+
 def image_mode(path: Path) -> str:
     """The PIL mode of ``path`` (its header only), as ``read_image`` will see it."""
     with _open(path) as image:
@@ -197,10 +217,18 @@ def image_mode(path: Path) -> str:
 
 def read_image(path: Path, size: tuple[int, int] | None = None, resample: int = 2) -> np.ndarray:
     """``path`` as float32 (H, W, 3) in [0, 255] under ``mode_rule``, resized to ``size`` (width, height)."""
+    return decode_image(path, size, resample)[0]
+
+
+def decode_image(path: Path, size: tuple[int, int] | None = None, resample: int = 2) -> tuple[np.ndarray, str]:
+    """``read_image``'s array and the image's PIL mode before conversion."""
     from PIL import Image
 
     try:
         with _open(path) as image:
+            mode = image.mode  # as its header says (``image_mode``), before decoding
+            if size is not None:
+                _check_enlargement(path, image.size, size)
             image.load()
             if image.mode in _SIXTEEN_BIT:
                 gray = image.convert("F")
@@ -211,10 +239,10 @@ def read_image(path: Path, size: tuple[int, int] | None = None, resample: int = 
                     gray = Image.fromarray(values, "F").resize(size, resample=resample)
                     values = np.asarray(gray, dtype=np.float32)
                 values = values * np.float32(255.0 / 65535.0)
-                return np.repeat(values[..., None], 3, axis=2)
+                return np.repeat(values[..., None], 3, axis=2), mode
             rgb = image.convert("RGB")
     except (OSError, SyntaxError, ValueError) as exc:
         raise InputError(f"cannot read image {path}: {exc}") from None
     if size is not None:
         rgb = rgb.resize(size, resample=resample)
-    return np.asarray(rgb, dtype=np.float32)
+    return np.asarray(rgb, dtype=np.float32), mode

@@ -29,8 +29,12 @@ def stretch(whole: list[str], names: list[str]) -> tuple[int, int] | None:
 
 
 def recorded_subset(recorded: dict[str, Any]) -> tuple[int, int] | None:
-    """``(offset, count)`` of a run's samples in its input set, or ``None`` when the set cannot be opened again
-    or the samples are not one stretch of it."""
+    """``(offset, count)`` of a run's samples in its input set: as recorded (``offset``, ``count``), or for a run
+    recorded before its offset, where its sample names lie in the set opened again (``None`` when it cannot be
+    opened or they are not one stretch of it)."""
+    offset, count = recorded.get("offset"), recorded.get("count")
+    if _whole(offset) and _whole(count) and count > 0:
+        return offset, count
     names = recorded.get("names")
     if not isinstance(names, list):
         return None
@@ -39,3 +43,7 @@ def recorded_subset(recorded: dict[str, Any]) -> tuple[int, int] | None:
     except QconsistError:
         return None
     return stretch(list(whole.names), names)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -16,7 +16,8 @@ Relative paths start at the nightly file's folder. Format::
     name = "nudenet-320n"
     policy = "../policies/nudenet.toml"        # this model's policy
     gpu_config = "HEURISTIC/tf32=0"            # the GPU config the deployment pins (checked against locate)
-    labels = "labels.json"                     # {sample name: class index} of the evaluation inputs
+    labels = "labels.json"                     # the evaluation samples' classes: JSON {name: class}, CSV or text
+                                               # (qconsist.inputs.labels); a class-folder set labels itself
     locate = true                              # run qconsist locate where a GPU exists (default true)
     gpus = ["H100", "H200"]                    # run this entry once on each GPU type (history key name@TYPE)
     cpus = 1                                   # what one run of the entry needs: CPU cores (default 1) …
@@ -33,14 +34,14 @@ Relative paths start at the nightly file's folder. Format::
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from qconsist.errors import ConfigError, InputError
+from qconsist.errors import ConfigError, QconsistError
+from qconsist.inputs.labels import read_labels
 from qconsist.nightly.package import is_package_path, resolve_package_path
 from qconsist.pipeline.config import PipelineConfig, parse_pipeline
 from qconsist.tomlfile import read_toml
@@ -164,16 +165,11 @@ def _string(table: dict[str, Any], key: str, where: str) -> str | None:
 
 
 def _labels(base: Path, text: str, where: str) -> dict[str, int]:
-    path = base / text
+    """The evaluation set's labels from the file ``text`` (``qconsist.inputs.labels``: JSON, CSV or text)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{where}: labels file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{where}: labels file {path} is not a JSON object of sample name -> class ({exc})") from None
-    if not isinstance(data, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
-        raise ConfigError(f"{where}: labels file {path} must map sample names to integer classes")
-    return data
+        return dict(read_labels(base / text).by_name)
+    except QconsistError as exc:
+        raise type(exc)(f"{where}: {exc.template}") from None
 
 
 _PATH_KEYS = {("calibration", "data"), ("evaluation", "data"), ("model", "onnx"), ("model", "prototxt"), ("model", "caffemodel")}

@@ -8,6 +8,8 @@ Layout of a pipeline run directory::
       <stage>/model.onnx           each stage's artifact: convert (the Caffe conversion, or the checked ONNX
                                    entry), optimize (ORT's offline optimization), quantize (quantize_static's)
       quantize/calibration_ranges.json   ORT's calibration cache (tensor ranges), reusable by quantize_static
+      inputs/calibration.jsonl     the calibration samples: names, digests, file digests, labels
+      inputs/evaluation.jsonl      the evaluation samples (qconsist.inputs.record)
       manifest.json                written last: the run is complete
 
 A ``QconsistError`` removes the directory; an interrupt leaves it without a manifest (incomplete).
@@ -26,9 +28,11 @@ import onnx
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
 from qconsist.compare.kinds import check_declared
 from qconsist.environment import fingerprint
-from qconsist.errors import InputError
+from qconsist.errors import InputError, QconsistError
 from qconsist.inference.session import input_specs, require_provider
-from qconsist.inputs.inputset import InputSet, open_input_set
+from qconsist.inference.model import input_specs as model_input_specs
+from qconsist.inputs.inputset import InputSet, check_spatial, open_input_set
+from qconsist.inputs.record import record_inputs
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import Stage, StageContext, StageRecord
@@ -124,9 +128,24 @@ def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: 
     return inputs.subset(data.offset, data.count)
 
 
-def _describe(inputs: InputSet, model: Path) -> dict[str, Any]:
-    """The input set as the model sees it (conversions and casts reported), with the digest of its samples."""
-    return {**inputs.checked(input_specs(model)).describe(), "digest": inputs.digest()}
+def _check_sizes(files: dict[str, Path], config: PipelineConfig, opened: list[InputSet]) -> None:
+    """An ONNX entry with a dynamic height and width gets images of a size it takes (``check_spatial``),
+    said before any stage runs; a model that cannot be read is left to the convert stage to name."""
+    if "onnx" not in files or config.preprocess is None or not any(s.kind == "images" for s in opened):
+        return
+    try:
+        specs = model_input_specs(files["onnx"])
+    except QconsistError:
+        return
+    check_spatial(specs, config.preprocess)
+
+
+def _describe(inputs: InputSet, model: Path, run: RunDirectory, role: str) -> dict[str, Any]:
+    """The input set as the model sees it (conversions and casts reported), with the digest of its samples and
+    their table (``inputs/<role>.jsonl``)."""
+    relative = f"inputs/{role}.jsonl"
+    recorded = record_inputs(inputs, inputs.sample_infos(), run.file(relative), relative)
+    return {**recorded, **inputs.checked(input_specs(model)).describe(inputs.sample_infos())}
 
 
 def _model_record(config: PipelineConfig, files: dict[str, Path]) -> dict[str, Any]:
@@ -185,9 +204,10 @@ def run_pipeline(
     require_provider(config.calibration.options.provider)
     if config.outputs and "onnx" in files:
         check_declared([o.name for o in _graph_outputs(Path(files["onnx"]))], config.outputs)
-    _input_set(config.calibration.inputs, config, "input", "calibration")
+    opened = [_input_set(config.calibration.inputs, config, "input", "calibration")]
     if config.evaluation:
-        _input_set(config.evaluation, config, "input", "evaluation")
+        opened.append(_input_set(config.evaluation, config, "input", "evaluation"))
+    _check_sizes(files, config, opened)
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
     with RunDirectory.create(root, config.name, "pipeline", run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
@@ -197,8 +217,9 @@ def run_pipeline(
                              run.mark_progress)
         first = records[0].path
         manifest.inputs = {
-            "calibration": _describe(context.calibration(first), first),
-            "evaluation": _describe(context.evaluation(first), first) if config.evaluation else {"same_as": "calibration"},
+            "calibration": _describe(context.calibration(first), first, run, "calibration"),
+            "evaluation": _describe(context.evaluation(first), first, run, "evaluation") if config.evaluation
+            else {"same_as": "calibration"},
         }
         manifest.stages = [r.to_json() for r in records]
         for record in records:

@@ -40,7 +40,7 @@ from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, buil
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, OutputKind, compare_outputs, judged_outputs
-from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_logged, outputs_of, require_provider
+from qconsist.inference.session import ExecutionOptions, input_specs, ort_logged, outputs_of, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
@@ -337,7 +337,7 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     if len(inputs) == 0:
         raise InputError(f"calibration set {inputs.source} is empty")
     providers = calibration.ort_providers()
-    checked = inputs.checked(input_specs(create_session(model)), calibration.batch_size)
+    checked = inputs.checked(input_specs(model), calibration.batch_size)
     op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
     chatter = io.StringIO()  # ORT's histogram calibrators print; the library does not
     # the calibrator opens its own sessions (onnxruntime's default log level): their log is captured too

@@ -103,7 +103,14 @@ def decode(data: Any) -> Any:
 
 
 def dumps(value: Any, indent: int | None = 2) -> str:
-    return json.dumps(encode(value), indent=indent, allow_nan=False, ensure_ascii=False) + "\n"
+    """JSON text that encodes as UTF-8: a path that is not UTF-8 (its bytes kept by Python as surrogate
+    escapes, U+DC80..U+DCFF) is written as the JSON escape ``\\udcXX``, which ``loads`` reads back to the same path."""
+    text = json.dumps(encode(value), indent=indent, allow_nan=False, ensure_ascii=False) + "\n"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates occur only inside JSON strings, where \udcXX is their escape
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def loads(text: str) -> Any:

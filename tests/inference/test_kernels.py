@@ -67,3 +67,61 @@ def test_types_the_kernels_do_not_read_fall_back_to_numpy():
     record = fingerprint(half, 0)
     assert record[:6] == (reference_mix64(half.tobytes()), -2.0, 4.0, pytest.approx(3.5 / 3), 1, 0)
     assert fingerprint(np.array([True, False, True]), 0)[1:4] == (0.0, 1.0, pytest.approx(2 / 3))
+
+
+def _arrays():
+    """Small arrays of every type the kernels read: wide and narrow magnitudes, NaN, Inf, signed zeros."""
+    rng = np.random.default_rng(11)
+    for size in (1, 2, 3, 15, 16, 17, 63, 64, 65, 1000, 4096):
+        for dtype in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"):
+            info = np.iinfo(dtype)
+            yield rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True)
+        for dtype in ("float32", "float64"):
+            yield rng.standard_normal(size).astype(dtype)  # narrow: exact sums for float32
+            yield (rng.standard_normal(size) * 10.0 ** rng.integers(-30, 30, size)).astype(dtype)  # wide
+            soft = np.exp(rng.standard_normal(size) * 8).astype(dtype)
+            yield soft / soft.sum()  # a softmax: probabilities from 1 down to tiny
+            holes = rng.standard_normal(size).astype(dtype)
+            holes[rng.integers(0, size, max(1, size // 7))] = rng.choice([np.nan, np.inf, -np.inf, 0.0, -0.0])
+            yield holes
+        yield np.array([0.0, -0.0] * size, np.float32)
+        yield np.array([-0.0, 0.0, np.nan] * size, np.float32)
+
+
+def test_numpy_path_gives_the_kernels_values_or_declines(monkeypatch):
+    """Small tensors fingerprinted without numba: the same hash always, the same statistics bit for bit
+    whenever the numpy path takes them (and it takes the classifier outputs, narrow float32)."""
+    compiled = kernels._kernels()
+    taken = reordered = 0
+    for array in _arrays():
+        words = kernels._layout(array)[1]
+        assert kernels._hash_words_numpy(words) == int(compiled["hash_words"](words, 0))
+        numpy_result = kernels._small_statistics(array)
+        monkeypatch.setattr(kernels, "_numpy_left", [0])
+        numba_result = kernels.statistics(array)
+        monkeypatch.undo()
+        if numpy_result is not None:
+            taken += 1
+            assert np.array(numpy_result, np.float64).tobytes() == np.array(numba_result, np.float64).tobytes(), array
+        elif array.dtype.kind == "f" and np.isfinite(array).all():
+            reordered += numba_result[2] != float(array.sum(dtype=np.float64)) / array.size
+    assert taken >= 130
+    assert reordered > 0  # where it declines, numpy's order of addition would have changed the recorded mean
+    assert kernels._small_statistics(np.random.default_rng(0).standard_normal(5).astype(np.float32)) is not None
+
+
+def test_a_short_run_does_not_import_numba(tmp_path):
+    """A 32-sample run of a classifier fingerprints its outputs with numpy: numba is never imported."""
+    import subprocess
+    import sys
+
+    from onnx_builders import build_classifier_model, save_arrays
+
+    model = build_classifier_model(tmp_path / "m.onnx")
+    arrays = save_arrays(tmp_path / "a.npy", 32, seed=1)
+    code = ("import sys; from qconsist.cli import main; sys.argv = ['qconsist', 'run', sys.argv[1], '--inputs', "
+            "sys.argv[2], '--runs-dir', sys.argv[3]]\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(model), str(arrays), str(tmp_path / "runs")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "False"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qconsist.errors import FidelityError
+from qconsist.inputs.record import read_samples
 from qconsist.pipeline.config import parse_pipeline
 from qconsist.pipeline.runner import PipelineResult, run_pipeline
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
@@ -18,8 +19,8 @@ def test_open_nsfw_run_directory(nsfw_run):
     path = nsfw_run.path
     assert run_state(path) == "complete" and not (path / RUNNING_NAME).exists()
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == [
-        "convert/model.onnx", "manifest.json", "optimize/model.onnx",
-        "quantize/calibration_ranges.json", "quantize/model.onnx",
+        "convert/model.onnx", "inputs/calibration.jsonl", "inputs/evaluation.jsonl", "manifest.json",
+        "optimize/model.onnx", "quantize/calibration_ranges.json", "quantize/model.onnx",
     ]
     manifest = open_run(path)
     assert manifest.kind == "pipeline" and manifest.run_id == "open_nsfw-fixture"
@@ -43,8 +44,11 @@ def test_manifest_inputs_calibration_environment(nsfw_run):
     manifest = open_run(nsfw_run.path)
     calibration, evaluation = manifest.inputs["calibration"], manifest.inputs["evaluation"]
     assert calibration["count"] == 12 and evaluation["count"] == 9
-    assert calibration["names"][:2] == ["astronaut.png", "chelsea.png"] and not set(calibration["names"]) & set(evaluation["names"])
-    assert len(calibration["digest"]) == 64 and calibration["digest"] != evaluation["digest"]
+    names = {role: read_samples(nsfw_run.path, manifest, manifest.inputs[role]).names for role in ("calibration", "evaluation")}
+    assert names["calibration"][:2] == ["astronaut.png", "chelsea.png"] and not set(names["calibration"]) & set(names["evaluation"])
+    assert (len(names["calibration"]), len(names["evaluation"])) == (12, 9) and "names" not in calibration
+    assert calibration["digest"].startswith("xxh3-128:") and calibration["digest"] != evaluation["digest"]
+    assert (calibration["offset"], evaluation["offset"]) == (0, 12)
     assert calibration["preprocess"]["mean"] == [104.0, 117.0, 123.0]
     assert manifest.calibration["ranges_file"] == "quantize/calibration_ranges.json"
     assert manifest.calibration["issues"] == [] and len(manifest.calibration["table"]) > 150

@@ -7,7 +7,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 

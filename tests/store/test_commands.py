@@ -49,10 +49,10 @@ def test_verify_lists_every_file(runs_copy):
     result = runner.invoke(app, ["verify", str(runs_copy["pipeline"])])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith(f"run {runs_copy['pipeline']}: verified (4 file(s), ")
+    assert lines[0].startswith(f"run {runs_copy['pipeline']}: verified (6 file(s), ")
     assert [line.split() for line in lines[1:]] == [
-        ["ok", "convert/model.onnx"], ["ok", "optimize/model.onnx"], ["ok", "quantize/calibration_ranges.json"],
-        ["ok", "quantize/model.onnx"]]
+        ["ok", "convert/model.onnx"], ["ok", "inputs/calibration.jsonl"], ["ok", "inputs/evaluation.jsonl"],
+        ["ok", "optimize/model.onnx"], ["ok", "quantize/calibration_ranges.json"], ["ok", "quantize/model.onnx"]]
 
 
 def test_verify_json_and_statuses(runs_copy):
@@ -194,6 +194,7 @@ def test_verify_run_on_an_old_run_without_files(runs_copy):
     assert result.passed
     assert {f.path: f.status for f in result.files} == {
         "convert/model.onnx": "ok", "optimize/model.onnx": "ok", "quantize/model.onnx": "ok",
-        "quantize/calibration_ranges.json": "unverified"}
+        "quantize/calibration_ranges.json": "unverified", "inputs/calibration.jsonl": "unverified",
+        "inputs/evaluation.jsonl": "unverified"}
     shutil.copyfile(run / "optimize" / "model.onnx", run / "quantize" / "model.onnx")
     assert [f.status for f in verify_run(run).files if f.path == "quantize/model.onnx"] == ["modified"]

@@ -1,0 +1,124 @@
+"""Folders of samples as users keep them.
+
+* **A flat folder of images** (``.png .jpg .jpeg .bmp .tif .tiff .gif .webp``), sorted by file name; samples
+  are named by their file names. A labels file beside the images (``labels.csv``, ``labels.json`` or
+  ``labels.txt``, forms in ``qconsist.inputs.labels``; at most one) labels them, ``classes.txt`` numbers the
+  class names it uses.
+* **A class-folder tree**: one subfolder per class holding its images (in subfolders of its own too); classes
+  are numbered in sorted folder-name order, or in the order of a ``classes.txt`` at the top, which must name
+  every class folder. Samples are sorted by their path below the top (``class/file.jpg``, their names), and
+  labelled by their class folder. A class folder without images is refused (it would shift the numbering),
+  and so is a folder holding images both at its top and in subfolders.
+* **A flat folder of ``.npy`` files**, one sample each, sorted by file name.
+
+Hidden entries (a leading ``.``) are ignored. Names are whatever the file system holds, including bytes that
+are not UTF-8 (Python's surrogate escapes); the order is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from qconsist.errors import ConfigError, InputError
+from qconsist.inputs.labels import CLASSES_FILE, LABEL_FILES, Labels, read_classes, read_labels
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
+
+
+@dataclass
+class FolderContents:
+    kind: str  # "images" | "arrays"
+    files: list[Path]
+    names: list[str]
+    labels: Labels | None = None
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as found:
+            return sorted((e for e in found if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as exc:
+        raise InputError(f"cannot list input folder {folder}: {exc.strerror or exc}") from None
+
+
+def _is_image(entry: os.DirEntry) -> bool:
+    return os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES and entry.is_file()
+
+
+def _images_below(folder: Path) -> list[Path]:
+    """Every image in ``folder`` and its subfolders, sorted by path below ``folder``."""
+    found = []
+    for entry in _entries(folder):
+        if entry.is_dir():
+            found += _images_below(Path(entry.path))
+        elif _is_image(entry):
+            found.append(Path(entry.path))
+    return found
+
+
+def scan_folder(folder: Path, labels_file: Path | None = None) -> FolderContents:
+    """The samples (and labels) of an input folder, by the rules of the module docstring."""
+    entries = _entries(folder)
+    images = [Path(e.path) for e in entries if _is_image(e)]
+    arrays = [Path(e.path) for e in entries if e.name.lower().endswith(".npy") and e.is_file()]
+    folders = [Path(e.path) for e in entries if e.is_dir()]
+    classes_path = folder / CLASSES_FILE
+    if images and arrays:
+        raise InputError(f"input folder {folder} mixes images and .npy files; keep one kind")
+    if arrays:
+        if labels_file is not None:
+            raise ConfigError(f"input folder {folder} holds arrays; labels are read for images")
+        return FolderContents("arrays", arrays, [p.name for p in arrays])
+    if images:
+        nested = next((f for f in folders if _images_below(f)), None)
+        if nested is not None:
+            raise InputError(f"input folder {folder} holds images both at its top and in subfolder {nested.name}; "
+                             "keep one layout (one folder per class, or one flat folder)")
+        names = [p.name for p in images]
+        return FolderContents("images", images, names, _flat_labels(folder, labels_file, classes_path))
+    if folders:
+        return _class_tree(folder, folders, labels_file, classes_path)
+    raise InputError(f"input folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no .npy files")
+
+
+def _flat_labels(folder: Path, labels_file: Path | None, classes_path: Path) -> Labels | None:
+    if labels_file is None:
+        found = [folder / name for name in LABEL_FILES if (folder / name).is_file()]
+        if len(found) > 1:
+            raise ConfigError(f"input folder {folder} holds {' and '.join(p.name for p in found)}: keep one labels file")
+        labels_file = found[0] if found else None
+    if labels_file is None:
+        return None
+    classes = read_classes(classes_path) if classes_path.is_file() else ()
+    return read_labels(labels_file, classes)
+
+
+def _class_tree(folder: Path, folders: list[Path], labels_file: Path | None, classes_path: Path) -> FolderContents:
+    if labels_file is not None:
+        raise ConfigError(f"input folder {folder} has one folder per class, which labels its images; "
+                          "a labels file applies to a flat folder of images")
+    names = [f.name for f in folders]
+    if classes_path.is_file():
+        classes = read_classes(classes_path)
+        unlisted = sorted(set(names) - set(classes))
+        if unlisted:
+            raise ConfigError(f"{classes_path} does not list class folder {unlisted[0]!r} "
+                              f"({len(unlisted)} folder(s) unlisted)")
+    else:
+        classes = tuple(names)
+    index = {name: i for i, name in enumerate(classes)}
+    files: list[Path] = []
+    by_name: dict[str, int] = {}
+    for class_folder in folders:
+        found = _images_below(class_folder)
+        if not found:
+            raise InputError(f"class folder {class_folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}); "
+                             "remove it or add its images (an empty class would shift the numbering)")
+        for path in found:
+            name = path.relative_to(folder).as_posix()
+            by_name[name] = index[class_folder.name]
+            files.append(path)
+    return FolderContents("images", files, [p.relative_to(folder).as_posix() for p in files],
+                          Labels(by_name, tuple(classes), "folders"))

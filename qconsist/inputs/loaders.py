@@ -1,0 +1,184 @@
+"""How each sample of an input set is made from its index: small picklable objects, so that an input worker
+in another process (``qconsist.inputs.stream``) makes exactly the bytes this process would.
+
+``prepare(index)`` returns the sample (``{input name: array}``, batch dimension 1) and, for images, the PIL
+mode the file had before conversion (``preprocess.mode_rule``); ``file(index)`` names the file the sample
+is read from, whose bytes the run records a digest of. ``parallel`` says whether preparing a sample is
+worth a worker process (decoding images: yes; slicing arrays: no, a thread of this process reads them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from qconsist.errors import InputError, ShapeMismatchError
+
+Sample = dict[str, np.ndarray]
+
+
+class Loader:
+    """Sample ``index`` of a set (see the module docstring)."""
+
+    parallel = False
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        raise NotImplementedError
+
+    def file(self, index: int) -> Path | None:
+        return None
+
+    def __call__(self, index: int) -> Sample:
+        return self.prepare(index)[0]
+
+
+class ImageFiles(Loader):
+    """Images decoded and prepared as ``preprocess`` declares."""
+
+    parallel = True
+
+    def __init__(self, paths: Sequence[Path], preprocess: Any, input_name: str) -> None:  # preprocess: Preprocess
+        self.paths, self.preprocess, self.input_name = list(paths), preprocess, input_name
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        array, mode = self.preprocess.prepare(self.paths[index])
+        return {self.input_name: array}, mode
+
+    def file(self, index: int) -> Path | None:
+        return self.paths[index]
+
+
+class Augmented(Loader):
+    """``package:photos:augmented``: sample ``index`` cropped and flipped from the base photos by its seed."""
+
+    parallel = True
+
+    def __init__(self, make: Any, input_name: str) -> None:  # make: augment.AugmentedPhotos
+        self.make, self.input_name = make, input_name
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        return {self.input_name: self.make(index)}, None
+
+
+class NpyFiles(Loader):
+    """A folder of ``.npy`` files, one sample each (a leading axis of 1 is added where missing)."""
+
+    def __init__(self, paths: Sequence[Path], input_name: str) -> None:
+        self.paths, self.input_name = list(paths), input_name
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        array = load_npy(self.paths[index])
+        return {self.input_name: np.ascontiguousarray(array if array.ndim and array.shape[0] == 1 else array[None])}, None
+
+    def file(self, index: int) -> Path | None:
+        return self.paths[index]
+
+
+class Stacked(Loader):
+    """Arrays stacked on axis 0 (a ``.npy`` memory map, or a ``.npz`` read into memory), one per input name."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        return {name: np.ascontiguousarray(a[index: index + 1]) for name, a in self.arrays.items()}, None
+
+
+class Offset(Loader):
+    """Samples ``offset``, ``offset + 1``, … of another loader (a subset)."""
+
+    def __init__(self, base: Any, offset: int) -> None:
+        self.base, self.offset = base, offset
+        self.parallel = getattr(base, "parallel", False)
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        return prepare(self.base, self.offset + index)
+
+    def file(self, index: int) -> Path | None:
+        return file_of(self.base, self.offset + index)
+
+
+class Picked(Loader):
+    """The samples of another loader at ``positions``, in that order."""
+
+    def __init__(self, base: Any, positions: Sequence[int]) -> None:
+        self.base, self.positions = base, list(positions)
+        self.parallel = getattr(base, "parallel", False)
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        return prepare(self.base, self.positions[index])
+
+    def file(self, index: int) -> Path | None:
+        return file_of(self.base, self.positions[index])
+
+
+class Checked(Loader):
+    """Another loader's samples checked against the model's inputs (``check_sample``): names, rank, fixed
+    dimensions, element type (floats cast), finite values."""
+
+    def __init__(self, base: Any, specs: Sequence[Any], names: Sequence[str]) -> None:  # specs: InputSpec
+        self.base, self.specs, self.names = base, list(specs), names
+        self.parallel = getattr(base, "parallel", False)
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        sample, mode = prepare(self.base, index)
+        return check_sample(sample, self.specs, self.names[index]), mode
+
+    def file(self, index: int) -> Path | None:
+        return file_of(self.base, index)
+
+
+def prepare(loader: Any, index: int) -> tuple[Sample, str | None]:
+    """Sample ``index`` of any loader (a ``Loader``, or a plain function of the index)."""
+    return loader.prepare(index) if isinstance(loader, Loader) else (loader(index), None)
+
+
+def file_of(loader: Any, index: int) -> Path | None:
+    return loader.file(index) if isinstance(loader, Loader) else None
+
+
+def load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"array file {path} does not exist") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read array file {path}: {exc}") from None
+
+
+def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
+    """``sample`` fitted to the model's inputs ``specs`` (``InputSpec``), or a one-line error naming it."""
+    if len(specs) == 1 and len(sample) == 1 and next(iter(sample)) not in {specs[0].name}:
+        sample = {specs[0].name: next(iter(sample.values()))}
+    wanted = {s.name for s in specs}
+    if set(sample) != wanted:
+        raise ShapeMismatchError(
+            f"sample {label} has inputs {sorted(sample)}, the model wants {sorted(wanted)}"
+        )
+    out = {}
+    for spec in specs:
+        arr = sample[spec.name]
+        if arr.ndim != len(spec.shape) or any(
+            isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
+        ):
+            shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
+            raise ShapeMismatchError(
+                f"sample {label}: input '{spec.name}' has shape {list(arr.shape)}, the model wants {shown}"
+            )
+        if arr.dtype != spec.dtype:
+            if np.issubdtype(arr.dtype, np.floating) and np.issubdtype(spec.dtype, np.floating):
+                arr = arr.astype(spec.dtype)
+            else:
+                raise ShapeMismatchError(
+                    f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
+                )
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            nan = int(np.isnan(arr).sum())
+            raise InputError(
+                f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "
+                "infinite value(s); every input must be finite"
+            )
+        out[spec.name] = arr
+    return out
