@@ -103,7 +103,7 @@ def sensitivity(
     pipeline: opt.PipelineFile = None,
     offset: opt.Offset = 0,
     count: opt.Count = None,
-    labels: Optional[Path] = typer.Option(None, "--labels", help="JSON file of sample name -> class index: accuracy of the class-scores output (accuracy-drop targets)."),
+    labels: opt.LabelsFile = None,
     ep: opt.Ep = "cpu",
     level: opt.Level = "all",
     threads: opt.Threads = None,
@@ -132,8 +132,9 @@ def sensitivity(
     """
     from qconsist.gpu.latency import LatencyOptions
     from qconsist.sensitivity import SensitivityRequest, parse_targets
+    from qconsist.inputs.labels import read_labels
     from qconsist.sensitivity import sensitivity as analyse
-    from qconsist.sensitivity.source import open_quantized_run, read_labels
+    from qconsist.sensitivity.source import open_quantized_run
 
     targets = parse_targets(target)
     execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
@@ -141,18 +142,21 @@ def sensitivity(
     request = SensitivityRequest(targets=targets, candidates=None if all_nodes else candidates, execution=execution,
                                  latency=LatencyOptions(warmup=warmup, runs=timed_runs), alternatives=alternatives,
                                  widen=widen)
-    probe_inputs = None
+    if inputs is None and pipeline is not None:
+        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
+                          "evaluation inputs are used, prepared as the run prepared them)")
+    probe_inputs, by_name = None, None
     if inputs is not None:
         from qconsist.inference import resolve_model
 
         source = open_quantized_run(run)
-        probe_inputs = opt.input_set(inputs, resolve_model(source.path, source.float_stage), pipeline, offset, count)
-    elif pipeline is not None:
-        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
-                          "evaluation inputs are used, prepared as the run prepared them)")
-    elif offset or count is not None:
-        probe_inputs = open_quantized_run(run).inputs("evaluation").subset(offset, count)
-    result, path = analyse(run, request, probe_inputs, read_labels(labels) if labels is not None else None,
+        probe_inputs = opt.input_set(inputs, resolve_model(source.path, source.float_stage), pipeline, offset, count,
+                                     labels=labels)
+    else:  # the run's own evaluation inputs, labelled by sample name where --labels is given (a nightly entry's labels)
+        by_name = dict(read_labels(labels).by_name) if labels is not None else None
+        if offset or count is not None:
+            probe_inputs = open_quantized_run(run).inputs("evaluation").subset(offset, count)
+    result, path = analyse(run, request, probe_inputs, by_name,
                            runs_dir=runs_dir if runs_dir is not None else Path("runs"), run_id=run_id,
                            progress=progress_for(json_output))
     if json_output:

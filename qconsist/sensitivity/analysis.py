@@ -71,8 +71,12 @@ class SensitivityRequest:
 
 
 def _labels_per_sample(inputs: InputSet, labels: Mapping[str, int] | None) -> list[int | None] | None:
+    """Each probe sample's class: from ``labels`` (sample name -> class) where given, else from the input set's
+    own labels (class folders, a labels file beside its images); None where there are none."""
     if not labels:
-        return None
+        if inputs.labels is None:
+            return None
+        labels = inputs.labels.by_name
     found = [labels.get(name) for name in inputs.names]
     if not any(label is not None for label in found):
         shown = ", ".join(list(inputs.names)[:3])
@@ -115,20 +119,22 @@ def _first_pass_order(first: dict[str, FirstPass], names: Sequence[str]) -> list
     return sorted(names, key=key)
 
 
-def reachable(prober: Prober, baseline: Probe, single: dict[str, Probe], targets: Sequence[Target]) -> bool:
-    """Whether the nodes probed so far can reach the targets: every node that improved alone, kept in float
-    together, measured (one probe; the search runs once the answer is yes, or when every node is probed)."""
+def together(prober: Prober, baseline: Probe, single: dict[str, Probe], targets: Sequence[Target]) -> Probe | None:
+    """Every node probed so far that improved alone, kept in float together, measured (one probe): whether they can
+    reach the targets, and how close they come (None: no node improved)."""
     order = improving(single, baseline.figures, targets)
-    return bool(order) and meets(prober.probe(order), targets)
+    return prober.probe(order) if order else None
 
 
-def _strategy(probed: int, quantizable: int, batch: int, rounds: int, request: SensitivityRequest) -> str:
+def _strategy(probed: int, quantizable: int, batch: int, rounds: int, request: SensitivityRequest, stopped: str) -> str:
     """Which nodes were probed, in words."""
     if request.candidates is None or probed == quantizable and rounds == 1:
         return f"every quantizable node ({quantizable})"
     text = f"the first pass's top {probed} of {quantizable} quantizable nodes (quant-error's ranking"
     if rounds > 1:
         text += f"; widened {rounds - 1} time(s) by {batch}: the targets were not reached with fewer"
+    if stopped:
+        text += f"; stopped: {stopped}"
     return text + "; --all probes every one)"
 
 
@@ -226,7 +232,8 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     single: dict[str, Probe] = {}
     proposal: Proposal | None = None
     seconds["probes"] = seconds["search"] = 0.0
-    rounds = 0
+    rounds, stopped = 0, ""
+    best: tuple | None = None
     step("probes")
     while len(single) < len(first_order):
         mark = time.perf_counter()
@@ -237,9 +244,20 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
                 task.advance()
         rounds += 1
         seconds["probes"] += time.perf_counter() - mark
-        if not targets or not request.widen or reachable(prober, baseline, single, targets):
+        if not targets or not request.widen:
             break
-    strategy = _strategy(len(single), len(names), batch, rounds, request)
+        # widen while it helps: stop once the improving nodes together reach the targets, or once a round of
+        # probes brought them no closer (the targets are then out of reach of nodes kept in float: the
+        # alternatives are measured instead of every remaining node)
+        joint = together(prober, baseline, single, targets)
+        if joint is not None and meets(joint, targets):
+            break
+        now = standing(joint.figures, targets, baseline.figures) if joint is not None and not joint.nothing_quantized else None
+        if rounds > 1 and (now is None or (best is not None and now <= best)):
+            stopped = "a round of probes brought the improving nodes no closer to the targets"
+            break
+        best = now if best is None or (now is not None and now > best) else best
+    strategy = _strategy(len(single), len(names), batch, rounds, request, stopped)
     if targets:
         step("search")
         mark = time.perf_counter()
@@ -307,7 +325,7 @@ def sensitivity(run_path: Path | str, request: SensitivityRequest = SensitivityR
                 command: Sequence[str] | None = None, progress: Progress = NULL_PROGRESS) -> tuple[SensitivityResult, Path | None]:
     """Per-node sensitivity of a pipeline run's quantization and, with targets, a verified list of nodes to keep in
     float. ``inputs``: the probe inputs (default: the run's evaluation inputs, opened again and digest-checked);
-    ``labels``: sample name -> class, for accuracy. With ``runs_dir``, a run directory of kind ``sensitivity`` is
+    ``labels``: sample name -> class, for accuracy (default: the inputs' own labels, where they have them). With ``runs_dir``, a run directory of kind ``sensitivity`` is
     written (``sensitivity.json``, the verified model as its quantize stage, the manifest last); its path is
     returned beside the result."""
     run = open_quantized_run(run_path)

@@ -10,7 +10,6 @@ or without recorded ranges — is refused in one line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +17,7 @@ from typing import Any, Callable
 import onnx
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
-from qconsist.errors import ConfigError, InputError, RunStoreError
+from qconsist.errors import RunStoreError
 from qconsist.explain.replay import replay_inputs
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -140,18 +139,3 @@ def open_quantized_run(path: Path | str) -> QuantizedRun:
         config=config, given=given if given != run_dir else None,
     )
 
-
-def read_labels(path: Path | str) -> dict[str, int]:
-    """Labels of the probe inputs from a JSON file mapping sample names to class indices (the nightly file's
-    ``labels`` format); a file that is not one is an error naming it."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"labels file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"labels file {path} is not a JSON object of sample name -> class ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict) or not data or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                       for v in data.values()):
-        raise ConfigError(f"labels file {path} must map sample names to class indices (integers >= 0)")
-    return {str(k): int(v) for k, v in data.items()}

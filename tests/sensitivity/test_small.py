@@ -73,7 +73,7 @@ def test_one_calibration_reproduces_the_run_and_every_node_is_probed(classifier)
     gains = {n.node: n.gain_db for n in result.probed}
     assert gains["softmax"] == pytest.approx(4.77, abs=0.01) and gains["fc"] == pytest.approx(0.42, abs=0.01)
     assert gains["flatten"] == gains["gap"] == 0.0  # nothing to gain: their tensors are quantized by their neighbours
-    assert result.samples == 4 and result.inputs["names"] == ["000008", "000009", "000010", "000011"]
+    assert result.samples == 4 and (result.inputs["offset"], result.inputs["count"]) == (8, 4)
     assert result.agreement is not None and result.agreement.nodes == 6
 
 
@@ -309,9 +309,9 @@ def test_option_errors(small, tmp_path):
     (tmp_path / "other.json").write_text('{"elsewhere.png": 1}')
     _error(_invoke("sensitivity", small["cls"], "--labels", tmp_path / "other.json"),
            "no sample of the inputs has a label (the labels name other samples; the inputs' samples: 000008, 000009, 000010, …)")
-    (tmp_path / "bad.json").write_text('{"000008": "cat"}')
+    (tmp_path / "bad.json").write_text('[1, 2]')
     _error(_invoke("sensitivity", small["cls"], "--labels", tmp_path / "bad.json"),
-           f"labels file {tmp_path / 'bad.json'} must map sample names to class indices (integers >= 0)")
+           f"labels file {tmp_path / 'bad.json'} must map sample names to classes (a JSON object)")
     result = _invoke("sensitivity", small["cls"], "--candidates", "0")
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
 
