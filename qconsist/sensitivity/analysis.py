@@ -26,7 +26,7 @@ from qconsist.sensitivity.probe import Probe, Prober, quantizable_nodes
 from qconsist.sensitivity.result import (
     Cost, FirstPass, NodeSensitivity, Proposal, SensitivityResult, Step, Verification,
 )
-from qconsist.sensitivity.search import agreement, improving, meets, propose
+from qconsist.sensitivity.search import agreement, meets, propose
 from qconsist.sensitivity.source import STAGE, QuantizedRun, open_quantized_run
 from qconsist.sensitivity.target import Target
 from qconsist.stages.base import stage as registered_stage
@@ -68,6 +68,13 @@ class SensitivityRequest:
             raise ConfigError(f"`first_pass_samples` must be an integer >= 1, got {self.first_pass_samples!r}")
         if not all(isinstance(t, Target) for t in self.targets):
             raise ConfigError("`targets` must be Target objects (Target.parse(\"sqnr>=40\"))")
+
+
+def measurement_options(options: ExecutionOptions) -> ExecutionOptions:
+    """The probes' options: as given, but on one intra-op thread unless a count is given — onnxruntime's default
+    (one per physical core) partitions the CPU provider's convolutions otherwise and moves their last bits, and
+    recorded figures must not change with the machine. The latency is timed with the options as given."""
+    return options if options.intra_op_threads is not None else options.with_options(intra_op_threads=1)
 
 
 def _labels_per_sample(inputs: InputSet, labels: Mapping[str, int] | None) -> list[int | None] | None:
@@ -117,13 +124,6 @@ def _first_pass_order(first: dict[str, FirstPass], names: Sequence[str]) -> list
             return (1, 0.0, f.sqnr_db, name)
         return (0, -f.added_db, f.sqnr_db, name)
     return sorted(names, key=key)
-
-
-def together(prober: Prober, baseline: Probe, single: dict[str, Probe], targets: Sequence[Target]) -> Probe | None:
-    """Every node probed so far that improved alone, kept in float together, measured (one probe): whether they can
-    reach the targets, and how close they come (None: no node improved)."""
-    order = improving(single, baseline.figures, targets)
-    return prober.probe(order) if order else None
 
 
 def _strategy(probed: int, quantizable: int, batch: int, rounds: int, request: SensitivityRequest, stopped: str) -> str:
@@ -214,14 +214,15 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
         raise InputError(f"the {run.float_stage} model of {run.path} has no named node that onnxruntime quantizes "
                          f"({unnamed} unnamed): nothing to keep in float")
     ops = {n.name: n.op_type for n in model.graph.node}
-    prober = Prober(run, inputs, request.execution, scratch, per_sample)
+    measuring = measurement_options(request.execution)
+    prober = Prober(run, inputs, measuring, scratch, per_sample)
     baseline = prober.probe([], keep=True)
     run_md5 = _md5(run.quantized_model)
 
     step("first-pass")
     mark = time.perf_counter()
     first_inputs = inputs.subset(0, min(request.first_pass_samples, len(inputs)))
-    errors = quantization_error(run.path, first_inputs, request.execution, float_stage=run.float_stage,
+    errors = quantization_error(run.path, first_inputs, measuring, float_stage=run.float_stage,
                                 quantized_stage=STAGE, progress=progress)
     first = _first_pass(errors, model, names)
     first_order = _first_pass_order(first, names)
@@ -234,8 +235,8 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     seconds["probes"] = seconds["search"] = 0.0
     rounds, stopped = 0, ""
     best: tuple | None = None
-    step("probes")
     while len(single) < len(first_order):
+        step("probes")
         mark = time.perf_counter()
         chosen = first_order[len(single):len(single) + batch]
         with progress.task("probing nodes", len(chosen)) as task:
@@ -244,25 +245,23 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
                 task.advance()
         rounds += 1
         seconds["probes"] += time.perf_counter() - mark
-        if not targets or not request.widen:
+        if not targets:
             break
-        # widen while it helps: stop once the improving nodes together reach the targets, or once a round of
-        # probes brought them no closer (the targets are then out of reach of nodes kept in float: the
-        # alternatives are measured instead of every remaining node)
-        joint = together(prober, baseline, single, targets)
-        if joint is not None and meets(joint, targets):
-            break
-        now = standing(joint.figures, targets, baseline.figures) if joint is not None and not joint.nothing_quantized else None
-        if rounds > 1 and (now is None or (best is not None and now <= best)):
-            stopped = "a round of probes brought the improving nodes no closer to the targets"
-            break
-        best = now if best is None or (now is not None and now > best) else best
-    strategy = _strategy(len(single), len(names), batch, rounds, request, stopped)
-    if targets:
         step("search")
         mark = time.perf_counter()
         proposal = propose(lambda nodes: prober.probe(nodes), baseline, single, targets, progress)
         seconds["search"] += time.perf_counter() - mark
+        if proposal.reached or not request.widen:
+            break
+        # widen while it helps: a round of probes whose search comes no closer to the targets than the last one
+        # stops it (they are then out of reach of nodes kept in float: the alternatives are measured instead of
+        # every remaining node)
+        now = standing(proposal.predicted, targets, baseline.figures)
+        if best is not None and now <= best:
+            stopped = "a round of probes brought the search no closer to the targets"
+            break
+        best = now
+    strategy = _strategy(len(single), len(names), batch, rounds, request, stopped)
 
     targets = request.targets
     by_standing = sorted(single, key=lambda n: (tuple(-v for v in standing(single[n].figures, targets, baseline.figures)), n))
@@ -310,7 +309,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     cost = Cost(sessions=sessions_opened() - sessions_before, quantizations=prober.cost.quantizations,
                 probes=len(prober._probes), reused=prober.cost.reused, seconds=seconds, probe_parts=parts)
     result = SensitivityResult(
-        run=str(run.given or run.path), model=run.name, float_stage=run.float_stage, execution=request.execution.to_json(),
+        run=str(run.given or run.path), model=run.name, float_stage=run.float_stage, execution=measuring.to_json(),
         inputs={**inputs.describe(), "digest": inputs.digest()}, samples=len(inputs), targets=list(targets),
         strategy=strategy, quantizable=len(names), unnamed=unnamed, baseline=baseline.figures, baseline_md5=baseline.md5,
         run_md5=run_md5, nodes=nodes, existing_exclusions=list(run.options.nodes_to_exclude), agreement=agreed,
