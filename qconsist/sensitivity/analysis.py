@@ -20,7 +20,7 @@ from qconsist.gpu.latency import LatencyOptions
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged, require_provider, run_outputs, sessions_opened
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.sensitivity.figures import judge, standing
+from qconsist.sensitivity.figures import standing
 from qconsist.sensitivity.latency import latency_cost
 from qconsist.sensitivity.probe import Probe, Prober, quantizable_nodes
 from qconsist.sensitivity.result import (
@@ -181,7 +181,7 @@ def _verify(prober: Prober, run: QuantizedRun, proposal: Proposal, targets: Sequ
     record = stage.run(run.float_model, target, options, context)
     with ort_logged():
         outputs = run_outputs(create_session(target, prober.execution), prober.inputs)
-    measured = judge(prober.reference(), outputs, run.judged(), prober.labels, prober._float_accuracy)
+    measured = prober.judge(outputs)
     check = next((v for k, v in record.checks.items() if k.startswith("outputs_vs_")), None)
     md5 = _md5(target)
     verification = Verification(
@@ -190,6 +190,80 @@ def _verify(prober: Prober, run: QuantizedRun, proposal: Proposal, targets: Sequ
         stage_check=check, stage_failures=list(record.result.failures), seconds=time.perf_counter() - started,
     )
     return verification, record
+
+
+def _rounds(prober: Prober, baseline: Probe, first_order: list[str], quantizable: int, request: SensitivityRequest,
+            seconds: dict[str, float], step, progress: Progress) -> tuple[dict[str, Probe], Proposal | None, str]:
+    """Probe the first pass's nodes a batch of ``candidates`` at a time, searching after each batch, while the targets
+    are missed and the search comes closer (see the package docstring): the single probes, the proposal, the
+    strategy in words."""
+    targets = request.targets
+    batch = len(first_order) if request.candidates is None else request.candidates
+    single: dict[str, Probe] = {}
+    proposal: Proposal | None = None
+    seconds["probes"] = seconds["search"] = 0.0
+    rounds, stopped, best = 0, "", None
+    while len(single) < len(first_order):
+        step("probes")
+        mark = time.perf_counter()
+        chosen = first_order[len(single):len(single) + batch]
+        with progress.task("probing nodes", len(chosen)) as task:
+            for name in chosen:
+                single[name] = prober.probe([name])
+                task.advance()
+        rounds += 1
+        seconds["probes"] += time.perf_counter() - mark
+        if not targets:
+            break
+        step("search")
+        mark = time.perf_counter()
+        proposal = propose(lambda nodes: prober.probe(nodes), baseline, single, targets, progress)
+        seconds["search"] += time.perf_counter() - mark
+        if proposal.reached or not request.widen:
+            break
+        # widen while it helps: a round of probes whose search comes no closer to the targets than the last one
+        # stops it (they are then out of reach of nodes kept in float: the alternatives are measured instead of
+        # every remaining node)
+        now = standing(proposal.predicted, targets, baseline.figures)
+        if best is not None and now <= best:
+            stopped = "a round of probes brought the search no closer to the targets"
+            break
+        best = now
+    return single, proposal, _strategy(len(single), quantizable, batch, rounds, request, stopped)
+
+
+def _ranked(single: dict[str, Probe], baseline: Probe, first: dict[str, FirstPass], first_order: list[str],
+            ops: dict[str, str], targets: Sequence[Target]) -> tuple[list[NodeSensitivity], object]:
+    """Every quantizable node, the probed ones ranked by their effect on the outputs, and how quant-error's ranking
+    relates to it."""
+    by_standing = sorted(single, key=lambda n: (tuple(-v for v in standing(single[n].figures, targets, baseline.figures)), n))
+    rank = {name: i + 1 for i, name in enumerate(by_standing)}
+    gains = {n: p.figures.worst_sqnr_db - baseline.figures.worst_sqnr_db for n, p in single.items()}
+    first_rank = {name: i + 1 for i, name in enumerate(first_order) if name in first}
+    nodes = []
+    for name in [*by_standing, *[n for n in first_order if n not in single]]:
+        p = single.get(name)
+        nodes.append(NodeSensitivity(
+            node=name, op_type=ops[name], first_pass=first.get(name), first_pass_rank=first_rank.get(name),
+            probe=p.figures if p else None, md5=p.md5 if p else "", gain_db=gains.get(name), rank=rank.get(name),
+            same_model_as_baseline=bool(p and p.md5 == baseline.md5), seconds=p.seconds if p else 0.0))
+    agreed = None
+    if len(single) >= 3:
+        agreed = agreement({n: f.added_db for n, f in first.items()}, {n: f.sqnr_db for n, f in first.items()},
+                           {n: gains[n] for n in single}, [n for n in first_order if n in single], by_standing, 10)
+    return nodes, agreed
+
+
+def _cost(prober: Prober, sessions: int, seconds: dict[str, float]) -> Cost:
+    """What it all cost, with the median parts of a probe that ran (not the all-quantized one, not a reused one)."""
+    measured = [p for p in prober.measured() if p.excluded or p.options]
+
+    def median(part: str) -> float:
+        return statistics.median([getattr(p, part) for p in measured]) if measured else 0.0
+
+    return Cost(sessions=sessions, quantizations=prober.cost.quantizations, probes=prober.probes, reused=prober.cost.reused,
+                seconds=seconds, probe_parts={"quantize": median("quantize_seconds"), "session": median("session_seconds"),
+                                              "inference": median("inference_seconds")})
 
 
 def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, labels: Mapping[str, int] | None,
@@ -229,56 +303,8 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     seconds["first_pass"] = time.perf_counter() - mark
 
     targets = request.targets
-    batch = len(first_order) if request.candidates is None else request.candidates
-    single: dict[str, Probe] = {}
-    proposal: Proposal | None = None
-    seconds["probes"] = seconds["search"] = 0.0
-    rounds, stopped = 0, ""
-    best: tuple | None = None
-    while len(single) < len(first_order):
-        step("probes")
-        mark = time.perf_counter()
-        chosen = first_order[len(single):len(single) + batch]
-        with progress.task("probing nodes", len(chosen)) as task:
-            for name in chosen:
-                single[name] = prober.probe([name])
-                task.advance()
-        rounds += 1
-        seconds["probes"] += time.perf_counter() - mark
-        if not targets:
-            break
-        step("search")
-        mark = time.perf_counter()
-        proposal = propose(lambda nodes: prober.probe(nodes), baseline, single, targets, progress)
-        seconds["search"] += time.perf_counter() - mark
-        if proposal.reached or not request.widen:
-            break
-        # widen while it helps: a round of probes whose search comes no closer to the targets than the last one
-        # stops it (they are then out of reach of nodes kept in float: the alternatives are measured instead of
-        # every remaining node)
-        now = standing(proposal.predicted, targets, baseline.figures)
-        if best is not None and now <= best:
-            stopped = "a round of probes brought the search no closer to the targets"
-            break
-        best = now
-    strategy = _strategy(len(single), len(names), batch, rounds, request, stopped)
-
-    targets = request.targets
-    by_standing = sorted(single, key=lambda n: (tuple(-v for v in standing(single[n].figures, targets, baseline.figures)), n))
-    rank = {name: i + 1 for i, name in enumerate(by_standing)}
-    gains = {n: p.figures.worst_sqnr_db - baseline.figures.worst_sqnr_db for n, p in single.items()}
-    first_rank = {name: i + 1 for i, name in enumerate(first_order) if name in first}
-    nodes = []
-    for name in [*by_standing, *[n for n in first_order if n not in single]]:
-        p = single.get(name)
-        nodes.append(NodeSensitivity(
-            node=name, op_type=ops[name], first_pass=first.get(name), first_pass_rank=first_rank.get(name),
-            probe=p.figures if p else None, md5=p.md5 if p else "", gain_db=gains.get(name), rank=rank.get(name),
-            same_model_as_baseline=bool(p and p.md5 == baseline.md5), seconds=p.seconds if p else 0.0))
-    agreed = None
-    if len(single) >= 3:
-        agreed = agreement({n: f.added_db for n, f in first.items()}, {n: f.sqnr_db for n, f in first.items()},
-                           {n: gains[n] for n in single}, [n for n in first_order if n in single], by_standing, 10)
+    single, proposal, strategy = _rounds(prober, baseline, first_order, len(names), request, seconds, step, progress)
+    nodes, agreed = _ranked(single, baseline, first, first_order, ops, targets)
 
     verification = latency = None
     alternatives: list[Step] = []
@@ -302,12 +328,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
             latency = latency_cost(run.float_model, prober.model([]), verified, request.execution, inputs, request.latency, progress)
             seconds["latency"] = time.perf_counter() - mark
     seconds["total"] = time.perf_counter() - started
-    measured = [p for p in prober._by_md5.values() if p.excluded or p.options]
-    parts = {"quantize": statistics.median([p.quantize_seconds for p in measured]) if measured else 0.0,
-             "session": statistics.median([p.session_seconds for p in measured]) if measured else 0.0,
-             "inference": statistics.median([p.inference_seconds for p in measured]) if measured else 0.0}
-    cost = Cost(sessions=sessions_opened() - sessions_before, quantizations=prober.cost.quantizations,
-                probes=len(prober._probes), reused=prober.cost.reused, seconds=seconds, probe_parts=parts)
+    cost = _cost(prober, sessions_opened() - sessions_before, seconds)
     result = SensitivityResult(
         run=str(run.given or run.path), model=run.name, float_stage=run.float_stage, execution=measuring.to_json(),
         inputs={**inputs.describe(), "digest": inputs.digest()}, samples=len(inputs), targets=list(targets),

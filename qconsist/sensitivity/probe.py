@@ -90,6 +90,15 @@ class Prober:
     _by_md5: dict = field(default_factory=dict, repr=False)
     _kept: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def probes(self) -> int:
+        """How many probes were asked for (each distinct list and settings once)."""
+        return len(self._probes)
+
+    def measured(self) -> list[Probe]:
+        """The probes whose model was run (one per distinct quantized model)."""
+        return list(self._by_md5.values())
+
     def reference(self) -> list:
         """The float model's outputs on the probe inputs (one session, once)."""
         if self._reference is None:
@@ -102,6 +111,12 @@ class Prober:
             self.cost.session_seconds += made - started
             self.cost.inference_seconds += time.perf_counter() - made
         return self._reference
+
+    def judge(self, outputs: list) -> Figures:
+        """Outputs of a quantized model on the probe inputs, judged against the float model's."""
+        figures = judge(self.reference(), outputs, self.run.judged(), self.labels, self._float_accuracy)
+        self._float_accuracy = figures.float_accuracy
+        return figures
 
     def options_for(self, excluded: Sequence[str], changes: dict | None = None) -> QuantizeOptions:
         """The run's quantize options with ``excluded`` added to its ``nodes_to_exclude`` and ``changes`` (settings
@@ -124,7 +139,7 @@ class Prober:
         key = self._key(excluded, changes)
         if key in self._probes and (not keep or key in self._kept):
             return self._probes[key]
-        reference = self.reference()
+        self.reference()  # the float model first: its session is not counted in the probe's time
         path = self.workdir / f"probe-{len(self._probes) + len(self._kept)}.onnx"
         started = time.perf_counter()
         try:
@@ -134,8 +149,7 @@ class Prober:
             self.cost.quantizations += 1
             self.cost.quantize_seconds += time.perf_counter() - started
             path.unlink(missing_ok=True)
-            reference = self.reference()
-            figures = judge(reference, reference, self.run.judged(), self.labels, self._float_accuracy)
+            figures = self.judge(self.reference())
             result = Probe(tuple(excluded), "", figures, time.perf_counter() - started, options=dict(changes) if changes else None,
                            nothing_quantized=True)
             self._probes[key] = result
@@ -158,8 +172,7 @@ class Prober:
             self.cost.sessions += 1
             self.cost.session_seconds += made - quantized
             self.cost.inference_seconds += ran - made
-            figures = judge(reference, outputs, self.run.judged(), self.labels, self._float_accuracy)
-            self._float_accuracy = figures.float_accuracy
+            figures = self.judge(outputs)
             result = Probe(tuple(excluded), md5, figures, quantized - started, made - quantized, ran - made,
                            options=dict(changes) if changes else None)
             self._by_md5[md5] = result
