@@ -4,13 +4,22 @@ PY ?= python3
 VENV := .venv
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
+# onnxruntime's build: cpu, or gpu on a GPU machine (make run ORT=gpu, make test ORT=gpu).
+ORT ?= cpu
+# What the main job needs (README, "Set-up"): onnxruntime, Caffe conversion, the photographs it calibrates on.
+RUN_EXTRAS ?= $(ORT) caffe photos
+# The tests add Model Explorer, Ray, pytest and hypothesis (the `test` group); nox and ruff come with them.
+EXTRAS ?= $(RUN_EXTRAS)
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
-# CPU build of onnxruntime, Caffe conversion, Model Explorer, the test tools. A GPU machine: make setup EXTRAS="gpu caffe explorer".
-EXTRAS ?= cpu caffe explorer
+# make run keeps what is there (--inexact): after make test, nothing is uninstalled.
+SYNC_RUN := $(UV) sync --locked --inexact --python $(PY) $(addprefix --extra ,$(RUN_EXTRAS))
 SYNC := $(UV) sync --locked --python $(PY) $(addprefix --extra ,$(EXTRAS)) --group test --group matrix --group lint
+# Every core (pytest-xdist): a module at a time per worker, the Ray modules in one worker (tests/conftest.py).
+PYTEST := $(VENV)/bin/python -m pytest -q -m "not gpu" -n auto
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test setup lock lock-uv matrix lint clean browser
+.PHONY: run test check setup lock lock-uv matrix lint clean browser
 
 # uv itself, pinned with its hashes in requirements/uv.txt, in a venv of its own.
 $(UV): requirements/uv.txt
@@ -18,17 +27,26 @@ $(UV): requirements/uv.txt
 	$(TOOLS)/bin/python -m pip install -q --require-hashes --no-deps -r requirements/uv.txt
 	touch $(UV)
 
+$(RUN_STAMP): pyproject.toml uv.lock $(UV)
+	$(SYNC_RUN)
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml uv.lock $(UV)
 	$(SYNC)
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 setup: $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/qconsist pipeline run pipelines/open_nsfw.toml
 
 test: $(STAMP) browser
-	$(VENV)/bin/python -m pytest -q -m "not gpu"
+	$(PYTEST)
+
+# The quick tier while developing (under a minute on 2 idle cores): every test but the `slow` ones (the real
+# open_nsfw pipeline run, nights, subprocesses, fuzzing: tests/conftest.py); `make test` runs them all.
+check: $(STAMP)
+	$(PYTEST) -m "not gpu and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check qconsist tests benchmarks noxfile.py

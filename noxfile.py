@@ -30,14 +30,15 @@ nox.options.sessions = ["oldest", "locked", "newest"]
 nox.options.error_on_external_run = True
 
 OLDEST_ONNXRUNTIME = "1.31.0"
-PYTEST = ["python", "-m", "pytest", "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
+# every core, as make test runs the suite (pytest-xdist; the scheduling is tests/conftest.py's)
+PYTEST = ["python", "-m", "pytest", "-q", "-m", "not gpu", "-n", "auto", "-p", "no:cacheprovider"]
 
 
 def _locked(session: nox.Session) -> None:
     """The lock, installed into the session's venv (not the project's .venv)."""
     env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location, "UV_PYTHON_DOWNLOADS": "never"}
     session.run_install(
-        "uv", "sync", "--locked", "--extra", "cpu", "--extra", "caffe", "--extra", "explorer", "--group", "test",
+        "uv", "sync", "--locked", "--extra", "cpu", "--extra", "caffe", "--extra", "photos", "--group", "test",
         env=env, external=True,
     )
 

@@ -24,11 +24,13 @@ PACKAGES = (
     "pillow", "onnxconverter-common", "scikit-image", "scikit-learn",
 )
 
-# Environment variables that change numerics or which device and how many threads run.
+# Environment variables that change numerics or which device, which kernels and how many threads run
+# (OPENBLAS_CORETYPE and MKL_CBWR choose the BLAS kernels, which round differently).
 NUMERIC_ENV_VARS = (
     "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "CUDNN_DETERMINISTIC", "CUDA_LAUNCH_BLOCKING",
     "ORT_DISABLE_FP16", "TF_CUDNN_DETERMINISTIC", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION",
+    "OPENBLAS_CORETYPE", "MKL_CBWR",
 )
 
 

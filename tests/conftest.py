@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,14 +15,101 @@ OPEN_NSFW_PIPELINE = REPO / "pipelines" / "open_nsfw.toml"
 
 # fixtures that run the real open_nsfw pipeline (seconds to minutes): their tests are marked ``slow``
 OPEN_NSFW_FIXTURES = {"nsfw_run", "nsfw_models", "gate_runs", "level_runs", "calibration_runs", "nsfw_inputs"}
+# modules marked ``slow`` whole: nights, pipelines in subprocesses, fuzzing, another environment built, a wheel
+SLOW_MODULES = ("tests/nightly/", "tests/test_threads.py", "tests/test_wheel.py", "tests/test_fuzz_readers.py",
+                "tests/cli/test_fuzz_cli.py", "tests/store/test_fuzz_rundir.py", "tests/store/test_signals.py",
+                "tests/explain/test_upgrade.py")
+
+
+# Under pytest-xdist (make test) the unit of work is a module, or a folder whose modules share expensive
+# session fixtures (tests/diff: dumps at two levels and a second calibration; tests/gpu: a CPU exploration), so
+# that they are built once; the modules that start a local Ray are one unit (two local Rays on the same cores
+# only slow each other down); the longest units start first, so that no worker is left with one of them at the end.
+RAY_MODULES = ("tests/nightly/test_ray_identity.py", "tests/nightly/test_ray_interrupt.py", "tests/nightly/test_ray_cluster.py")
+SHARED_FOLDERS = ("tests/diff/", "tests/gpu/")
+LONGEST_FIRST = ("ray", "tests/nightly/test_nightly.py", "tests/diff/", "tests/nightly/test_interrupt.py", "tests/test_threads.py",
+                 "tests/gate/test_gate.py", "tests/cli/test_fuzz_cli.py", "tests/calibration/test_calib_repeat.py",
+                 "tests/explain/test_explain.py", "tests/gpu/")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test under pytest-xdist: ``ray``, a shared folder, or its module."""
+    module = nodeid.split("::", 1)[0]
+    if module in RAY_MODULES:
+        return "ray"
+    return next((folder for folder in SHARED_FOLDERS if module.startswith(folder)), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's scheduler by ``work_unit``, in the collection's order (``LONGEST_FIRST``). (Its own
+    ``loadgroup`` does not group on pytest 9.2, whose node ids it can no longer rename.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fetch the real models once, before any test (and before pytest-xdist starts its workers, which would
+    otherwise each download them on a fresh cache): the first run on a machine spends its download here."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from qconsist.errors import QconsistError
+    from qconsist.models.registry import fetch_model
+
+    for name in ("open_nsfw", "nudenet_320n"):
+        try:
+            fetch_model(name)
+        except QconsistError as exc:  # the tests that need it fail with this message
+            print(f"\nconftest: cannot fetch model {name}: {exc}")
+
+
+@contextmanager
+def _turn(item: pytest.Item):
+    """Under pytest-xdist, a test marked ``alone`` (it measures how threads interleave: another worker on the same
+    cores serializes them) runs while no other worker runs a test; every other test runs beside any but those.
+    A readers-writer lock of two ``flock`` files in the session's shared temporary folder; the turnstile makes
+    a waiting ``alone`` test go next."""
+    config = item.config
+    if not hasattr(config, "workerinput"):
+        yield
+        return
+    folder = Path(config.option.basetemp).parent
+    alone = item.get_closest_marker("alone") is not None
+    with open(folder / "turnstile.lock", "a") as turnstile, open(folder / "tests.lock", "a") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    with _turn(item):
+        return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` on every test that needs the real open_nsfw run (``-m "not slow"`` for a quick pass); a ``gpu``
-    test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``)."""
+    """``slow`` on every test that needs the real open_nsfw run or lies in ``SLOW_MODULES`` (``-m "not slow"``,
+    ``make check``, for a quick pass); a ``gpu``
+    test skipped with its reason where no CUDA provider runs (CI deselects them with ``-m "not gpu"``); in a
+    pytest-xdist worker, the longest modules first (``LONGEST_FIRST``)."""
+    if hasattr(config, "workerinput"):
+        rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
     cuda = None
     for item in items:
-        if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if OPEN_NSFW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid.startswith(SLOW_MODULES):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None:
             if cuda is None:

@@ -60,13 +60,14 @@ def list_command(
 
 
 def show(
-    run: Path = typer.Argument(..., help="A run directory."),
+    run: Path = typer.Argument(..., help="A run directory, or its name inside --runs-dir (as `runs list` prints it)."),
+    runs_dir: opt.RunsDir = None,
     json_output: opt.Json = False,
 ) -> None:
     """One run: kind, model, status, age, size, and every file with its verification status."""
-    from qconsist.store.runs import describe_run
+    from qconsist.store.runs import describe_run, find_run
 
-    info, checked = describe_run(run)
+    info, checked = describe_run(find_run(run, _runs_dir(runs_dir)))
     if json_output:
         print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
         return

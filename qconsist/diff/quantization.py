@@ -39,7 +39,7 @@ from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import FaithfulCheck, plan_dump
 from qconsist.inference.layout import to_original
 from qconsist.inference.model import ModelSource, resolve_model
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.serde import structure, to_jsonable
@@ -191,7 +191,8 @@ def quantization_error(
     started = time.perf_counter()
     float_source: ModelSource = resolve_model(run_dir, float_stage)
     quantized_source: ModelSource = resolve_model(run_dir, quantized_stage)
-    float_options = options.with_options(graph_optimization_level=float_level)
+    # the float model is the reference: measured with one intra-op thread unless a count is given (qconsist.threads)
+    float_options = measurement_options(options.with_options(graph_optimization_level=float_level))
     float_model, quantized_model = _load(float_source.path), _load(quantized_source.path)
     if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear")
                for n in quantized_model.graph.node):

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -101,9 +102,11 @@ def _call(command: Sequence[str | Path], what: str, cwd: Path | None = None, env
     return done.stdout
 
 
-def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Sequence[str] = ("cpu",)) -> UpgradeEnvironment:
+def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Sequence[str] = ("cpu", "caffe", "photos"),
+                        ) -> UpgradeEnvironment:
     """The locked environment with ``onnxruntime==<version>`` instead of the locked one, built (or reused)
-    in ``folder`` (default ``<checkout>/.qconsist/envs/onnxruntime-<version>``)."""
+    in ``folder`` (default ``<checkout>/.qconsist/envs/onnxruntime-<version>``), with ``extras`` (by default
+    those of ``make run``: its ``qconsist run`` reads ``package:photos``, its pipeline converts Caffe models)."""
     version = _version(onnxruntime)
     lock = _lock()
     lock_sha = hashlib.sha256(lock.read_bytes()).hexdigest()
@@ -134,7 +137,12 @@ def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Se
     if len(kept) == len(lines):
         raise InputError("uv.lock's export has no onnxruntime pin to change")
     requirements.write_text("\n".join([*kept, f"onnxruntime=={version}", ""]), encoding="utf-8")
-    overrides.write_text(f"onnxruntime=={version}\n", encoding="utf-8")
+    # and the lock's own overrides (caffe2onnx's onnx==1.6.0 pin replaced by qconsist's onnx range)
+    try:
+        locked = tomllib.loads((PROJECT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["uv"].get("override-dependencies", [])
+    except (OSError, ValueError, KeyError):
+        locked = []
+    overrides.write_text("\n".join([f"onnxruntime=={version}", *locked, ""]), encoding="utf-8")
     python = folder / "bin" / "python"
     _call([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "-r", requirements, "--overrides", overrides],
           f"installing the lock with onnxruntime=={version}", env=env)

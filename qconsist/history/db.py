@@ -49,6 +49,7 @@ from typing import Any, Iterator
 
 from qconsist.errors import ConfigError, OutputError, RunStoreError
 from qconsist.history.figures import check_figures, verdict_figures
+from qconsist.store.liveness import process_alive
 from qconsist.store.rundir import utc_now
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class History:
         with self._connect() as conn:
             rows = conn.execute("SELECT night_id, pid, host FROM nights WHERE status = 'running'").fetchall()
         host = socket.gethostname()
-        return [r["night_id"] for r in rows if r["host"] == host and not _alive(r["pid"])]
+        return [r["night_id"] for r in rows if r["host"] == host and not process_alive(r["pid"])]
 
     def mark_abandoned(self, config: str | None = None) -> list[str]:
         """Mark nights still ``running`` whose process is gone as ``incomplete``; return their ids."""
@@ -419,18 +420,6 @@ def _incomplete(night_id: str) -> list[tuple[str, tuple]]:
     return [("UPDATE nights SET status = 'incomplete', finished = ? WHERE night_id = ?", (utc_now(), night_id)),
             ("UPDATE entries SET status = 'error', error = 'night interrupted', finished = ? "
              "WHERE night_id = ? AND status = 'running'", (utc_now(), night_id))]
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def baseline_runs(path: Path | str | None) -> set[str]:

@@ -45,13 +45,14 @@ from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
+from qconsist.threads import MEASUREMENT_THREADS
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "OptimizationLevel", "Session", "create_session", "input_specs",
-    "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged", "ort_message", "outputs_of",
-    "provider_available", "require_provider", "run_outputs", "sessions_opened",
+    "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "MEASUREMENT", "OptimizationLevel", "Session", "create_session",
+    "input_specs", "measurement_options", "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged",
+    "ort_message", "outputs_of", "provider_available", "require_provider", "run_outputs", "sessions_opened",
 ]
 
 
@@ -172,6 +173,19 @@ class ExecutionOptions:
         spec = provider_spec(self.provider)
         options = {k: ProviderOption.to_ort(v) for k, v in self.provider_options.items()}
         return [(spec.ort_name, options) if options else spec.ort_name, *spec.fallback]
+
+
+def measurement_options(options: ExecutionOptions = ExecutionOptions()) -> ExecutionOptions:
+    """``options`` for a session qconsist opens to measure something itself (a stage check, calibration, a
+    reference): onnxruntime's default intra-op thread count (one per physical core, which changes the CPU
+    provider's last bits) becomes ``MEASUREMENT_THREADS`` (``qconsist.threads``); a count given stays."""
+    if options.intra_op_threads is not None:
+        return options
+    return options.with_options(intra_op_threads=MEASUREMENT_THREADS)
+
+
+# The CPU with graph optimizations on, one intra-op thread: the stages' checks and the gate's outputs.
+MEASUREMENT = measurement_options()
 
 
 def ort_level(level: OptimizationLevel):  # -> ort.GraphOptimizationLevel
@@ -548,8 +562,9 @@ def run_outputs(session: Any, inputs: InputSet, batch_size: int = 1,
     return [dict(zip(names, session.run(names, step))) for _, step in checked.batches(batch_size)]
 
 
-def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = ExecutionOptions(),
+def outputs_of(path: Path, inputs: InputSet, options: ExecutionOptions = MEASUREMENT,
                batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    """The model's outputs on ``inputs``, by default as qconsist's checks measure them (``MEASUREMENT``)."""
     session = create_session(path, options)
     return run_outputs(session, inputs, batch_size, with_multiples(input_specs(session), lambda: _load_graph(path)))
 

@@ -1,7 +1,10 @@
-"""Real photographs shipped inside installed packages (scikit-image and scikit-learn).
+"""Real photographs shipped inside installed packages (scikit-image and scikit-learn: ``qconsist[photos]``).
 
 ``package:photos`` in a pipeline file names this list, in this fixed order. Only photographs of real
-scenes are listed: synthetic images (chessboards, logos, text, phantoms) are left out.
+scenes are listed: synthetic images (chessboards, logos, text, phantoms) are left out. The packages are read
+as folders of files, never imported. They are an extra, not a dependency: six of the photographs carry no
+licence that would let qconsist ship them itself (``moon``, ``page``, the Middlebury ``motorcycle`` pair, and
+``ihc`` and ``coins`` with "no known copyright restrictions"; README, "Set-up").
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ PHOTOS: tuple[tuple[str, str], ...] = (
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise InputError(f"package:photos needs the '{package}' package; install it (it is a qconsist dependency)")
+        raise InputError(f"package:photos needs the '{package}' package: pip install 'qconsist[photos]'")
     return Path(spec.origin).parent
 
 

@@ -34,7 +34,7 @@ from qconsist.gpu.run import LocateRequest, run_locate
 from qconsist.history.summary import gpu_label
 from qconsist.inference.model import resolve_model
 from qconsist.inference.runner import RunRequest, run_inference
-from qconsist.inference.session import require_provider
+from qconsist.inference.session import MEASUREMENT, require_provider
 from qconsist.nightly.config import ModelEntry, SensitivityWhen
 from qconsist.pipeline.runner import run_pipeline
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -214,9 +214,10 @@ def write_text(path: Path, text: str) -> None:
 
 
 def _inference(pipeline_run: Path, side: Side, runs_dir: Path, progress: Progress) -> Path:
-
+    """The quantized model's dumps on the CPU with one intra-op thread: the night's hashes do not change with
+    the core count of the machine (or Ray node) that ran them (``qconsist.threads``)."""
     source = resolve_model(pipeline_run, "quantize")
-    result = run_inference(source, evaluation_inputs(side), RunRequest(dump=True), runs_dir,
+    result = run_inference(source, evaluation_inputs(side), RunRequest(options=MEASUREMENT, dump=True), runs_dir,
                            command=["qconsist", "nightly"], progress=progress)
     return result.run_dir
 

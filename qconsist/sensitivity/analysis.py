@@ -17,7 +17,9 @@ from qconsist.diff.quantization import QuantErrorResult, quantization_error
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, InputError, RunStoreError
 from qconsist.gpu.latency import LatencyOptions
-from qconsist.inference.session import ExecutionOptions, create_session, ort_logged, require_provider, run_outputs, sessions_opened
+from qconsist.inference.session import (
+    ExecutionOptions, create_session, measurement_options, ort_logged, require_provider, run_outputs, sessions_opened,
+)
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.sensitivity.figures import standing
@@ -68,13 +70,6 @@ class SensitivityRequest:
             raise ConfigError(f"`first_pass_samples` must be an integer >= 1, got {self.first_pass_samples!r}")
         if not all(isinstance(t, Target) for t in self.targets):
             raise ConfigError("`targets` must be Target objects (Target.parse(\"sqnr>=40\"))")
-
-
-def measurement_options(options: ExecutionOptions) -> ExecutionOptions:
-    """The probes' options: as given, but on one intra-op thread unless a count is given — onnxruntime's default
-    (one per physical core) partitions the CPU provider's convolutions otherwise and moves their last bits, and
-    recorded figures must not change with the machine. The latency is timed with the options as given."""
-    return options if options.intra_op_threads is not None else options.with_options(intra_op_threads=1)
 
 
 def _labels_per_sample(inputs: InputSet, labels: Mapping[str, int] | None) -> list[int | None] | None:
@@ -288,6 +283,8 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
         raise InputError(f"the {run.float_stage} model of {run.path} has no named node that onnxruntime quantizes "
                          f"({unnamed} unnamed): nothing to keep in float")
     ops = {n.name: n.op_type for n in model.graph.node}
+    # the probes on one intra-op thread unless a count is given (recorded figures do not change with the machine's
+    # cores: qconsist.threads); the latency is timed with the options as given
     measuring = measurement_options(request.execution)
     prober = Prober(run, inputs, measuring, scratch, per_sample)
     baseline = prober.probe([], keep=True)

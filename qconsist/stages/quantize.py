@@ -6,7 +6,11 @@ parameters, execution provider) and ``QuantizeOptions`` (format, types, per-chan
 Steps:
 
 1. Calibration: ORT's calibrator (``create_calibrator``) runs the float model over the calibration
-   ``InputSet`` (streamed one sample at a time) and computes every tensor's range.
+   ``InputSet`` (streamed one sample at a time) and computes every tensor's range. Its session is made by
+   qconsist (``CalibrationOptions.session_options``: the calibration's execution options, graph
+   optimizations off as ORT's calibrator has them, one intra-op thread unless a count is given), so that
+   the ranges, and the quantized model's md5, do not change with the machine's core count
+   (``qconsist.threads``).
 2. The ranges go to ``quantize_static`` through its calibration cache (so calibration happens once, with
    exactly the recorded parameters), which writes the quantized model (atomically, via a temporary file).
 3. The calibration table is read back from the quantized model (``qconsist.stages.calibration_table``) and
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import os
@@ -40,7 +45,10 @@ from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, buil
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, OutputKind, compare_outputs, judged_outputs
-from qconsist.inference.session import ExecutionOptions, input_specs, ort_logged, outputs_of, require_provider
+from qconsist.inference.session import (
+    ExecutionOptions, OptimizationLevel, create_session, input_specs, measurement_options, ort_logged, outputs_of,
+    require_provider,
+)
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
@@ -152,6 +160,11 @@ class CalibrationOptions:
         """The ``providers`` argument of the calibration session (UnavailableError where the provider cannot run)."""
         require_provider(self.execution.provider)
         return self.execution.ort_providers()
+
+    def session_options(self) -> ExecutionOptions:
+        """How the calibration session runs: the execution options with graph optimizations off (as ORT's
+        calibrator opens it) and, unless given, one intra-op thread."""
+        return measurement_options(self.execution).with_options(graph_optimization_level=OptimizationLevel.DISABLE)
 
     def to_json(self) -> dict[str, Any]:
         data = {"method": self.method.value, "provider": self.execution.provider, **self.resolved(),
@@ -348,6 +361,8 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
             calibrate_method=_ort_method(calibration), providers=providers,
             extra_options=calibration.resolved(),
         )
+        # ORT's calibrator opened the augmented model with onnxruntime's default thread count: run it as recorded instead
+        calibrator.infer_session = create_session(workdir / "augmented.onnx", calibration.session_options())
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN warnings: NaN ranges are refused below
         calibrator.collect_data(InputSetReader(checked, handle, calibration.batch_size))
         ranges = calibrator.compute_data()
@@ -417,6 +432,10 @@ def quantize_model(
                 raise ConfigError("quantize_model needs calibration inputs or recorded ranges")
             tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
             save_tensors_data(tensors_data, cache)
+            # ORT writes the tensors in its calibrator's set order, which Python's string hashing changes from
+            # process to process: the recorded file is the same data with its keys sorted, the same bytes in every
+            # process
+            cache.write_text(json.dumps(json.loads(cache.read_text()), sort_keys=True))
         else:
             tensors_data = load_ranges(Path(ranges))
             cache.write_bytes(Path(ranges).read_bytes())
@@ -456,7 +475,7 @@ def quantize_model(
             "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
             "calibrate_method": method.name,
             "calibration_providers": calibration.ort_providers() if ranges is None else calibration.execution.ort_providers(),
-            "extra_options": extra,
+            "calibration_session": calibration.session_options().to_json(), "extra_options": extra,
         },
     }
     result = QuantizeResult(

@@ -8,7 +8,7 @@ Life of a run directory:
    with a valid ``manifest.json`` whose ``status`` is ``complete`` is a complete run.
 4. If the work fails with a user error, ``abandon()`` removes the directory: nothing half-written stays.
    If the process is killed, the directory keeps ``RUNNING.json`` and no manifest, and every reader reports
-   it as incomplete.
+   it as incomplete; ``being_written`` tells whether its writer still runs (``qconsist.store.liveness``).
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from qconsist.store.serde import loads
 from qconsist.errors import OutputError, QconsistError, RunStoreError
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
+from qconsist.store.liveness import identity, writer_running
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.scratch import NO_SPACE, scratch_root
 from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
+_OPEN: set[str] = set()  # run directories this process is writing (created, not yet finished, abandoned or left)
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
@@ -81,7 +83,8 @@ class RunDirectory:
         except OSError as exc:
             raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from exc
         started = utc_now()
-        write_json_atomic(path / RUNNING_NAME, {"run_id": run_id, "kind": kind, "pid": os.getpid(), "started": started})
+        write_json_atomic(path / RUNNING_NAME, {"run_id": run_id, "kind": kind, **identity(), "started": started})
+        _OPEN.add(os.path.realpath(path))
         return cls(path=path, run_id=run_id, started=started)
 
     def file(self, relative: str) -> Path:
@@ -108,9 +111,11 @@ class RunDirectory:
         manifest.files = record_files(self.path)
         write_json_atomic(self.path / MANIFEST_NAME, manifest.to_json())
         (self.path / RUNNING_NAME).unlink(missing_ok=True)
+        _OPEN.discard(os.path.realpath(self.path))
         return self.path
 
     def abandon(self) -> None:
+        _OPEN.discard(os.path.realpath(self.path))
         shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> "RunDirectory":
@@ -125,6 +130,7 @@ class RunDirectory:
         scratch = getattr(self, "_scratch", None)
         if scratch is not None:
             scratch.__exit__(exc_type, exc, tb)  # temporary files go, whatever happened
+        _OPEN.discard(os.path.realpath(self.path))  # interrupted: kept, and no longer being written
         if exc is None or self.keep_on_error:
             return
         if isinstance(exc, Exception):  # a user error or a bug: nothing half-written stays; an interrupt keeps it
@@ -178,6 +184,22 @@ def run_state(path: Path) -> str:
         if isinstance(data, dict) and data.get("status") == "complete":
             return "complete"
     return "incomplete"
+
+
+def being_written(path: Path) -> tuple[bool, str, str, str]:
+    """Whether a live process writes the run directory ``path`` (its ``RUNNING.json`` names it), with what to
+    say about it, when it started and its kind; ``(False, "", "", "")`` without a readable marker."""
+    marker = Path(path) / RUNNING_NAME
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 1 << 20:
+            return False, "", "", ""
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False, "", "", ""
+    if not isinstance(data, dict):
+        return False, "", "", ""
+    alive, detail = writer_running(data, os.path.realpath(path) in _OPEN)
+    return alive, detail, str(data.get("started") or ""), str(data.get("kind") or "")
 
 
 def open_run(path: Path) -> Manifest:

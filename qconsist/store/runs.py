@@ -13,11 +13,9 @@ links) unless forced.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 import shutil
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.store.confine import check_relative, confined
-from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
+from qconsist.store.rundir import RUNNING_NAME, being_written, open_run, run_state
 from qconsist.store.manifest import Manifest
 from qconsist.store.verify import COST, check_digest, file_sha256, recorded_files
 
@@ -184,30 +182,6 @@ class RunInfo:
         return asdict(self)
 
 
-def _running(path: Path) -> tuple[bool, str, str]:
-    """(a live process writes it, when it started, its kind) from ``RUNNING.json``."""
-    marker = path / RUNNING_NAME
-    try:
-        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 1 << 20:
-            return False, "", ""
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False, "", ""
-    if not isinstance(data, dict):
-        return False, "", ""
-    pid = data.get("pid")
-    alive = False
-    if isinstance(pid, int) and pid > 0 and data.get("host", socket.gethostname()) == socket.gethostname():
-        try:
-            os.kill(pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-    return alive, str(data.get("started") or ""), str(data.get("kind") or "")
-
-
 def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = None) -> tuple[RunInfo, VerifyResult | None]:
     """What one run directory is; with ``verify``, every recorded file checked (``modified`` if not)."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
@@ -228,10 +202,12 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
                     status, detail = "modified", checked.summary()
         except RunStoreError as exc:
             status, detail = "invalid", str(exc)
+    elif state == "missing":
+        raise RunStoreError(f"run directory {path} does not exist")
     else:
         status = "incomplete"
-        running, started, kind = _running(path)
-        detail = "being written by a live process" if running else "interrupted or killed"
+        running, detail, started, kind = being_written(path)
+        detail = detail or "interrupted or killed"
     when = _parse_time(started)
     if when is None:
         try:
@@ -242,6 +218,16 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
                    started=started, age_seconds=max(0.0, (now - when).total_seconds()), size=_size(path),
                    running=running, detail=detail)
     return info, checked
+
+
+def find_run(run: Path | str, runs_root: Path) -> Path:
+    """A run directory given as a path, or by its name inside ``runs_root`` (as ``runs list`` prints it)."""
+    path = Path(run)
+    if not path.is_dir() and len(path.parts) == 1 and (Path(runs_root) / path).is_dir():
+        return Path(runs_root) / path
+    if not path.is_dir():
+        raise RunStoreError(f"run directory {path} does not exist" + ("" if len(path.parts) > 1 else f" (nor {Path(runs_root) / path})"))
+    return path
 
 
 def _children(runs_root: Path) -> list[Path]:
@@ -317,7 +303,7 @@ def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, old
         if not selected:
             continue
         if info.running:
-            result.kept[path.name] = "being written by a live process"
+            result.kept[path.name] = info.detail
             continue
         if path.name in protected and not force:
             result.kept[path.name] = "the history names it as a baseline (--force removes it)"

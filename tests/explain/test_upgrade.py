@@ -27,6 +27,11 @@ def test_upgrade_check_builds_the_other_environment_and_compares(tmp_path):
     printed = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c", "import onnxruntime; print(onnxruntime.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert printed == other
+    # and it has what the main job needs: package:photos and Caffe conversion (extras)
+    found = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c",
+                            "import caffe2onnx; from qconsist.inputs.photos import package_photos; print(len(package_photos()))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "21"
     assert report["passed"] is True and report["diff"]["outputs"]["identical"] is True
     assert report["diff"]["outputs"]["samples"] == 6 and report["diff"]["outputs"]["greatest_abs"] == 0.0
     assert {"name": "onnxruntime", "old": f"{ort.__version__} (onnxruntime)", "new": f"{other} (onnxruntime)"} in \

@@ -25,6 +25,7 @@ def scatter_model(tmp_path_factory):
     return path, feeds
 
 
+@pytest.mark.alone  # two threads interleave only where no other test holds the other core
 def test_a_node_varying_between_runs_of_one_session_is_a_run_to_run_origin(scatter_model):
     path, feeds = scatter_model
     variants = [Variant("threads=1", ExecutionOptions(intra_op_threads=1)),

@@ -113,3 +113,13 @@ def test_augmented_photos_are_seeded_made_when_read_and_named_by_number():
     assert a.subset(10, 3).digest() == b.subset(10, 3).digest()
     with pytest.raises(ConfigError, match=r"write package:photos:augmented:COUNT\[:SEED\] with COUNT >= 1"):
         open_input_set("package:photos:augmented:many", preprocess, "data")
+
+
+def test_package_photos_without_the_photos_extra(monkeypatch):
+    """A lean install (no qconsist[photos]): one line that says which extra brings them."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "skimage" else real(name, *a))
+    with pytest.raises(InputError, match=r"^package:photos needs the 'skimage' package: pip install 'qconsist\[photos\]'$"):
+        open_input_set("package:photos", CAFFE, input_name="data")

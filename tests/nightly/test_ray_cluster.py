@@ -20,7 +20,7 @@ from qconsist.errors import RunStoreError
 from qconsist.history import History, model_timeline
 from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
 from qconsist.nightly.entry import ENTRY_STEPS
-from qconsist.nightly.executors.ray import needs
+from qconsist.nightly.executors.ray import needs, worker_environment
 from qconsist.store.rundir import RUNNING_NAME, open_run, run_state
 
 RAY = ExecutorOptions("ray")
@@ -150,3 +150,27 @@ def test_resource_needs_of_a_task(tmp_path):
     assert needs(tasks[1], {"CPU": 2.0}) == "needs 3 CPUs; the Ray cluster has 2"
     assert needs(tasks[0], {"CPU": 16.0, "memory": 2**30, "accelerator_type:H200": 1.0, "GPU": 1.0}) == (
         "needs 4 GB of memory; the Ray cluster has 1.0 GB for tasks")
+
+
+def test_a_worker_starts_with_the_head_numerics_environment(tmp_path):
+    """The variables the head has set reach the worker process before numpy loads its BLAS (``runtime_env``);
+    one it has not set is not invented, and the GPU stays Ray's to assign."""
+    from dataclasses import replace
+
+    from qconsist.nightly import night_tasks
+
+    config = load_nightly(derived_nightly(tmp_path, ["fcn_head"]))
+    [task] = night_tasks(config, History(config.history), "night")
+    task = replace(task, numerics_env=(("OPENBLAS_NUM_THREADS", "2"), ("OMP_NUM_THREADS", None), ("CUDA_VISIBLE_DEVICES", "1")))
+    assert worker_environment(task) == {"OPENBLAS_NUM_THREADS": "2"}
+
+    def blas_in_worker():  # defined here: Ray sends it by value
+        import numpy  # noqa: F401 - BLAS as numpy loads it in this worker
+        from threadpoolctl import threadpool_info
+
+        return os.environ.get("OPENBLAS_NUM_THREADS"), [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    probe = ray.remote(blas_in_worker)
+    assert ray.get(probe.options(runtime_env={"env_vars": worker_environment(task)}).remote()) == ("2", [2])
+    inherited, _ = ray.get(probe.remote())  # without it, a worker has what the local Ray started with
+    assert inherited == os.environ.get("OPENBLAS_NUM_THREADS")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -107,6 +108,82 @@ def test_runs_rm_incomplete_never_a_live_one(runs_copy):
     assert result.stdout.splitlines() == ["removed dead", "kept live: being written by a live process",
                                           f"removed 1 run(s), {result.stdout.splitlines()[-1].split(', ')[1]}"]
     assert not dead.path.exists() and live.path.is_dir() and runs_copy["pipeline"].is_dir()
+
+
+def _agreement(runs, name):
+    """What ``runs list``, ``runs show`` and ``runs rm --incomplete --dry-run`` say of run ``name``."""
+    listed = {r["name"]: r for r in json.loads(runner.invoke(app, ["runs", "list", "--runs-dir", str(runs), "--json"]).stdout)["runs"]}
+    shown = runner.invoke(app, ["runs", "show", name, "--runs-dir", str(runs), "--json"])
+    assert shown.exit_code == 0, shown.stderr
+    removal = json.loads(runner.invoke(app, ["runs", "rm", "--incomplete", "--dry-run", "--runs-dir", str(runs), "--json"]).stdout)
+    return listed[name], json.loads(shown.stdout)["run"], removal
+
+
+def test_a_sigkilled_pipeline_run_is_the_same_to_list_show_and_rm(small_models, tmp_path):
+    """A real ``qconsist pipeline run`` SIGKILLed mid-way, asked about before its parent reaps it (a zombie:
+    ``kill(pid, 0)`` still succeeds) and after: not being written, to all three commands alike."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pipeline = tmp_path / "long.toml"
+    pipeline.write_text(f'[model]\nonnx = "{small_models["classifier"]}"\n'
+                        f'[calibration]\ndata = "{small_models["arrays"]}"\nrepeat = 100\n')
+    runs = tmp_path / "runs"
+    command = [str(Path(sys.executable).parent / "qconsist"), "pipeline", "run", str(pipeline), "--runs-dir", str(runs), "--run-id", "killed"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = runs / "killed" / RUNNING_NAME
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (marker.exists() and "calib_repeat" in marker.read_text()):
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    stat = Path(f"/proc/{process.pid}/stat")
+    while time.monotonic() < deadline and stat.read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)
+    assert stat.read_text().rpartition(")")[2].split()[0] == "Z"  # killed, not reaped: the case that misled `runs list`
+    recorded = json.loads(marker.read_text())
+    assert recorded["pid"] == process.pid and recorded["host"] and recorded["process_start"]
+    for reaped in (False, True):
+        listed, shown, removal = _agreement(runs, "killed")
+        assert (listed["status"], listed["running"], listed["detail"]) == ("incomplete", False, "interrupted or killed"), reaped
+        assert {k: v for k, v in shown.items() if k != "age_seconds"} == {k: v for k, v in listed.items() if k != "age_seconds"}
+        assert shown["started"] == recorded["started"] and shown["kind"] == "pipeline" and shown["size"] > 1000
+        assert removal["removed"] == ["killed"] and removal["kept"] == {}
+        process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_being_written_names_one_process(runs_copy):
+    """A live pid that is another process than the recorded one (pid reuse), this process's own pid on a run it
+    no longer writes (interrupted), a run it does write, and a run written on another host."""
+    runs = runs_copy["runs"]
+    reused = RunDirectory.create(runs, "reused", "pipeline", run_id="reused")
+    data = json.loads((reused.path / RUNNING_NAME).read_text())
+    (reused.path / RUNNING_NAME).write_text(json.dumps({**data, "pid": os.getppid(), "process_start": "another-boot:1"}))
+    with pytest.raises(KeyboardInterrupt):
+        with RunDirectory.create(runs, "interrupted", "pipeline", run_id="interrupted"):
+            raise KeyboardInterrupt
+    writing = RunDirectory.create(runs, "writing", "pipeline", run_id="writing")
+    elsewhere = RunDirectory.create(runs, "elsewhere", "pipeline", run_id="elsewhere")
+    data = json.loads((elsewhere.path / RUNNING_NAME).read_text())
+    (elsewhere.path / RUNNING_NAME).write_text(json.dumps({**data, "host": "node-7"}))
+    for name, running, detail in (("reused", False, "interrupted or killed"), ("interrupted", False, "interrupted or killed"),
+                                  ("writing", True, "being written by a live process"),
+                                  ("elsewhere", True, "being written on host node-7 (cannot be checked from here)")):
+        listed, shown, removal = _agreement(runs, name)
+        assert (listed["running"], listed["detail"], shown["running"], shown["detail"]) == (running, detail, running, detail), name
+        assert (name in removal["removed"], removal["kept"].get(name)) == (not running, detail if running else None), name
+    writing.finish(Manifest(kind="pipeline"))
+
+
+def test_runs_show_of_a_run_that_is_not_there(runs_copy):
+    runs = runs_copy["runs"]
+    result = runner.invoke(app, ["runs", "show", "gone", "--runs-dir", str(runs)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"error: run directory gone does not exist (nor {runs / 'gone'})\n"
+    result = runner.invoke(app, ["runs", "show", str(runs / "gone")])
+    assert result.exit_code == 2 and result.stderr == f"error: run directory {runs / 'gone'} does not exist\n"
 
 
 def test_runs_rm_refuses_paths_and_links(runs_copy):

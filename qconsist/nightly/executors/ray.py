@@ -45,11 +45,20 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # outcomes are small: a local Ray needs 
 RAY_ASSIGNED = ("CUDA_VISIBLE_DEVICES",)
 
 
+def worker_environment(task: EntryTask) -> dict[str, str]:
+    """The numerics environment variables the head process has set (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``,
+    ``OPENBLAS_CORETYPE``…), except the GPU Ray assigns: given to the task's worker process when Ray starts it
+    (``runtime_env``), so that its libraries read them when they are imported, before any task runs."""
+    return {name: value for name, value in task.numerics_env if value is not None and name not in RAY_ASSIGNED}
+
+
 def entry_task(task: EntryTask) -> EntryOutcome:
     """What a Ray worker runs: one entry, its errors recorded in the outcome. It runs as the head process
-    would: with its command line in the manifests (not the worker's) and its numerics environment variables
-    (Ray sets OMP_NUM_THREADS in workers, say), except the GPU Ray assigned. A worker runs one task at a
-    time, so both are restored afterwards."""
+    would: with its command line in the manifests (not the worker's) and its numerics environment variables,
+    except the GPU Ray assigned. Those the head has set reached the worker process at its start
+    (``worker_environment``); one the head has not set but Ray sets in workers (``OMP_NUM_THREADS``) is removed
+    here, so the manifests record the head's environment. A worker runs one task at a time, so both are
+    restored afterwards. (What the entry records does not depend on these either: ``qconsist.threads``.)"""
     argv, saved = sys.argv, {name: os.environ.get(name) for name, _ in task.numerics_env}
     sys.argv = list(task.command) or argv
     _set_environment({name: value for name, value in task.numerics_env if name not in RAY_ASSIGNED})
@@ -171,7 +180,9 @@ class _Night:
     def submit(self, task: EntryTask, options: dict[str, Any], attempt: int, attempts: list[Attempt]) -> None:
         run = replace(task, entry_run_id=new_run_id(f"{task.key}-entry"), attempt=attempt,
                       device_assigned=options.get("num_gpus", 0) > 0)
-        ref = self.remote.options(**options, name=f"qconsist-{task.key}").remote(run)
+        variables = worker_environment(task)
+        environment = {"runtime_env": {"env_vars": variables}} if variables else {}
+        ref = self.remote.options(**options, **environment, name=f"qconsist-{task.key}").remote(run)
         self.pending[ref] = (task, run, options, attempts)
 
     def run(self, tasks: Sequence[EntryTask]) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from qconsist.stages.caffe import reference
 from qconsist.stages.caffe.geometry import input_shapes
 from qconsist.compare import TensorStats
-from qconsist.inference.session import create_session
+from qconsist.inference.session import MEASUREMENT, create_session
 
 SCHEMA = "qconsist.convert-check/1"
 DEFAULT_RTOL = 1e-4
@@ -115,8 +115,8 @@ def seeded_inputs(net, seed: int = DEFAULT_SEED, batch: int | None = None) -> di
 
 
 def onnx_session(path: Path | bytes):
-
-    return create_session(path)
+    """The converted model on the CPU, one intra-op thread (``qconsist.threads``)."""
+    return create_session(path, MEASUREMENT)
 
 
 def run_onnx(session, net, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

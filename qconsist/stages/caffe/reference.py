@@ -17,6 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from qconsist.errors import InputError, UnsupportedModelError
+from qconsist.threads import one_blas_thread
 from qconsist.stages.caffe.geometry import (
     blob_array, channel_shape, conv_geometry, crop_offsets, flatten_target, input_shapes, layers_of, output_blobs, pool_geometry,
     pooled_size, reshape_target,
@@ -265,7 +266,13 @@ LAYERS: dict[str, Callable[..., Blobs]] = {
 
 def forward(net, weights, inputs: dict[str, np.ndarray], dtype=np.float32, keep_all: bool = False) -> dict[str, np.ndarray]:
     """Run the network on ``inputs`` (keyed by Caffe input blob name); return the output blobs
-    (every blob with ``keep_all``)."""
+    (every blob with ``keep_all``). The matrix products run on one BLAS thread (``qconsist.threads``): the
+    result is the same bytes whatever the machine's thread counts."""
+    with one_blas_thread():
+        return _forward(net, weights, inputs, dtype, keep_all)
+
+
+def _forward(net, weights, inputs: dict[str, np.ndarray], dtype, keep_all: bool) -> dict[str, np.ndarray]:
     params = weights if isinstance(weights, dict) else weights_by_layer(weights)
     blobs: dict[str, np.ndarray] = {}
     for name, shape in input_shapes(net).items():

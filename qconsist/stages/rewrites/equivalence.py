@@ -11,12 +11,12 @@ from onnx import TensorProto, helper
 
 from qconsist.errors import ConfigError
 from qconsist.stages.caffe.fidelity import OutputCheck, compare
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.inference.session import OptimizationLevel, MEASUREMENT, create_session
 
 
 def _session(model: onnx.ModelProto):
-
-    return create_session(model.SerializeToString(), ExecutionOptions(graph_optimization_level=OptimizationLevel.DISABLE))
+    """The CPU without graph optimizations, one intra-op thread (``qconsist.threads``)."""
+    return create_session(model.SerializeToString(), MEASUREMENT.with_options(graph_optimization_level=OptimizationLevel.DISABLE))
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
