@@ -329,3 +329,30 @@ def test_library_errors(small):
         SensitivityRequest(candidates=0)
     with pytest.raises(InputError, match=r"^no sample of the inputs has a label"):
         sensitivity(small["cls"], SensitivityRequest(), labels={"x": 1})
+
+
+def test_accuracy_from_the_inputs_own_labels(small, tmp_path):
+    """A class-folder evaluation set labels itself: accuracy is measured without --labels, on every sample."""
+    from PIL import Image
+
+    from qconsist.inputs import open_input_set
+
+    rng = np.random.default_rng(5)
+    for split, count in (("calibration", 6), ("evaluation", 6)):
+        for index in range(count):
+            folder = tmp_path / split / ("class_a", "class_b", "class_c")[index % 3]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(folder / f"{index}.png")
+    pipeline = _write_pipeline(tmp_path / "folders.toml", f'name = "folders"\n[model]\nonnx = "{small["cls_model"]}"\n'
+                               '[preprocess]\nresize = [8, 8]\n[calibration]\ndata = "calibration"\n[evaluation]\n'
+                               'data = "evaluation"\n')
+    run = run_pipeline(load_pipeline(pipeline), runs_dir=tmp_path / "runs", run_id="folders").path
+    result = _invoke("sensitivity", run, "--target", "accuracy-drop<=0", "--json", "--candidates", "2")
+    assert result.exit_code == 0, result.output
+    data = SensitivityResult.from_json(json.loads(result.stdout))
+    inputs = open_input_set(str(tmp_path / "evaluation"), load_pipeline(pipeline).preprocess, "x")
+    session = ort.InferenceSession(str(run / "optimize" / "model.onnx"), providers=["CPUExecutionProvider"])
+    labels = inputs.labels.of(inputs.names)
+    correct = sum(int(session.run(None, inputs.sample(i))[0].argmax()) == labels[i] for i in range(len(inputs)))
+    assert data.labels == 6 and data.baseline.float_accuracy == correct / 6
+    assert data.verification.reached and data.verification.measured.accuracy_drop <= 0
