@@ -22,6 +22,7 @@ LAYERS = [
     {"explain"},
     {"gpu"},
     {"gate"},
+    {"sensitivity"},
     {"history", "report"},
     {"nightly"},
     {"cli"},

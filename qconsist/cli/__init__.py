@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from qconsist.cli import (
     calib, convert, diff, env, explain, gate, history, inspect, locate, models, nightly, pipeline, quant_error, report, run,
-    runs, upgrade, verify,
+    runs, sensitivity, upgrade, verify,
 )
 from qconsist.cli.app import app
 
@@ -23,6 +23,7 @@ COMMANDS = {
     "run": run.run,
     "diff": diff.diff,
     "quant-error": quant_error.quant_error,
+    "sensitivity": sensitivity.sensitivity,
     "explain": explain.explain,
     "locate": locate.locate_command,
     "gate": gate.gate,

@@ -26,6 +26,15 @@ def render_night(result) -> None:  # NightlyResult
                 console.print(f"        {reason}")
         if entry.locate_skipped:
             console.print(f"        locate skipped: {entry.locate_skipped}")
+        fix = entry.sensitivity
+        if fix is not None:
+            if fix.get("error"):
+                console.print(f"        sensitivity: error: {fix['error']}")
+            elif fix.get("passed"):
+                console.print(f"        candidate fix, verified for {', '.join(fix['targets'])} (run {fix.get('run')}): "
+                              + "; ".join(line for line in fix.get("lines") or [] if line != "[quantize]"))
+            else:
+                console.print(f"        sensitivity: no verified fix reaches {', '.join(fix['targets'])} (run {fix.get('run')})")
         for attempt in entry.attempts:
             console.print(f"        retried: {attempt} (left incomplete: {attempt.entry_run})")
     retried = result.retries()

@@ -64,6 +64,9 @@ DynamicBatch = Annotated[bool, typer.Option("--dynamic-batch", help="Make the mo
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Samples per step, stacked on the batch axis (default 1): run as the evaluation runs, since cuDNN picks algorithms per shape.")]
 Engines = Annotated[bool, typer.Option("--engines/--no-engines", help="cuda: record the cuDNN engine of every convolution per run, from cuDNN's API log in a child session of the same model, options and input (run: off by default, diff shows them; locate: on, per config).")]
 EngineRuns = Annotated[int, typer.Option("--engine-runs", help="With --engines: runs of the recording session (default 3).")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Latency: warm-up runs after the first one.")]
+TimedRuns = Annotated[int, typer.Option("--timed-runs", help="Latency: timed runs (median and spread).")]
+Top = Annotated[int, typer.Option("--top", min=1, help="How many nodes to print (--json has all).")]
 Repeats = Annotated[int, typer.Option("--repeats", "-n", "-k", help="How many times the work is repeated and compared (calib repeat: calibrations, default 3; locate: fresh sessions per config, default 4).")]
 
 

@@ -62,7 +62,7 @@ def quant_error(
     device_id: opt.DeviceId = None,
     provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
     disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
-    top: int = typer.Option(20, "--top", min=1, help="How many nodes to print (--json has all)."),
+    top: opt.Top = 20,
     sort: str = typer.Option("sqnr", "--sort", help="sqnr: lowest SQNR first; added: the nodes that lose the most SQNR first."),
     json_output: opt.Json = False,
 ) -> None:

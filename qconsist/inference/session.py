@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ConvAlgoSearch", "DeviceInfo", "ExecutionOptions", "MEASUREMENT", "OptimizationLevel", "Session", "create_session",
     "input_specs", "measurement_options", "onnxruntime_limits", "open_ort_session", "optimizer_log", "ort_logged",
-    "ort_message", "outputs_of", "provider_available", "require_provider", "run_outputs",
+    "ort_message", "outputs_of", "provider_available", "require_provider", "run_outputs", "sessions_opened",
 ]
 
 
@@ -338,7 +338,21 @@ def open_ort_session(
     disabled = sorted({*options.disabled_optimizers, *disabled_optimizers})
     kwargs = {"disabled_optimizers": disabled} if disabled else {}
     with ort_logged():
-        return Session(ort.InferenceSession(source, so, providers=providers, **kwargs))
+        session = Session(ort.InferenceSession(source, so, providers=providers, **kwargs))
+    with _OPENED_LOCK:
+        _OPENED[0] += 1
+    return session
+
+
+_OPENED = [0]  # sessions this process has made through ``open_ort_session``
+_OPENED_LOCK = threading.Lock()
+
+
+def sessions_opened() -> int:
+    """How many onnxruntime sessions this process has made through qconsist so far (a command's cost in sessions
+    is the difference; the sessions onnxruntime's quantization tools make for themselves are not counted)."""
+    with _OPENED_LOCK:
+        return _OPENED[0]
 
 
 def create_session(

@@ -23,6 +23,9 @@ Relative paths start at the nightly file's folder. Format::
     cpus = 1                                   # what one run of the entry needs: CPU cores (default 1) …
     memory_gb = 8                              # … and memory (default: not declared); the Ray executor
                                                # schedules by them (GPU types: Ray's accelerator_type)
+    sensitivity = {target = "sqnr>=40"}        # when the gate fails: qconsist sensitivity of the night's run, its
+                                               # verified list of nodes to keep in float in the entry (keys: target,
+                                               # when = "fail" | "always", candidates, all, widen, alternatives)
     [models.pipeline]                          # … or a pipeline written inline
     [models.pipeline.model]
     source = "nudenet_320n"                    # a bundled model (models/*.toml), or onnx = "<file>"
@@ -33,6 +36,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +46,65 @@ from qconsist.nightly.package import is_package_path, resolve_package_path
 from qconsist.pipeline.config import PipelineConfig, parse_pipeline
 from qconsist.tomlfile import read_toml
 from qconsist.gpu.config import GpuConfig
+from qconsist.sensitivity import SensitivityRequest, parse_targets
+from qconsist.sensitivity.analysis import DEFAULT_CANDIDATES
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
-_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate", "gpus", "cpus", "memory_gb"}
+_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate", "gpus", "cpus", "memory_gb", "sensitivity"}
+_SENSITIVITY_KEYS = {"target", "when", "candidates", "all", "widen", "alternatives"}
 _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,40}$")
+
+
+class SensitivityWhen(str, Enum):
+    FAIL = "fail"  # only when the entry's gate fails: the regression arrives with its candidate fix
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True)
+class EntrySensitivity:
+    """An entry's ``sensitivity = {target = "sqnr>=40"}``: after the gate, ``qconsist sensitivity`` of the night's
+    pipeline run (on the CPU), when the gate failed (``when = "fail"``, the default) or every night."""
+
+    request: SensitivityRequest
+    when: SensitivityWhen = SensitivityWhen.FAIL
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.request
+        return {"target": [t.text for t in r.targets], "when": self.when.value, "candidates": r.candidates,
+                "widen": r.widen, "alternatives": r.alternatives}
+
+
+def _sensitivity(value: Any, where: str) -> EntrySensitivity | None:
+    if value is None:
+        return None
+    where = f"{where}: sensitivity"
+    if not isinstance(value, dict):
+        raise ConfigError(f'{where} must be a table such as {{target = "sqnr>=40"}}, got {value!r}')
+    unknown = sorted(set(value) - _SENSITIVITY_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_SENSITIVITY_KEYS))})")
+    texts = value.get("target")
+    texts = [texts] if isinstance(texts, str) else texts
+    if not texts or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ConfigError(f'{where}: target must be a target or a list of them, e.g. "sqnr>=40", got {value.get("target")!r}')
+    for key in ("all", "widen", "alternatives"):
+        if key in value and not isinstance(value[key], bool):
+            raise ConfigError(f"{where}: '{key}' must be true or false, got {value[key]!r}")
+    candidates = value.get("candidates", DEFAULT_CANDIDATES)
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+        raise ConfigError(f"{where}: 'candidates' must be an integer >= 1, got {candidates!r}")
+    try:
+        when = SensitivityWhen(value.get("when", "fail"))
+    except ValueError:
+        raise ConfigError(f"{where}: 'when' must be \"fail\" or \"always\", got {value.get('when')!r}") from None
+    try:
+        targets = parse_targets(texts)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}") from None
+    request = SensitivityRequest(targets=targets, candidates=None if value.get("all") else candidates,
+                                 widen=value.get("widen", True), alternatives=value.get("alternatives", True))
+    return EntrySensitivity(request, when)
 
 
 @dataclass(frozen=True)
@@ -60,6 +118,7 @@ class ModelEntry:
     gpus: tuple[str, ...] = ()  # GPU types (Ray accelerator types: "H100", "H200", "A10G"); one run on each
     cpus: float = 1.0
     memory_gb: float | None = None
+    sensitivity: EntrySensitivity | None = None
 
     def keys(self) -> tuple[tuple[str, str | None], ...]:
         """(history key, GPU type) of each run of this entry: ``name`` alone, or ``name@TYPE`` per GPU type."""
@@ -72,6 +131,7 @@ class ModelEntry:
             "name": self.name, "policy": str(self.policy) if self.policy else None, "gpu_config": self.gpu_config,
             "labels": self.labels, "locate": self.locate, "gpus": list(self.gpus), "cpus": self.cpus,
             "memory_gb": self.memory_gb, "pipeline": self.pipeline.to_json(),
+            "sensitivity": self.sensitivity.to_json() if self.sensitivity is not None else None,
         }
 
 
@@ -167,7 +227,7 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
         name=name, pipeline=pipeline, policy=(base / policy).resolve() if policy else default_policy,
         gpu_config=gpu_config, labels=_labels(base, labels, where) if labels else None, locate=locate,
         gpus=_gpus(data.get("gpus", []), where), cpus=_amount(data, "cpus", where, 1.0),
-        memory_gb=_amount(data, "memory_gb", where, None),
+        memory_gb=_amount(data, "memory_gb", where, None), sensitivity=_sensitivity(data.get("sensitivity"), where),
     )
 
 

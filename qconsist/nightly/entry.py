@@ -3,7 +3,9 @@
 For each model, in order: the pipeline (a pipeline run), two inference runs of the quantized model with
 fingerprint dumps on the evaluation inputs (the second checks that inference repeats bit for bit), the
 locate step where a GPU exists (otherwise skipped with the reason recorded), the gate against the baseline
-(the diff to the first diverging node happens inside the gate). The model's evidence is a run directory of
+(the diff to the first diverging node happens inside the gate), and, where the entry asks for it
+(``sensitivity = {target = ...}``) and the gate failed, the candidate fix: a sensitivity run of the night's
+pipeline run, its verified list of nodes to keep in float recorded with the entry. The model's evidence is a run directory of
 kind ``nightly-entry`` whose ``RUNNING.json`` names the step under way (``ENTRY_STEPS``) until it is complete.
 
 A task reads no history and writes nothing but run directories: the head process (``qconsist.nightly.runner``)
@@ -33,10 +35,12 @@ from qconsist.history.summary import gpu_label
 from qconsist.inference.model import resolve_model
 from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import MEASUREMENT, require_provider
-from qconsist.nightly.config import ModelEntry
+from qconsist.nightly.config import ModelEntry, SensitivityWhen
 from qconsist.pipeline.runner import run_pipeline
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_entry_report
+from qconsist.sensitivity import sensitivity
+from qconsist.sensitivity.analysis import summary
 from qconsist.store.atomic import write_atomic
 from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
@@ -49,7 +53,8 @@ from qconsist.store.serde import dumps
 log = logging.getLogger(__name__)
 
 # The steps of an entry, as its RUNNING.json names them while it runs (executors show them as progress).
-ENTRY_STEPS = ("pipeline", "inference:quantized", "inference:repeat", "locate", "inference:gpu", "gate", "report")
+ENTRY_STEPS = ("pipeline", "inference:quantized", "inference:repeat", "locate", "inference:gpu", "gate", "sensitivity",
+               "report")
 # What makes two environments "like" for a baseline (names of ``qconsist.environment.NUMERICS``).
 LIKE_WITH_LIKE = ("gpu", "driver", "onnxruntime")
 
@@ -131,6 +136,7 @@ class EntryOutcome:
     gpus: list[str] = field(default_factory=list)  # the GPUs it ran on (names), as its node reported them
     attempts: list[Attempt] = field(default_factory=list)  # earlier attempts lost with their worker
     figures: dict[str, float] = field(default_factory=dict)  # the night's own figures for the history (accuracy)
+    sensitivity: dict[str, Any] | None = None  # the candidate fix (``sensitivity`` of the entry), or why there is none
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,7 +144,7 @@ class EntryOutcome:
             "baseline": self.baseline, "baseline_night": self.baseline_night, "locate_skipped": self.locate_skipped, "error": self.error,
             "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
-            "attempts": [a.to_json() for a in self.attempts], "figures": dict(self.figures),
+            "attempts": [a.to_json() for a in self.attempts], "figures": dict(self.figures), "sensitivity": self.sensitivity,
         }
 
     @classmethod
@@ -149,7 +155,7 @@ class EntryOutcome:
         return cls(**values, verdict=verdict, seconds=float(data.get("seconds", 0.0)),
                    runs=[RunRecord(**r) for r in data.get("runs", [])], gpus=list(data.get("gpus") or []),
                    attempts=[Attempt(**a) for a in data.get("attempts") or []],
-                   figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()})
+                   figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()}, sensitivity=data.get("sensitivity"))
 
     @property
     def gpu_label(self) -> str:
@@ -186,6 +192,25 @@ def _gpu_dump(entry: ModelEntry, pipeline_run: Path, side: Side, runs_dir: Path,
                            RunRequest(options=config.execution_options(), dump=True), runs_dir,
                            command=["qconsist", "nightly"], progress=progress)
     return result.run_dir, None
+
+
+def _sensitivity(entry: ModelEntry, pipeline_run: Path, passed: bool, runs_dir: Path,
+                 progress: Progress) -> tuple[dict[str, Any] | None, Path | None]:
+    """The entry's candidate fix: ``qconsist sensitivity`` of the night's pipeline run (CPU), when the entry asks for
+    it and the gate failed (or always); its summary, or why it could not be made, and its run directory. A
+    sensitivity that fails does not change the entry's verdict: the failure is recorded with it."""
+    wanted = entry.sensitivity
+    if wanted is None or (wanted.when is SensitivityWhen.FAIL and passed):
+        return None, None
+    try:
+        result, path = sensitivity(pipeline_run, wanted.request, labels=entry.labels, runs_dir=runs_dir,
+                                   command=["qconsist", "nightly"], progress=progress)
+    except QconsistError as exc:
+        log.error("model %s: sensitivity: %s", entry.name, exc.message)
+        return {"error": exc.message, "targets": [t.text for t in wanted.request.targets]}, None
+    return {**summary(result), "run": path.name if path else None,
+            "lines": result.proposal.pipeline_lines(result.existing_exclusions)
+            if result.proposal is not None and result.passed else []}, path
 
 
 def write_text(path: Path, text: str) -> None:
@@ -275,6 +300,12 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         write_text(run.file("verdict.json"), dumps(verdict))
         write_text(run.file("verdict.md"), verdict.to_markdown())
         write_text(run.file("junit.xml"), verdict.to_junit())
+        run.mark_progress("sensitivity")
+        found, sensitivity_run = _sensitivity(entry, result.path, verdict.passed, runs_dir, progress)
+        if found is not None:
+            record["sensitivity"] = found
+            if sensitivity_run is not None:
+                runs.append(RunRecord("sensitivity", sensitivity_run.name, "sensitivity", str(sensitivity_run)))
         manifest = Manifest(
             kind=ENTRY_KIND, command=list(sys.argv), model={"name": entry.name, **pipeline_manifest.model},
             inputs=pipeline_manifest.inputs, stages=pipeline_manifest.stages, environment=environment,
@@ -292,7 +323,7 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         pipeline_run=str(result.path), baseline=baseline_run, baseline_night=baseline_night,
         locate_skipped=skipped, verdict=verdict, runs=runs, hashes=list(pipeline_manifest.stages), gpu_type=task.gpu_type,
         gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
-        figures=quantized.figures() if quantized is not None else {},
+        figures=quantized.figures() if quantized is not None else {}, sensitivity=record.get("sensitivity"),
     )
 
 

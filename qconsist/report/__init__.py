@@ -16,6 +16,12 @@ from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
 from qconsist.gpu.run import load_report_data
+from qconsist.report.sensitivity import sensitivity_section
+from qconsist.report.sensitivity import state as sensitivity_state
+from qconsist.report.sensitivity import title as sensitivity_title
+from qconsist.sensitivity import SCHEMA as SENSITIVITY_SCHEMA
+from qconsist.sensitivity import SensitivityResult
+from qconsist.sensitivity.analysis import load_sensitivity
 from qconsist.store.confine import linked_run
 from qconsist.store.run import Run
 
@@ -51,7 +57,21 @@ def _entry_parts(run: Run, heading: str = "h1") -> tuple[str, list[str]]:
     locate_run = entry.get("locate_run")
     locate = _locate_section(linked_run(run.path, locate_run, "locate run")) if locate_run else None
     name = str(entry.get("model") or run.manifest.model.get("name"))
-    return name, entry_body(name, run.stages, verdict, locate, entry.get("locate_skipped"), heading)
+    body = entry_body(name, run.stages, verdict, locate, entry.get("locate_skipped"), heading)
+    return name, body + _entry_sensitivity(run.path, entry.get("sensitivity"))
+
+
+def _entry_sensitivity(path: Path, found: Any) -> list[str]:
+    """The entry's candidate fix (its sensitivity run), or why there is none."""
+    if not isinstance(found, dict):
+        return []
+    if found.get("error"):
+        return ["<h2>Sensitivity: which nodes to keep in float</h2>",
+                f'<p class="reasons">Not made: {_esc(found["error"])}</p>']
+    run = linked_run(path, found["run"], "sensitivity run") if found.get("run") else None
+    if run is None or not run.is_dir():
+        return ["<h2>Sensitivity: which nodes to keep in float</h2>", '<p class="muted">Its run directory is gone.</p>']
+    return sensitivity_section(load_sensitivity(run))
 
 
 def _title(name: str, verdict: dict[str, Any] | None) -> tuple[str, str]:
@@ -187,6 +207,11 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
                            for e in entries]
         html = render_nightly_report(data, history_link(data.get("history"), relative_to or path))
         return str(data.get("night_id")), [html[html.index("<body>") + 6: html.rindex("</body>")]]
+    if run.kind == "sensitivity":
+        result = load_sensitivity(path, manifest)
+        return result.model, [banner(sensitivity_state(result), sensitivity_title(result), f"sensitivity run {manifest.run_id}"),
+                              "<main>", *sensitivity_section(result), artifacts_section(run.stages, title="Verified model"),
+                              "</main>"]
     _verified(run)
     name = run.name
     body = [banner("neutral", f"{manifest.kind} run {manifest.run_id}", name), "<main>",
@@ -216,9 +241,15 @@ def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, 
             try:
                 diff = loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, ValueError) as exc:
-                raise InputError(f"{path} is not a diff JSON file ({exc})") from None
+                raise InputError(f"{path} is not a diff or sensitivity JSON file ({exc})") from None
+            if isinstance(diff, dict) and diff.get("schema") == SENSITIVITY_SCHEMA:
+                result = SensitivityResult.from_json(diff)
+                body += [banner(sensitivity_state(result), sensitivity_title(result), path.name), "<main>",
+                         *sensitivity_section(result), "</main>"]
+                names.append(path.stem)
+                continue
             if not isinstance(diff, dict) or "tensors" not in diff:
-                raise InputError(f"{path} is not a `qconsist diff --json` result (no 'tensors')")
+                raise InputError(f"{path} is not a `qconsist diff --json` or `qconsist sensitivity --json` result")
             overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
             body += _diff_parts(diff, path.stem, overlay)
             names.append(path.stem)

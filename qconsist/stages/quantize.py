@@ -34,7 +34,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 # quantization measures 28–43 dB on the models here (open_nsfw 41.4, fcn_head 41.0, NudeNet's boxes 27.9); a
 # destroyed output measures near 0 dB.
 DEFAULT_MIN_SQNR_DB = 15.0
+
+
+class NothingQuantizedError(ConfigError):
+    """quantize_static wrote a model without a quantized node (every quantizable node excluded, or none selected)."""
 
 
 class QuantFormatChoice(str, Enum):
@@ -169,6 +173,21 @@ class CalibrationOptions:
             data["batch_size"] = self.batch_size
         return data
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CalibrationOptions":
+        """The options a manifest recorded (``to_json``; a pipeline's ``[calibration]`` as recorded also holds
+        its data keys, which are not options and are left aside)."""
+        try:
+            method = CalibrationMethodChoice(data.get("method", CalibrationMethodChoice.MINMAX.value))
+            execution = (ExecutionOptions.from_json(data["execution"]) if isinstance(data.get("execution"), Mapping)
+                         else ExecutionOptions(str(data.get("provider", "cpu"))))
+            values = {name: data[name] for name in METHOD_PARAMETERS[method] if data.get(name) is not None}
+            if "scenario" in values:
+                values["scenario"] = DistributionScenario(values["scenario"])
+            return cls(method=method, execution=execution, batch_size=int(data.get("batch_size", 1)), **values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"recorded calibration options are not valid: {exc}") from None
+
 
 @dataclass(frozen=True)
 class QuantizeOptions:
@@ -215,6 +234,24 @@ class QuantizeOptions:
             "min_top1_agreement": self.min_top1_agreement, "max_abs_diff": self.max_abs_diff,
             "min_sqnr_db": self.min_sqnr_db,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "QuantizeOptions":
+        """The options a manifest recorded (``to_json``; ``min_sqnr_db`` null is "off"); unknown keys are errors."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"recorded quantize options have unknown key(s) {', '.join(unknown)}")
+        try:
+            values = dict(data)
+            for name in ("format", "activation_type", "weight_type"):
+                if name in values:
+                    values[name] = (QuantFormatChoice if name == "format" else QuantTypeChoice)(values[name])
+            for name in ("op_types", "nodes_to_exclude"):
+                if name in values:
+                    values[name] = tuple(str(v) for v in values[name])
+            return cls(**values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"recorded quantize options are not valid: {exc}") from None
 
 
 class InputSetReader:
@@ -341,6 +378,16 @@ def calibrate(model: Path, inputs: InputSet, calibration: CalibrationOptions, wo
     return ranges
 
 
+def load_ranges(path: Path):  # -> onnxruntime's TensorsData
+    """A calibration cache written by ``quantize_model`` (onnxruntime's ``save_tensors_data``), read back."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    try:
+        return load_tensors_data(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"cannot read the calibration ranges {path}: {exc}") from None
+
+
 def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
     found = {}
     for name in tensors_data:
@@ -353,16 +400,22 @@ def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
 def quantize_model(
     source: Path,
     output: Path,
-    calibration_inputs: InputSet,
+    calibration_inputs: InputSet | None,
     options: QuantizeOptions = QuantizeOptions(),
     calibration: CalibrationOptions = CalibrationOptions(),
     evaluation: InputSet | None = None,
     ranges_output: Path | None = None,
     progress: Progress = NULL_PROGRESS,
     output_kinds: Mapping[str, OutputKind] | None = None,
+    ranges: Path | None = None,
 ) -> QuantizeResult:
     """Calibrate ``source`` on ``calibration_inputs``, quantize it into ``output`` and validate the result
-    (``output_kinds``: the outputs' declared kinds, the others read from the float graph)."""
+    (``output_kinds``: the outputs' declared kinds, the others read from the float graph).
+
+    ``ranges``: a calibration cache recorded by an earlier calibration of ``source`` with ``calibration`` (a
+    pipeline run's ``quantize/calibration_ranges.json``): then nothing is calibrated (``calibration_inputs`` is
+    not read) and quantize_static reads those ranges, so quantizations that differ only in ``options`` (the
+    nodes excluded, say) differ in nothing else."""
     from onnxruntime.quantization import quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -373,13 +426,20 @@ def quantize_model(
     start = time.perf_counter()
     with scratch_dir("qconsist-quantize-") as tmp:
         workdir = Path(tmp)
-        tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
-        calibration_seconds = time.perf_counter() - start
         cache = workdir / "ranges.json"
-        save_tensors_data(tensors_data, cache)
-        # ORT writes the tensors in its calibrator's set order, which Python's string hashing changes from process
-        # to process: the recorded file is the same data with its keys sorted, the same bytes in every process
-        cache.write_text(json.dumps(json.loads(cache.read_text()), sort_keys=True))
+        if ranges is None:
+            if calibration_inputs is None:
+                raise ConfigError("quantize_model needs calibration inputs or recorded ranges")
+            tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
+            save_tensors_data(tensors_data, cache)
+            # ORT writes the tensors in its calibrator's set order, which Python's string hashing changes from
+            # process to process: the recorded file is the same data with its keys sorted, the same bytes in every
+            # process
+            cache.write_text(json.dumps(json.loads(cache.read_text()), sort_keys=True))
+        else:
+            tensors_data = load_ranges(Path(ranges))
+            cache.write_bytes(Path(ranges).read_bytes())
+        calibration_seconds = time.perf_counter() - start
         extra = {"ActivationSymmetric": options.activation_symmetric, "WeightSymmetric": options.resolved_weight_symmetric}
 
         def write(target: Path) -> None:
@@ -404,15 +464,17 @@ def quantize_model(
     seconds = time.perf_counter() - start
     quantized = onnx.load(str(output))
     if not quantized_nodes(quantized):
-        raise ConfigError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
+        raise NothingQuantizedError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
     table = build_table(quantized, _ranges(tensors_data))
     issues = table.issues()
     params = {
-        **options.to_json(), "calibration": calibration.to_json(), "calibration_count": len(calibration_inputs),
+        **options.to_json(), "calibration": calibration.to_json(),
+        **({"calibration_count": len(calibration_inputs)} if ranges is None else {"calibration_ranges": str(ranges)}),
         "tool": "onnxruntime.quantization.quantize_static",
         "ort_arguments": {
             "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
-            "calibrate_method": method.name, "calibration_providers": calibration.ort_providers(),
+            "calibrate_method": method.name,
+            "calibration_providers": calibration.ort_providers() if ranges is None else calibration.execution.ort_providers(),
             "calibration_session": calibration.session_options().to_json(), "extra_options": extra,
         },
     }
@@ -452,11 +514,15 @@ def _why_assertion(source: Path, exc: AssertionError) -> str:
 
 
 def quantizable_op_types(options: QuantizeOptions) -> list[str]:
-    """The operators onnxruntime quantizes in ``options.format``."""
+    """The operators onnxruntime quantizes in ``options.format``: in QDQ, what ``quantize_static`` quantizes when
+    given no ``op_types`` (its QLinear and QDQ registries together: an operator without a QDQ rule of its own, such
+    as Add, Mul, Sigmoid, Softmax or Concat, gets Q/DQ pairs on its inputs and outputs); in QOperator, the operators
+    it has a QLinear kernel for."""
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    registry = QDQRegistry if options.format is QuantFormatChoice.QDQ else QLinearOpsRegistry
-    return sorted(registry)
+    if options.format is QuantFormatChoice.QDQ:
+        return sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    return sorted(QLinearOpsRegistry)
 
 
 # what a quantization needs of the model's ai.onnx opset (onnxruntime's quantizer writes an invalid model below it)

@@ -108,10 +108,12 @@ COMMANDS = {
     "locate": lambda f, g, n, w: ["locate", f, "--inputs", g, "--precision", "fp16", "--ep", w, "--count", n],
     "locate-matrix": lambda f, g, n, w: ["locate", f, "--inputs", g, "--ep", w, "--repeats", n],
     "explain": lambda f, g, n, w: ["explain", f, g],
+    "sensitivity": lambda f, g, n, w: ["sensitivity", f, "--target", f"sqnr>={n}", "--candidates", n, "--timed-runs", "3",
+                                       "--warmup", "0", *(["--inputs", g] if w in ("all", "QDQ") else [])],
     "models": lambda f, g, n, w: ["models", "list"],
     "env": lambda f, g, n, w: ["env", "--json"],
 }
-RUN_COMMANDS = {"pipeline", "run", "run-stage", "run-level", "locate", "locate-matrix"}
+RUN_COMMANDS = {"pipeline", "run", "run-stage", "run-level", "locate", "locate-matrix", "sensitivity"}
 
 _counter = itertools.count()
 

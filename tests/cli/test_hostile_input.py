@@ -151,7 +151,7 @@ def test_unknown_op_types(made, tmp_path):
     result = _invoke("pipeline", "run", _pipeline(tmp_path, made["model"], made["arrays"], '[quantize]\nop_types = ["NoSuchOp", "Conv"]\n'))
     assert result.exit_code == 2
     assert result.stderr.startswith("error: quantize.op_types: onnxruntime cannot quantize NoSuchOp in QDQ format "
-                                    "(it quantizes AveragePool, BatchNormalization, Clip, Conv, ")
+                                    "(it quantizes Add, ArgMax, AveragePool, BatchNormalization, Clip, Concat, Conv, ")
     assert result.stderr.count("\n") == 1
     _nothing_left()
 

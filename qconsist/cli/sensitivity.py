@@ -1,0 +1,168 @@
+"""``qconsist sensitivity RUN``: which nodes to keep in float, and a verified list for a target."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from qconsist.cli import options as opt
+from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
+from qconsist.errors import EXIT_DIVERGED, EXIT_OK, ConfigError
+
+
+def _db(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _seconds(cost) -> str:
+    names = [("first_pass", "first pass"), ("probes", "probes"), ("search", "search"), ("verify", "verify"), ("latency", "latency")]
+    parts = [f"{label} {cost.seconds[key]:.1f} s" for key, label in names if key in cost.seconds]
+    probe = cost.probe_parts
+    per = (f" (median per probe: quantize {probe['quantize']:.2f} s, session {probe['session']:.2f} s, inference "
+           f"{probe['inference']:.2f} s)") if probe else ""
+    return (f"cost: {cost.sessions} sessions, {cost.quantizations} quantizations ({cost.probes} probes, {cost.reused} "
+            f"answered by an identical model), {cost.seconds.get('total', 0.0):.1f} s: " + ", ".join(parts) + per)
+
+
+def render(result, top: int, path: Path | None) -> None:  # result: SensitivityResult
+    console = stdout_console()
+    e = result.execution
+    console.print(f"sensitivity of {result.run} ({result.model}): quantize from {result.float_stage}, probes on "
+                  f"{e['provider']} level {e['graph_optimization_level']}, {result.samples} samples "
+                  f"({result.inputs.get('source')})" + (f", {result.labels} labelled" if result.labels else ""))
+    reproduced = "the run's own" if result.baseline_md5 == result.run_md5 else f"NOT the run's {result.run_md5[:12]}…"
+    console.print(f"all quantized (re-made from the run's recorded ranges: md5 {result.baseline_md5[:12]}…, {reproduced}): "
+                  f"{result.baseline.describe()}")
+    ops = Counter(n.op_type for n in result.nodes)
+    console.print(f"quantizable nodes: {result.quantizable} ({', '.join(f'{op} {k}' for op, k in ops.most_common())})"
+                  + (f", {result.unnamed} unnamed (cannot be excluded)" if result.unnamed else "") + f"; probed: {result.strategy}")
+    table = Table("rank", "node", "op", "worst output dB", "gain dB", "top-1", "quant-error rank", "added dB", "SQNR dB")
+    for n in result.probed[:top]:
+        worst = n.probe.worst if n.probe is not None else None
+        table.add_row(str(n.rank), n.node, n.op_type, f"{_db(worst.sqnr_db if worst else None)} {worst.label if worst else ''}",
+                      _db(n.gain_db) + (" (same model)" if n.same_model_as_baseline else ""),
+                      _share(n.probe.top1_agreement if n.probe else None), str(n.first_pass_rank or "-"),
+                      _db(n.first_pass.added_db if n.first_pass else None), _db(n.first_pass.sqnr_db if n.first_pass else None))
+    console.print(table)
+    if len(result.probed) > top:
+        console.print(f"... {len(result.probed) - top} more (--top N, --json)")
+    a = result.agreement
+    if a is not None:
+        def rho(value: float | None) -> str:
+            return "-" if value is None else f"{value:+.2f}"
+        console.print(f"quant-error vs probes over {a.nodes} probed nodes: Spearman {rho(a.spearman_added)} (added dB), "
+                      f"{rho(a.spearman_sqnr)} (SQNR); {a.overlap} of the probes' top {a.top} in quant-error's top {a.top}")
+    for step in result.alternatives:
+        console.print(f"alternative {step.node}" + (f" with {', '.join(step.excluded)} in float" if step.excluded else "")
+                      + f": {step.figures.describe()} — {'reaches' if step.met else 'misses'} the targets")
+    p, v = result.proposal, result.verification
+    if p is not None:
+        targets = ", ".join(t.text for t in result.targets)
+        what = (f"keep {len(p.nodes)} node(s) in float" if p.nodes else "keep no node in float")
+        if p.quantize_changes:
+            what += " and set " + ", ".join(f"{k} = {v!r}" for k, v in p.quantize_changes.items())
+        console.print(f"proposal for {targets}: {what}" + ("" if p.reached else " — DOES NOT reach the targets on the probe inputs"))
+        console.print(f"  method: {p.method}")
+        console.print(f"  guarantee: {p.guarantee}")
+        console.print(f"  predicted: {p.predicted.describe()}")
+    if v is not None:
+        same = ("identical to the model the search measured" if v.same_as_predicted
+                else "NOT identical to the model the search measured (the calibration did not repeat)")
+        console.print(f"  verified:  {v.measured.describe()} — {'reaches' if v.reached else 'DOES NOT reach'} the targets "
+                      f"(re-made by the pipeline's quantize stage, calibration included: md5 {v.md5[:12]}…, {same})")
+        for line in v.stage_failures:
+            console.print(f"  the quantize stage's own check: FAILED {line}")
+    lat = result.latency
+    if lat is not None:
+        console.print(f"latency on {lat.provider} (median of {lat.runs} side-by-side runs): all quantized {lat.quantized_ms:.2f} ms, "
+                      f"proposed {lat.proposed_ms:.2f} ms: {lat.ratio:.2f}x; float {lat.float_ms:.2f} ms ({lat.float_ratio:.2f}x)")
+    if p is not None and (p.nodes or p.quantize_changes) and v is not None and v.reached:
+        console.print("in the pipeline file:")
+        for line in p.pipeline_lines(result.existing_exclusions):
+            console.print(f"  {line}")
+    console.print(_seconds(result.cost))
+    if path is not None:
+        console.print(f"run {path.name}: {path}")
+
+
+def sensitivity(
+    run: Path = typer.Argument(..., help="A pipeline run directory (or a nightly entry): its float model, quantize options and recorded calibration ranges."),
+    target: List[str] = typer.Option([], "--target", help='What the proposal must reach, e.g. "sqnr>=40" (dB, every output and part), "sqnr[prob]>=45", "cosine>=0.999", "max-abs<=0.01", "top1>=0.999", "accuracy-drop<=0.1" (points, needs --labels); repeatable, all must hold. None: rank only.'),
+    candidates: int = typer.Option(16, "--candidates", min=1, help="How many nodes to probe one by one: the first pass's (quant-error's) top N, and, while a target is not reached, N more at a time (--no-widen: only the first N)."),
+    all_nodes: bool = typer.Option(False, "--all", help="Probe every quantizable node (slower; also measures how quant-error's ranking relates to the probes')."),
+    widen: bool = typer.Option(True, "--widen/--no-widen", help="While the proposal does not reach the targets, probe the first pass's next --candidates nodes (until every node is probed)."),
+    inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
+    pipeline: opt.PipelineFile = None,
+    offset: opt.Offset = 0,
+    count: opt.Count = None,
+    labels: opt.LabelsFile = None,
+    ep: opt.Ep = "cpu",
+    level: opt.Level = "all",
+    threads: opt.Threads = None,
+    deterministic: opt.Deterministic = None,
+    algo_search: opt.AlgoSearch = None,
+    tf32: opt.Tf32 = None,
+    max_workspace: opt.MaxWorkspace = None,
+    device_id: opt.DeviceId = None,
+    provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
+    disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
+    warmup: opt.Warmup = 5,
+    timed_runs: opt.TimedRuns = 30,
+    alternatives: bool = typer.Option(True, "--alternatives/--no-alternatives", help="When keeping nodes in float cannot reach the targets, measure 16-bit activations (then activations and weights), from the same calibration, and propose the first that reaches them."),
+    top: opt.Top = 20,
+    runs_dir: opt.RunsDir = None,
+    run_id: opt.RunId = None,
+    json_output: opt.Json = False,
+) -> None:
+    """Rank the quantizable nodes of a pipeline run by the effect of keeping each one in float on the final
+    outputs (probes of the top --candidates of quant-error's ranking, or --all), reusing the run's one
+    calibration; with --target, propose the nodes to keep in float, re-make the proposal with the pipeline's
+    quantize stage, measure it and its latency cost on --ep, and print the [quantize] lines to paste.
+
+    Exit 0 done (the verified proposal reaches every target), 1 the proposal does not reach a target, 2 error,
+    3 the execution provider is missing.
+    """
+    from qconsist.gpu.latency import LatencyOptions
+    from qconsist.sensitivity import SensitivityRequest, parse_targets
+    from qconsist.inputs.labels import read_labels
+    from qconsist.sensitivity import sensitivity as analyse
+    from qconsist.sensitivity.source import open_quantized_run
+
+    targets = parse_targets(target)
+    execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
+                                      provider_option, disabled_optimizers)
+    request = SensitivityRequest(targets=targets, candidates=None if all_nodes else candidates, execution=execution,
+                                 latency=LatencyOptions(warmup=warmup, runs=timed_runs), alternatives=alternatives,
+                                 widen=widen)
+    if inputs is None and pipeline is not None:
+        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
+                          "evaluation inputs are used, prepared as the run prepared them)")
+    probe_inputs, by_name = None, None
+    if inputs is not None:
+        from qconsist.inference import resolve_model
+
+        source = open_quantized_run(run)
+        probe_inputs = opt.input_set(inputs, resolve_model(source.path, source.float_stage), pipeline, offset, count,
+                                     labels=labels)
+    else:  # the run's own evaluation inputs, labelled by sample name where --labels is given (a nightly entry's labels)
+        by_name = dict(read_labels(labels).by_name) if labels is not None else None
+        if offset or count is not None:
+            probe_inputs = open_quantized_run(run).inputs("evaluation").subset(offset, count)
+    result, path = analyse(run, request, probe_inputs, by_name,
+                           runs_dir=runs_dir if runs_dir is not None else Path("runs"), run_id=run_id,
+                           progress=progress_for(json_output))
+    if json_output:
+        print_json(result)
+    else:
+        render(result, top, path)
+        if path is not None:
+            note_run_ort_log(path)
+    raise typer.Exit(EXIT_OK if result.passed else EXIT_DIVERGED)
