@@ -210,11 +210,11 @@ def _tiny_model(path: Path) -> Path:
     return path
 
 
-def _inputs(folder: Path, workers: int | None):
+def _inputs(folder: Path, workers: int | None, name: str = "data"):
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 
-    return open_input_set(folder, load_pipeline(PIPELINE).preprocess, "data").with_workers(workers)
+    return open_input_set(folder, load_pipeline(PIPELINE).preprocess, name).with_workers(workers)
 
 
 def decode(folder: Path, count: int, batch: int, workers: int, label: str) -> dict:
@@ -256,7 +256,8 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
         onnx.save(with_dynamic_batch(onnx.load(str(model))), str(restamped))
         model = restamped
     session = create_session(model, options)
-    pool = [step.arrays for _, step in zip(range(8), _inputs(folder, 0).steps(batch))]
+    name = session.get_inputs()[0].name  # the model's own (open_nsfw's QDQ model: data_input)
+    pool = [step.arrays for _, step in zip(range(8), _inputs(folder, 0, name).steps(batch))]
     session.run(None, pool[0])  # warm: cuDNN picks its algorithms
     steps = -(-count // batch)
     with PeakMemory(os.getpid()) as memory, progress("inference", count) as advance:

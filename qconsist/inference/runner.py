@@ -185,7 +185,12 @@ def _rows(step: dict[str, np.ndarray]) -> int:
 
 def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
     """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
-    sample gives, per row, what the original gives for the sample (within float rounding)."""
+    sample gives, per row, what the original gives for the sample (within float rounding). Whether the graph
+    computes per sample is the graph's property, checked on the CPU EP at the run's optimization level: on the
+    CUDA EP the kernels themselves depend on the batch (open_nsfw QDQ on the H100: batch 2 and batch 1 one
+    quantization step apart in ``prob``), which is what a run at another batch size is there to show."""
+    options = ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
+                               disabled_optimizers=options.disabled_optimizers)
     original = onnx.load(str(source))
     write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
     try:

@@ -249,7 +249,8 @@ def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, 
                 names.append(path.stem)
                 continue
             if not isinstance(diff, dict) or "tensors" not in diff:
-                raise InputError(f"{path} is not a `qconsist diff --json` or `qconsist sensitivity --json` result")
+                raise InputError(f"{path} is not a `qconsist diff --json` or `qconsist sensitivity --json` result "
+                                 f"(no 'tensors', no schema {SENSITIVITY_SCHEMA})")
             overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
             body += _diff_parts(diff, path.stem, overlay)
             names.append(path.stem)

@@ -3,6 +3,8 @@ and a batch-32 dump diffed against a batch-1 dump. Run on the GPU machine: ``pyt
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -17,6 +19,7 @@ from qconsist.inference.runner import PRODUCTION_REPEATS
 from qconsist.inputs import open_input_set
 
 pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _deconv(tmp_path, batch):
@@ -99,3 +102,25 @@ def test_batch_32_against_batch_1_names_the_batch_dependent_nodes(tmp_path):
               if d1.raw(s, c).tobytes() != d32.raw(s, c).tobytes()}
     assert named == differ
     print(f"batch 32 vs batch 1, cuDNN DEFAULT: nodes whose outputs depend on the batch: {sorted(named) or 'none'}")
+
+
+def test_open_nsfw_qdq_restamped_runs_at_batch_32_on_the_cuda_ep(nsfw_run, tmp_path):
+    """``--dynamic-batch`` on the CUDA EP: whether the graph computes per sample is checked on the CPU EP (on the
+    H100, open_nsfw QDQ at batch 2 and batch 1 are one quantization step apart in ``prob``: the kernels depend
+    on the batch), so the re-stamped model runs; a batch-1 run of the same photos names what the batch changes."""
+    from qconsist.inference.model import input_specs
+    from qconsist.pipeline.config import load_pipeline
+
+    config = load_pipeline(REPO / "pipelines" / "open_nsfw.toml")
+    model = resolve_model(nsfw_run.path, "quantize")
+    name = input_specs(model.path)[0].name
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False})
+    runs = {}
+    for batch in (1, 32):
+        inputs = open_input_set("package:photos", config.preprocess, name)
+        request = RunRequest(options, batch_size=batch, dynamic_batch=batch > 1)
+        runs[batch] = run_inference(model, inputs, request, tmp_path / "runs", run_id=f"b{batch}").run_dir
+    restamped = Run.open(runs[32]).manifest.model["dynamic_batch"]
+    assert restamped["path"] == "model/model.onnx"
+    outputs = diff_runs(runs[1], runs[32]).outputs
+    assert outputs.samples == 21 and outputs.greatest_abs <= 0.02  # a few quantization steps at most

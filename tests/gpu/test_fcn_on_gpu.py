@@ -40,7 +40,8 @@ def fcn(tmp_path_factory) -> dict:
         quantize_model(converted, root / f"{name}_int8.onnx", photos.subset(0, 8), QuantizeOptions(per_channel=True))
         determinized = determinize(converted, root / f"{name}_det.onnx").path
         out[name] = {"float": converted, "qdq": root / f"{name}_int8.onnx", "det": determinized,
-                     "samples": [photos.sample(i) for i in range(12, 15)]}
+                     "samples": [photos.sample(i) for i in range(12, 15)],
+                     "all_evaluation": [photos.sample(i) for i in range(12, 21)]}
     return out
 
 
@@ -118,11 +119,14 @@ def test_the_rewritten_model_is_bit_stable_over_20_runs_in_3_fresh_sessions(fcn,
 def test_the_quantized_head_shows_int8_changes_downstream_and_points_to_the_stage(fcn):
     from qconsist.gpu.report import NoAlternative
 
-    report = _locate(fcn["fcn_head"]["qdq"], fcn["fcn_head"]["samples"])
+    # whether last-bit differences cross an int8 rounding boundary is a matter of how many values are near one:
+    # the 9 evaluation photos rather than 3 (on the H100, 3 photos once showed none)
+    report = _locate(fcn["fcn_head"]["qdq"], fcn["fcn_head"]["all_evaluation"])
     origins = _origins(report, "run-to-run")
     conv_transpose = [n for n in origins.values() if n.op_type == "ConvTranspose"]
     assert conv_transpose, report.nodes
-    assert any(n.int8_downstream > 0 for n in report.nodes if n.why in ("run-to-run", "repeat"))
+    changed = [(n.label, n.why, n.int8_downstream) for n in report.nodes if n.why in ("run-to-run", "repeat")]
+    assert any(downstream > 0 for _, _, downstream in changed), changed
     assert isinstance(report.alternative, NoAlternative) and "[determinize]" in report.alternative.reason
 
 

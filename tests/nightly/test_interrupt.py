@@ -29,6 +29,7 @@ def nudenet_only(folder: Path) -> Path:
         '[models.pipeline.model]\nsource = "nudenet_320n"\n'
         '[models.pipeline.preprocess]\nresize = [320, 320]\nchannel_order = "RGB"\npixel_range = 1.0\n'
         '[models.pipeline.calibration]\ndata = "package:photos"\ncount = 2\nrepeat = 2\n'
+        '[models.pipeline.quantize]\nactivation_type = "int16"\nweight_type = "int16"\n'
         '[models.pipeline.evaluation]\ndata = "package:photos"\noffset = 12\ncount = 2\n'
     )
     return path

@@ -45,7 +45,7 @@ def nightly_file(folder: Path) -> Path:
         '[models.pipeline.model]\nsource = "nudenet_320n"\n'
         '[models.pipeline.preprocess]\nresize = [320, 320]\nchannel_order = "RGB"\npixel_range = 1.0\n'
         '[models.pipeline.calibration]\ndata = "photos"\ncount = 3\nrepeat = 2\n'
-        '[models.pipeline.quantize]\nper_channel = true\n'
+        '[models.pipeline.quantize]\nper_channel = true\nactivation_type = "int16"\nweight_type = "int16"\n'
         '[models.pipeline.evaluation]\ndata = "photos"\noffset = 12\ncount = 2\n'
     )
     path = folder / "nightly.toml"
