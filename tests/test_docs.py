@@ -134,3 +134,24 @@ def test_links_resolve(page):
         assert file.exists(), f"{page}: link {link} leads to no file"
         if anchor:
             assert anchor in _anchors(file.read_text(encoding="utf-8")), f"{page}: link {link}: no such heading"
+
+
+def test_the_schema_table_is_the_codes():
+    """docs/formats.md lists every schema the package declares, and no other."""
+    code = set()
+    for source in (ROOT / "qconsist").rglob("*.py"):
+        code |= set(re.findall(r"[\"'](qconsist\.[a-z._-]+/\d+)[\"']", source.read_text(encoding="utf-8")))
+    table = GUIDE["formats.md"].split("\n## Schemas\n", 1)[1]
+    documented = set(re.findall(r"`(qconsist\.[a-z._-]+/\d+)`", table))
+    documented |= {f"{name.rsplit('/', 1)[0]}/{old}" for name, old in re.findall(r"`(qconsist\.[a-z._-]+/\d+)` \(`/(\d+)` read\)", table)}
+    assert len(code) >= 25
+    assert code == documented, f"only in the code: {sorted(code - documented)}; only in docs/formats.md: {sorted(documented - code)}"
+
+
+def test_the_exit_code_table_is_the_codes():
+    """docs/trust.md's table has one row per exit code qconsist.errors defines."""
+    from qconsist import errors
+
+    codes = {value for name, value in vars(errors).items() if name.startswith("EXIT_")}
+    table = _section(GUIDE["trust.md"], "Exit codes")
+    assert {int(code) for code in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)} == codes == {0, 1, 2, 3, 4, 130}
