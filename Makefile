@@ -6,7 +6,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 # onnxruntime's build: cpu, or gpu on a GPU machine (make run ORT=gpu, make test ORT=gpu).
 ORT ?= cpu
-# What the main job needs (README, "Set-up"): onnxruntime, Caffe conversion, the photographs it calibrates on.
+# What the main job needs (docs/install.md, "Set-up"): onnxruntime, Caffe conversion, the photographs it calibrates on.
 RUN_EXTRAS ?= $(ORT) caffe photos
 # The tests add Model Explorer, Ray, pytest and hypothesis (the `test` group); nox and ruff come with them.
 EXTRAS ?= $(RUN_EXTRAS)
@@ -19,7 +19,7 @@ SYNC := $(UV) sync --locked --python $(PY) $(addprefix --extra ,$(EXTRAS)) --gro
 PYTEST := $(VENV)/bin/python -m pytest -q -m "not gpu" -n auto
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test check setup lock lock-uv matrix lint clean browser
+.PHONY: run test check setup lock lock-uv matrix lint clean browser docs
 
 # uv itself, pinned with its hashes in requirements/uv.txt, in a venv of its own.
 $(UV): requirements/uv.txt
@@ -48,8 +48,12 @@ test: $(STAMP) browser
 check: $(STAMP)
 	$(PYTEST) -m "not gpu and not slow"
 
+# docs/cli.md, the CLI reference, from every command's --help (tests/test_docs.py fails when it is stale).
+docs: $(STAMP)
+	$(VENV)/bin/python tools/cli_reference.py
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check qconsist tests benchmarks noxfile.py
+	$(VENV)/bin/ruff check qconsist tests benchmarks tools noxfile.py
 
 # Other onnxruntime versions against the locked environment (noxfile.py): oldest supported, locked, newest.
 matrix: $(STAMP)

