@@ -47,14 +47,16 @@ def _is_image(entry: os.DirEntry) -> bool:
     return os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES and entry.is_file()
 
 
-def _images_below(folder: Path) -> list[Path]:
-    """Every image in ``folder`` and its subfolders, sorted by path below ``folder``."""
-    found = []
+def _images_below(folder: Path, prefix: str = "") -> list[tuple[str, Path]]:
+    """Every image in ``folder`` and its subfolders, sorted by path below ``folder``: its name (``prefix`` and
+    the path below ``folder``, ``/``-separated) and its path. Names are joined as strings: ``Path.relative_to``
+    per file took 1.5 s of a 10,000-JPEG class tree's listing on the H100 machine."""
+    found: list[tuple[str, Path]] = []
     for entry in _entries(folder):
         if entry.is_dir():
-            found += _images_below(Path(entry.path))
+            found += _images_below(Path(entry.path), f"{prefix}{entry.name}/")
         elif _is_image(entry):
-            found.append(Path(entry.path))
+            found.append((prefix + entry.name, Path(entry.path)))
     return found
 
 
@@ -110,15 +112,15 @@ def _class_tree(folder: Path, folders: list[Path], labels_file: Path | None, cla
         classes = tuple(names)
     index = {name: i for i, name in enumerate(classes)}
     files: list[Path] = []
+    sample_names: list[str] = []
     by_name: dict[str, int] = {}
     for class_folder in folders:
-        found = _images_below(class_folder)
+        found = _images_below(class_folder, f"{class_folder.name}/")
         if not found:
             raise InputError(f"class folder {class_folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}); "
                              "remove it or add its images (an empty class would shift the numbering)")
-        for path in found:
-            name = path.relative_to(folder).as_posix()
+        for name, path in found:
             by_name[name] = index[class_folder.name]
             files.append(path)
-    return FolderContents("images", files, [p.relative_to(folder).as_posix() for p in files],
-                          Labels(by_name, tuple(classes), "folders"))
+            sample_names.append(name)
+    return FolderContents("images", files, sample_names, Labels(by_name, tuple(classes), "folders"))
