@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import QconsistError, RunStoreError
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.base import float_stage_names
 from qconsist.store.confine import linked_run
 from qconsist.store.run import Run
@@ -100,7 +100,7 @@ class Side:
             path = self.artifact(stage) if stage else None
             if path is None:
                 raise RunStoreError(f"run {self.pipeline_path} has no float model to read its outputs' kinds from")
-            self._judged = judged_outputs(onnx.load(str(path), load_external_data=False), declared)
+            self._judged = judged_outputs(read_onnx(path, error=RunStoreError), declared)
         return self._judged
 
     def outputs(self, stage: str) -> list[dict[str, np.ndarray]]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import onnx
 
+from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, InputError, UnsupportedModelError
@@ -110,11 +110,7 @@ def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet,
 
 
 def _is_quantized(path: Path) -> bool:
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
-        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
-    return bool(quantized_nodes(model))
+    return bool(quantized_nodes(read_onnx(path)))
 
 
 def _fp16_source(request: LocateRequest, source: ModelSource) -> ModelSource:

@@ -14,6 +14,7 @@ from qconsist.inference.session import empty_graph_error
 from qconsist.inference.session import input_specs as session_input_specs
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSpec
+from qconsist.onnxfile import read_onnx
 from qconsist.store.manifest import Manifest
 from qconsist.store.run import Run
 
@@ -89,10 +90,7 @@ def resolve_model(model: Path | str | Run, stage: str | None = None) -> ModelSou
 
 def input_specs(path: Path) -> list[InputSpec]:
     """The model's graph inputs (initializers excluded), for checking samples."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path} is not a readable ONNX model: {exc}") from None
+    model = read_onnx(path)
     if not model.graph.output:
         raise empty_graph_error(str(path))
     inits = {i.name for i in model.graph.initializer}

@@ -42,6 +42,7 @@ from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.stream import SampleInfo
+from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputWriter, ShapeTable, sample_rows
@@ -154,7 +155,7 @@ class _ModelRecord:
 
 
 def _model_record(source: ModelSource) -> _ModelRecord:
-    model = onnx.load(str(source.path))
+    model = read_onnx(source.path, external_data=True)
     hashes = hash_artifact(source.path, model=model).to_json()
     hashes["path"] = str(source.path.resolve())
     record = {**source.describe(), "path": str(source.path.resolve()), "artifact": hashes, "structure": structure_hash(model)}
@@ -186,7 +187,7 @@ def _rows(step: dict[str, np.ndarray]) -> int:
 def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
     """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
     sample gives, per row, what the original gives for the sample (within float rounding)."""
-    original = onnx.load(str(source))
+    original = read_onnx(source, external_data=True)
     write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
     try:
         restamped = create_session(target, options)
@@ -223,7 +224,7 @@ def _engines(model_path: Path, options: ExecutionOptions, step: dict[str, np.nda
     """The cuDNN engine of every convolution, per run of a child session of the same model, options and first
     step; nodes named as the dump names them."""
     if plan is not None:
-        graph_path, observed = plan.optimized_path, observed_graph(onnx.load(str(plan.optimized_path)), plan)
+        graph_path, observed = plan.optimized_path, observed_graph(read_onnx(plan.optimized_path, external_data=True, what="ORT's optimized graph"), plan)
         order, labels = [n.name for n in observed.nodes], {n.name: n.label for n in observed.nodes}
     else:
         create_session(model_path, options, optimized_model_filepath=optimized)

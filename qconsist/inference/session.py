@@ -43,6 +43,7 @@ from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, Provider
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
+from qconsist.onnxfile import read_onnx
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
 from qconsist.threads import MEASUREMENT_THREADS
@@ -444,7 +445,7 @@ def _graph_outputs(model: str | Path | bytes) -> int | None:
     import onnx
 
     try:
-        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else read_onnx(model)
     except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
         return None
     return len(proto.graph.output)
@@ -550,7 +551,7 @@ def _load_graph(model: str | Path | bytes) -> Any:
 
     if isinstance(model, bytes):
         return onnx.load_from_string(model)
-    return onnx.load(str(model), load_external_data=False)
+    return read_onnx(model)
 
 
 @ort_logged()  # one capture for all its sessions and runs

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import onnx
 
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
 from qconsist.compare.kinds import check_declared
@@ -33,6 +32,7 @@ from qconsist.inference.session import input_specs, require_provider
 from qconsist.inference.model import input_specs as model_input_specs
 from qconsist.inputs.inputset import InputSet, check_spatial, open_input_set
 from qconsist.inputs.record import record_inputs
+from qconsist.onnxfile import read_onnx
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import Stage, StageContext, StageRecord
@@ -114,7 +114,7 @@ def _model_files(config: PipelineConfig) -> dict[str, Path]:
 
 def _graph_outputs(path: Path) -> list:
     try:
-        return list(onnx.load(str(path), load_external_data=False).graph.output)
+        return list(read_onnx(path).graph.output)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
         raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
 
