@@ -13,14 +13,6 @@ from qconsist.cli.app import print_json, stdout_console
 runs_app = typer.Typer(help="The run directories of a runs directory: list, show, remove.", no_args_is_help=True)
 
 
-def _runs_dir(value: Path | None) -> Path:
-    return value if value is not None else Path("runs")
-
-
-def _history(runs_dir: Path, value: Path | None) -> Path:
-    return value if value is not None else runs_dir / "history.sqlite"
-
-
 def _size(size: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1024 or unit == "GB":
@@ -44,10 +36,10 @@ def list_command(
     """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), age,
     size, and whether the history names it as a baseline. Every complete run's files are verified."""
     from qconsist.history.db import baseline_runs
-    from qconsist.store.runs import list_runs_dir
+    from qconsist.store.runs import default_history, default_runs_dir, list_runs_dir
 
-    root = _runs_dir(runs_dir)
-    listing = list_runs_dir(root, baseline_runs(_history(root, history)))
+    root = default_runs_dir(runs_dir)
+    listing = list_runs_dir(root, baseline_runs(default_history(root, history)))
     if json_output:
         print_json(listing)
         return
@@ -65,9 +57,9 @@ def show(
     json_output: opt.Json = False,
 ) -> None:
     """One run: kind, model, status, age, size, and every file with its verification status."""
-    from qconsist.store.runs import describe_run, find_run
+    from qconsist.store.runs import default_runs_dir, describe_run, find_run
 
-    info, checked = describe_run(find_run(run, _runs_dir(runs_dir)))
+    info, checked = describe_run(find_run(run, default_runs_dir(runs_dir)))
     if json_output:
         print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
         return
@@ -93,11 +85,11 @@ def rm(
     """Remove runs safely: only run directories inside --runs-dir, never one being written, never a baseline
     the history names unless --force."""
     from qconsist.history.db import baseline_runs
-    from qconsist.store.runs import parse_age, remove_runs
+    from qconsist.store.runs import default_history, default_runs_dir, parse_age, remove_runs
 
-    root = _runs_dir(runs_dir)
+    root = default_runs_dir(runs_dir)
     result = remove_runs(root, list(names or []), incomplete, parse_age(older_than) if older_than else None,
-                         baseline_runs(_history(root, history)), force, dry_run)
+                         baseline_runs(default_history(root, history)), force, dry_run)
     if json_output:
         print_json(result)
         return

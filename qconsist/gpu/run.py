@@ -22,7 +22,7 @@ import numpy as np
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
-from qconsist.errors import ConfigError, InputError, UnsupportedModelError
+from qconsist.errors import ConfigError, UnsupportedModelError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
@@ -32,7 +32,6 @@ from qconsist.inference.session import ExecutionOptions, ort_logged, require_pro
 from qconsist.inputs import open_input_set
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size
-from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.manifest import Manifest
@@ -40,6 +39,8 @@ from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
+from qconsist.pipeline.inputs import open_inputs
+from qconsist.inputs.options import InputOptions
 from qconsist.gpu.calibration import gpu_calibration
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
@@ -60,11 +61,8 @@ class Precision(str, enum.Enum):
 @dataclass(frozen=True)
 class LocateRequest:
     model: Path
-    inputs: str
+    inputs: InputOptions  # its count is a most: up to ``count`` samples from ``offset``
     stage: str | None = None
-    pipeline: Path | None = None
-    offset: int = 0
-    count: int = 8
     precision: Precision = Precision.FP32
     fp16_ep: str = "cuda"  # the execution provider of the fp16 analysis
     locate: LocateOptions = field(default_factory=LocateOptions)
@@ -76,36 +74,18 @@ class LocateRequest:
         object.__setattr__(self, "precision", Precision(self.precision))
         object.__setattr__(self, "fp16_ep", ExecutionOptions(self.fp16_ep).provider)
         check_batch_size(self.batch_size)
-        if not 1 <= self.count <= MAX_SAMPLES:
-            raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {self.count}")
-        if self.offset < 0:
-            raise ConfigError(f"`offset` must be >= 0, got {self.offset}")
+        if self.inputs.count is None or not 1 <= self.inputs.count <= MAX_SAMPLES:
+            raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {self.inputs.count}")
         if self.calibration_repeats and self.calibration_repeats < 2:
             raise ConfigError(f"`calibration_repeats` must be 0 (off) or >= 2, got {self.calibration_repeats}")
         if self.calibration_repeats and self.precision is Precision.FP16:
             raise ConfigError("`calibration_repeats` applies to `precision` fp32")
 
 
-def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | None:
-    if request.pipeline is not None:
-
-        return load_pipeline(request.pipeline).preprocess
-    found = source.preprocess_json()
-    if found is None:
-        return None
-    return Preprocess.from_dict({k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
-
-
 def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet, list[dict[str, np.ndarray]]]:
-    """The input set (checked against the model's inputs) and its ``count`` samples, loaded, in steps of
-    ``batch_size`` samples (one step a sample by default)."""
-    specs = input_specs(source.path)
-    if not specs:
-        raise InputError(f"model {source.path} has no inputs")
-    input_set = open_input_set(request.inputs, _preprocess(request, source), specs[0].name)
-    available = len(input_set) - request.offset
-    input_set = input_set.subset(request.offset, min(request.count, max(available, 1)))
-    input_set = input_set.checked(specs, request.batch_size)
+    """The input set (checked against the model's inputs) and its samples, loaded, in steps of ``batch_size``
+    samples (one step a sample by default)."""
+    input_set = open_inputs(request.inputs, source, request.batch_size, up_to=True)
     return input_set, [step for _, step in input_set.batches(request.batch_size)]
 
 
@@ -143,9 +123,8 @@ def _float_source(request: LocateRequest, source: ModelSource) -> Path:
 def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSet, progress: Progress):  # -> GpuCalibrationReport
 
     options, calibration, inputs = QuantizeOptions(), CalibrationOptions(), input_set
-    if request.pipeline is not None:
-
-        config = load_pipeline(request.pipeline)
+    if request.inputs.pipeline is not None:
+        config = load_pipeline(request.inputs.pipeline)
         options, calibration = config.quantize, config.calibration.options
         data = config.calibration.inputs
         specs = input_specs(source.path)

@@ -79,6 +79,20 @@ def _level(value: Any) -> OptimizationLevel:
 # registry; accepted by ``ExecutionOptions.from_json`` so older manifests still read.
 _FLAT_CUDA = ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace", "device_id")
 _OPTIMIZER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# The command-line flag of each execution option: the CLI's execution group declares its options with these
+# names and ``ExecutionOptions.to_args`` writes them back. A provider option without a flag of its own
+# travels as --provider-option KEY=VALUE; a boolean flag also has its --no- form.
+FLAGS = {
+    "provider": "--ep", "graph_optimization_level": "--level", "intra_op_threads": "--threads",
+    "deterministic_compute": "--deterministic", "disabled_optimizers": "--disable-optimizer",
+    "cudnn_conv_algo_search": "--cudnn-conv-algo-search", "use_tf32": "--tf32",
+    "cudnn_conv_use_max_workspace": "--cudnn-max-workspace", "device_id": "--device-id",
+    "provider_options": "--provider-option",
+}
+
+
+def _switch(flag: str, on: bool) -> str:
+    return flag if on else f"--no-{flag[2:]}"
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,24 @@ class ExecutionOptions:
         if self.disabled_optimizers:  # written only when set, so runs recorded before the field read the same
             data["disabled_optimizers"] = list(self.disabled_optimizers)
         return data
+
+    def to_args(self) -> list[str]:
+        """The command-line flags that give these options (``qconsist run`` takes them back as they are)."""
+        args = [FLAGS["provider"], self.provider, FLAGS["graph_optimization_level"], self.graph_optimization_level.value]
+        if self.intra_op_threads is not None:
+            args += [FLAGS["intra_op_threads"], str(self.intra_op_threads)]
+        if self.deterministic_compute is not None:
+            args.append(_switch(FLAGS["deterministic_compute"], self.deterministic_compute))
+        for name in self.disabled_optimizers:
+            args += [FLAGS["disabled_optimizers"], name]
+        for key, value in self.to_json()["provider_options"].items():
+            if key not in FLAGS:
+                args += [FLAGS["provider_options"], f"{key}={value}"]
+            elif isinstance(value, bool):
+                args.append(_switch(FLAGS[key], value))
+            else:
+                args += [FLAGS[key], str(value)]
+        return args
 
     def ort_providers(self) -> list[Any]:
         """onnxruntime's ``providers`` argument: this provider with its options as strings, then its fallback."""
