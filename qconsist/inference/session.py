@@ -91,6 +91,11 @@ FLAGS = {
 }
 
 
+# onnxruntime's SessionOptions defaults that qconsist resolves (use_deterministic_compute is off); the provider
+# options' defaults are in the provider registry (``ProviderOption.default``)
+SESSION_DEFAULTS = {"deterministic_compute": False}
+
+
 def _switch(flag: str, on: bool) -> str:
     return flag if on else f"--no-{flag[2:]}"
 
@@ -144,6 +149,18 @@ class ExecutionOptions:
     def option(self, name: str) -> Any:
         """A provider option's value, ``None`` when not given (onnxruntime's default applies)."""
         return self.provider_options.get(name)
+
+    def setting(self, name: str) -> Any:
+        """The value in effect of a provider option or a session field: the one given, else onnxruntime's default
+        (``None`` where qconsist does not know it: onnxruntime decides). ORT's defaults are resolved here only."""
+        options = provider_spec(self.provider).options
+        if name in options:
+            value = self.provider_options.get(name)
+            return options[name].default if value is None else value
+        if name in {f.name for f in fields(self)} - {"provider", "provider_options"}:
+            value = getattr(self, name)
+            return SESSION_DEFAULTS.get(name) if value is None else value
+        raise ConfigError(f"execution provider {self.provider} has no setting {name}")
 
     def with_options(self, **changes: Any) -> "ExecutionOptions":
         """A copy with provider options set (``None`` removes one) or session fields changed."""
