@@ -29,7 +29,15 @@ def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace
     return default_matrix(modes, (True, False) if tf32 is None else (tf32,), workspace, deterministic)
 
 
-@opt.uses(inputs=opt.INPUTS.with_defaults(count=8), runs_dir=opt.RUNS)
+def _samples(**members):  # -> InputOptions
+    """The inputs group, its ``count`` checked first against what locate reads (up to 256 samples)."""
+    from qconsist.gpu.run import check_count
+
+    check_count(members["count"])
+    return opt.INPUTS.build(**members)
+
+
+@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8), runs_dir=opt.RUNS)
 def locate_command(
     model: opt.ModelArg,
     *,

@@ -17,7 +17,12 @@ def replay_inputs(run: Run, model: Path) -> tuple[InputSet, tuple[int, int] | No
     or for an old run its sample names), in its order, fitted to ``model``'s inputs, and where they lie in the
     whole set (offset, count) when they are one stretch of it; ``RunStoreError`` when they cannot be found again
     or their bytes differ from the run's (its digest, of the kind the run recorded)."""
-    recorded, run_dir = run.manifest.inputs, run.path
+    return replay_recorded(run.manifest.inputs, model, run.path)
+
+
+def replay_recorded(recorded: dict, model: Path, run_dir: Path) -> tuple[InputSet, tuple[int, int] | None]:
+    """``replay_inputs`` of one input record of the run at ``run_dir`` (a pipeline's calibration or evaluation
+    inputs)."""
     source, names, digest = recorded.get("source"), recorded.get("names"), recorded.get("digest")
     stretch_recorded = recorded_subset(recorded) if "offset" in recorded else None
     kind = digest_kind(digest)

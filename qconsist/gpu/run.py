@@ -58,6 +58,12 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
 
 
+def check_count(count: int | None) -> None:
+    """locate reads up to ``MAX_SAMPLES`` samples."""
+    if count is None or isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SAMPLES:
+        raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {count}")
+
+
 @dataclass(frozen=True)
 class LocateRequest:
     model: Path
@@ -74,8 +80,7 @@ class LocateRequest:
         object.__setattr__(self, "precision", Precision(self.precision))
         object.__setattr__(self, "fp16_ep", ExecutionOptions(self.fp16_ep).provider)
         check_batch_size(self.batch_size)
-        if self.inputs.count is None or not 1 <= self.inputs.count <= MAX_SAMPLES:
-            raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {self.inputs.count}")
+        check_count(self.inputs.count)
         if self.calibration_repeats and self.calibration_repeats < 2:
             raise ConfigError(f"`calibration_repeats` must be 0 (off) or >= 2, got {self.calibration_repeats}")
         if self.calibration_repeats and self.precision is Precision.FP16:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import RunStoreError
-from qconsist.explain.replay import replay_inputs
+from qconsist.explain.replay import replay_recorded
 from qconsist.inputs import InputSet
 from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -71,7 +71,7 @@ class QuantizedRun:
             recorded = self.manifest.inputs.get(str(recorded["same_as"]))
         if not isinstance(recorded, dict):
             raise RunStoreError(f"run {self.path} does not record its {role} inputs")
-        chosen, _ = replay_inputs(Manifest(kind="pipeline", inputs=recorded), self.float_model, self.path)
+        chosen, _ = replay_recorded(recorded, self.float_model, self.path)
         return chosen
 
     def stage_context(self, file: Callable[[str], Path] | None, root: Path | None,
