@@ -27,9 +27,9 @@ from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
 from qconsist.gpu.report import SCHEMA, LocateReport
-from qconsist.inference.model import ModelSource, input_specs, resolve_model
+from qconsist.inference.model import ModelSource, resolve_model
+from qconsist.inference.session import input_specs
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
-from qconsist.inputs import open_input_set
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -39,7 +39,7 @@ from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
-from qconsist.pipeline.inputs import open_inputs
+from qconsist.pipeline.inputs import open_data, open_inputs
 from qconsist.inputs.options import InputOptions
 from qconsist.gpu.calibration import gpu_calibration
 from qconsist.stages.calibration_table import quantized_nodes
@@ -133,7 +133,7 @@ def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSe
         options, calibration = config.quantize, config.calibration.options
         data = config.calibration.inputs
         specs = input_specs(source.path)
-        inputs = open_input_set(data.data, config.preprocess, specs[0].name).subset(data.offset, data.count)
+        inputs = open_data(data, config.preprocess, specs[0].name, "calibration")
         inputs = inputs.checked(specs)
     configs = [GpuConfig(search).resolved() for search in request.calibration_searches]
     report = gpu_calibration(_float_source(request, source), inputs, request.calibration_repeats, configs,

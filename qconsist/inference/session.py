@@ -581,9 +581,21 @@ _ORT_TYPES = {
 }
 
 
+_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
+
+
 def input_specs(session: Any) -> list[InputSpec]:
-    """The inputs of a session (or of a model file, opened on the CPU) as qconsist feeds them; for a model file,
-    the sizes an input with a dynamic height and width takes (``strides.spatial_multiple``)."""
+    """The inputs of a model as qconsist feeds them (the one ``input_specs``): a session's as it reports them; a
+    model file's read from its graph (milliseconds) where it reads and every input is of a type qconsist feeds,
+    else from a session on the CPU, whose error names what is wrong; for a model file, the sizes an input with a
+    dynamic height and width takes (``strides.spatial_multiple``)."""
+    if isinstance(session, (str, Path)):
+        try:
+            specs = graph_input_specs(Path(session))
+        except QconsistError:
+            specs = None
+        if specs is not None and all(np.dtype(s.dtype) in _FED for s in specs):
+            return specs
     path = Path(session) if isinstance(session, (str, Path)) else None
     if isinstance(session, (str, Path, bytes)):
         session = create_session(session)
@@ -593,6 +605,24 @@ def input_specs(session: Any) -> list[InputSpec]:
             raise UnsupportedModelError(f"model input '{item.name}' has type {item.type}, which qconsist cannot feed")
         specs.append(InputSpec(name=item.name, dtype=np.dtype(_ORT_TYPES[item.type]), shape=tuple(item.shape)))
     return with_multiples(specs, lambda: _load_graph(path)) if path is not None else specs
+
+
+def graph_input_specs(path: Path) -> list[InputSpec]:
+    """The graph inputs of the model file at ``path`` (initializers excluded), as declared (any type)."""
+    import onnx
+
+    model = read_onnx(path)
+    if not model.graph.output:
+        raise empty_graph_error(str(path))
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+        specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
+    return with_multiples(specs, lambda: model)
 
 
 def _load_graph(model: str | Path | bytes) -> Any:
