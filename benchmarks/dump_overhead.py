@@ -62,7 +62,7 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference import ExecutionOptions, resolve_model
     from qconsist.inference.dump import plan_dump
     from qconsist.inference.fingerprint import FingerprintTable
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inference.session import create_session
 
     source = resolve_model(model)
@@ -89,7 +89,7 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
 def whole_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
     from qconsist.inference import dump as dump_module
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
 
     source = resolve_model(model)
@@ -132,7 +132,7 @@ def cli_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
 
 def child_peak(model: str, inputs: str, runs: str) -> None:
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
 
     source = resolve_model(model)

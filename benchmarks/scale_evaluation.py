@@ -78,7 +78,7 @@ def main() -> None:
         onnxruntime.preload_dlls()
     from qconsist.diff import diff_runs
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 

@@ -28,7 +28,8 @@ from qconsist.errors import QconsistError, UnsupportedModelError
 from qconsist.gate.gate import evaluate_gate
 from qconsist.gate.policy import load_policy
 from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
-from qconsist.inference.model import ModelSource, input_specs
+from qconsist.inference.model import ModelSource
+from qconsist.inference.session import input_specs
 from qconsist.inputs import open_input_set
 from qconsist.inputs.preprocess import Preprocess
 from qconsist.models import fetch_model, find_model

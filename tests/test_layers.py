@@ -1,5 +1,5 @@
 """Helpers live below their users: no import runs back up a layer, and imports are at the top of modules
-except where the package says why (the CLI's lazy command imports, the stage registry's discovery)."""
+except where the package says why (the CLI's lazy command imports, numba's kernels)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "qconsist"
 
 # bottom to top; a module may import its own layer and the ones below it
 LAYERS = [
-    {"errors", "progress", "tomlfile", "environment", "threads", "__init__"},
+    {"errors", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "__init__"},
     {"store", "models"},
     {"inputs"},
     {"compare"},
@@ -29,7 +29,7 @@ LAYERS = [
 ]
 RANK = {area: rank for rank, layer in enumerate(LAYERS) for area in layer}
 # inference/kernels.py: numba (1–3 s to import) is loaded on the first fingerprint, not by every command
-LAZY_ALLOWED = ("cli/", "stages/base.py", "inference/kernels.py")
+LAZY_ALLOWED = ("cli/", "inference/kernels.py")
 
 
 def _area(module: str) -> str:

@@ -7,7 +7,7 @@ boundary (``app.py``).
 
 Command modules import the library inside their functions, on purpose: ``qconsist --help`` and a mistyped
 option then answer without loading numpy, onnx and onnxruntime (measured: 0.4 s instead of 1.5 s). This is
-the one place, with ``qconsist.stages.base``'s discovery of stage modules, where imports are not at the top
+the one place, with numba in ``qconsist.inference.kernels``, where imports are not at the top
 of a module (``tests/test_layers.py`` checks it).
 """
 

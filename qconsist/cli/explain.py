@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+if TYPE_CHECKING:
+    from qconsist.inputs.options import InputOptions
 
 
 def _options(data: dict) -> str:
@@ -59,13 +62,12 @@ def _render(result) -> None:  # result: OptimizerExplanation
     console.print("verdict: " + ("explained" if result.explained else "not explained"))
 
 
+@opt.uses(inputs=opt.INPUTS.with_defaults(inputs=None))
 def explain(
     run_a: Path = typer.Argument(..., help="An inference run with --dump."),
     run_b: Path = typer.Argument(..., help="The same model on the same inputs with --dump, at another optimization level."),
-    inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
-    pipeline: opt.PipelineFile = None,
-    offset: opt.Offset = 0,
-    count: opt.Count = None,
+    *,
+    inputs: InputOptions,
     json_output: opt.Json = False,
 ) -> None:
     """Name the onnxruntime graph transformer(s) that make two runs diverge: the minimal set whose switching off
@@ -77,11 +79,11 @@ def explain(
     from qconsist.explain import explain_optimization
 
     input_set = None
-    if inputs is not None:
+    if inputs.source is not None:
         from qconsist.inference import resolve_model
+        from qconsist.pipeline.inputs import open_inputs
 
-        source = resolve_model(run_a)
-        input_set = opt.input_set(inputs, source, pipeline, offset, count)
+        input_set = open_inputs(inputs, resolve_model(run_a))
     result = explain_optimization(run_a, run_b, input_set, progress=progress_for(json_output))
     if json_output:
         print_json(result)

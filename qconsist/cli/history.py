@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import typer
 
@@ -22,8 +21,9 @@ def history(
     """
     from qconsist.errors import InputError
     from qconsist.history import History as HistoryDB, model_timeline
+    from qconsist.store.runs import default_history
 
-    database = history or Path("runs/history.sqlite")
+    database = default_history(given=history)
     if not database.is_file():
         raise InputError(f"history database {database} does not exist; run qconsist nightly first (or give `history`)")
     db = HistoryDB(database, read_only=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import List
+from pathlib import Path
+from typing import TYPE_CHECKING, List
 
 import typer
 from rich.table import Table
@@ -12,6 +13,9 @@ from rich.text import Text
 from qconsist.cli import options as opt
 from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, ConfigError
+
+if TYPE_CHECKING:
+    from qconsist.inputs.options import InputOptions
 
 
 def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace: bool, deterministic: bool):
@@ -25,13 +29,20 @@ def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace
     return default_matrix(modes, (True, False) if tf32 is None else (tf32,), workspace, deterministic)
 
 
+def _samples(**members):  # -> InputOptions
+    """The inputs group, its ``count`` checked first against what locate reads (up to 256 samples)."""
+    from qconsist.gpu.run import check_count
+
+    check_count(members["count"])
+    return opt.INPUTS.build(**members)
+
+
+@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8), runs_dir=opt.RUNS)
 def locate_command(
     model: opt.ModelArg,
-    inputs: opt.Inputs,
+    *,
+    inputs: InputOptions,
     stage: opt.Stage = None,
-    pipeline: opt.PipelineFile = None,
-    offset: opt.Offset = 0,
-    count: opt.Count = 8,
     repeats: opt.Repeats = 4,
     batch_size: opt.BatchSize = 1,
     config: List[str] = typer.Option([], "--config", help="A configuration: SEARCH, then optionally /tf32=0|1, /workspace=0|1, /deterministic=0|1 (e.g. HEURISTIC/tf32=0); repeat or comma-separate; the first is the reference. Default: the matrix of --cudnn-conv-algo-search x --tf32."),
@@ -51,7 +62,7 @@ def locate_command(
     engines: opt.Engines = True,
     engine_runs: opt.EngineRuns = 3,
     rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite", help="When a ConvTranspose / ScatterElements varies and no fast config is stable: measure the model with those nodes rewritten (determinize)."),
-    runs_dir: opt.RunsDir = None,
+    runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
 ) -> None:
@@ -62,26 +73,22 @@ def locate_command(
     Exit 1: none, or fp16 found NaN/Inf/overflow, or GPU calibrations disagree.
     Exit 2: error. Exit 3: no usable CUDA GPU.
     """
-    from pathlib import Path as _Path
-
     from qconsist.gpu.latency import LatencyOptions
     from qconsist.gpu.locate import LocateOptions
     from qconsist.gpu.run import LocateRequest, run_locate
 
     if ep != "cuda" and precision != "fp16":
         raise ConfigError("the configuration matrix runs on the CUDA execution provider: `ep` cuda (or `precision` fp16 on another EP)")
-    request = LocateRequest(
-        model=model, inputs=inputs, stage=stage, pipeline=pipeline, offset=offset, count=count,
-        precision=_choice(precision, ("fp32", "fp16"), "precision"), fp16_ep=ep, batch_size=batch_size,
-        locate=LocateOptions(
-            configs=tuple(_configs(config, algo_search, tf32, workspace_variants, deterministic_variants)),
-            repeats=repeats, contention=contention, contention_workers=contention_workers,
-            latency=LatencyOptions(warmup, timed_runs), max_cost=max_cost, session_runs=session_runs,
-            engines=engines, engine_runs=engine_runs, rewrite=rewrite,
-        ),
-        calibration_repeats=calibration_repeats,
+    matrix = LocateOptions(
+        configs=tuple(_configs(config, algo_search, tf32, workspace_variants, deterministic_variants)),
+        repeats=repeats, contention=contention, contention_workers=contention_workers,
+        latency=LatencyOptions(warmup, timed_runs), max_cost=max_cost, session_runs=session_runs,
+        engines=engines, engine_runs=engine_runs, rewrite=rewrite,
     )
-    report, path = run_locate(request, runs_dir or _Path("runs"), sys.argv, run_id, progress_for(json_output))
+    request = LocateRequest(model=model, inputs=inputs, stage=stage, locate=matrix, batch_size=batch_size,
+                            precision=_choice(precision, ("fp32", "fp16"), "precision"), fp16_ep=ep,
+                            calibration_repeats=calibration_repeats)
+    report, path = run_locate(request, runs_dir, sys.argv, run_id, progress_for(json_output))
     if json_output:
         print_json({**report.to_json(), "run_dir": str(path)})
     else:

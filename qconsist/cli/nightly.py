@@ -68,11 +68,12 @@ def nightly(
     from dataclasses import replace
 
     from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
+    from qconsist.store.runs import default_history
 
     options = ExecutorOptions(name=executor, address=address, max_retries=max_retries)
     config = load_nightly(file)
     if runs_dir is not None:
-        config = replace(config, runs_dir=runs_dir.resolve(), history=(history or runs_dir / "history.sqlite").resolve())
+        config = replace(config, runs_dir=runs_dir.resolve(), history=default_history(runs_dir, history).resolve())
     elif history is not None:
         config = replace(config, history=history.resolve())
     result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()), executor=options,

@@ -1,14 +1,19 @@
 """Options that several commands take, declared once: one flag, one meaning, one help text everywhere.
 
-Grouped as Polygraphy's ``tools/args`` are: each group's options, and the function that builds the library
-object from them (``execution_options``, ``input_set``). A command lists the options it takes with these
-types; ``tests/cli/test_options.py`` checks that no two commands give one flag two meanings.
+Grouped as Polygraphy's ``tools/args`` are: a ``Group`` holds its options and builds the library object from
+them (``EXECUTION`` an ``ExecutionOptions``, ``INPUTS`` an ``InputOptions``, ``RUNS`` the runs directory). A
+command names the object it wants as a parameter and the group with ``@uses(execution=EXECUTION)``: the group's
+options take that parameter's place in the command's signature, and the command is called with the object, so
+no command lists a group's members. Single options shared by commands are the ``Annotated`` types below;
+``tests/cli/test_options.py`` checks that no two commands give one flag two meanings.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, Callable, List, Optional
 
 import typer
 
@@ -70,10 +75,65 @@ Top = Annotated[int, typer.Option("--top", min=1, help="How many nodes to print 
 Repeats = Annotated[int, typer.Option("--repeats", "-n", "-k", help="How many times the work is repeated and compared (calib repeat: calibrations, default 3; locate: fresh sessions per config, default 4).")]
 
 
-def provider_options(
-    ep: str, algo_search: str | None = None, tf32: bool | None = None, max_workspace: bool | None = None,
-    device_id: int | None = None, extra: list[str] | None = None,
-) -> dict[str, object]:
+# --- groups that build their objects ---------------------------------------------------------------------------
+
+
+class Group:
+    """Options declared once with the object they build: ``members`` maps each parameter name to its
+    ``(annotation, default)``; ``build`` takes them as keywords and returns the object."""
+
+    def __init__(self, build: Callable[..., Any], **members: tuple[Any, Any]) -> None:
+        self.build = build
+        self.members = members
+
+    def with_defaults(self, **defaults: Any) -> "Group":
+        """The same group where a command's defaults differ (``locate``: ``--ep cuda``, ``--count 8``)."""
+        unknown = set(defaults) - set(self.members)
+        if unknown:
+            raise TypeError(f"the group has no option {', '.join(sorted(unknown))}")
+        members = {name: (annotation, defaults.get(name, default)) for name, (annotation, default) in self.members.items()}
+        return Group(self.build, **members)
+
+    def parameters(self) -> list[inspect.Parameter]:
+        return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+                for name, (annotation, default) in self.members.items()]
+
+
+def uses(**groups: Group) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the objects of ``groups``: each named parameter of the command is replaced, in the
+    signature typer reads, by the group's options; the command is called with the object the group built."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+        missing = set(groups) - set(signature.parameters)
+        if missing:
+            raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(missing))}")
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            found = groups.get(parameter.name)
+            if found:  # the object's own annotation is for readers (and type checkers) only
+                parameters += found.parameters()
+                continue
+            annotation = parameter.annotation  # typer reads the annotations as objects
+            if isinstance(annotation, str):
+                annotation = eval(annotation, command.__globals__)  # noqa: S307 - the module's own annotation
+            parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
+
+        @functools.wraps(command)
+        def with_groups(**values: Any) -> Any:
+            for name, group in groups.items():
+                values[name] = group.build(**{member: values.pop(member) for member in group.members})
+            return command(**values)
+
+        with_groups.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_groups.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_groups
+
+    return decorate
+
+
+def _provider_options(algo_search: str | None, tf32: bool | None, max_workspace: bool | None, device_id: int | None,
+                      provider_option: list[str]) -> dict[str, object]:
     """The provider options the execution flags give (validated by ``ExecutionOptions``)."""
     from qconsist.errors import ConfigError
 
@@ -81,7 +141,7 @@ def provider_options(
         "cudnn_conv_algo_search": algo_search, "use_tf32": tf32, "cudnn_conv_use_max_workspace": max_workspace,
         "device_id": device_id,
     }
-    for item in extra or []:
+    for item in provider_option:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"`provider_option` {item!r}: write KEY=VALUE, e.g. use_tf32=0")
@@ -89,46 +149,40 @@ def provider_options(
     return {k: v for k, v in options.items() if v is not None}
 
 
-def execution_options(
-    ep: str, level: str = "all", threads: int | None = None, deterministic: bool | None = None,
-    algo_search: str | None = None, tf32: bool | None = None, max_workspace: bool | None = None,
-    device_id: int | None = None, extra: list[str] | None = None, disabled: list[str] | None = None,
-):  # -> ExecutionOptions
-    """The execution group's object."""
+def _execution(ep: str, level: str, threads: int | None, deterministic: bool | None, algo_search: str | None,
+               tf32: bool | None, max_workspace: bool | None, device_id: int | None, provider_option: list[str],
+               disabled_optimizers: list[str]):  # -> ExecutionOptions
     from qconsist.inference.session import ExecutionOptions
 
     return ExecutionOptions(
-        ep, provider_options(ep, algo_search, tf32, max_workspace, device_id, extra),
+        ep, _provider_options(algo_search, tf32, max_workspace, device_id, provider_option),
         graph_optimization_level=level, intra_op_threads=threads, deterministic_compute=deterministic,
-        disabled_optimizers=tuple(disabled or ()),
+        disabled_optimizers=tuple(disabled_optimizers),
     )
 
 
-def input_set(inputs: str, source, pipeline: Path | None, offset: int = 0, count: int | None = None,
-              batch_size: int = 1, workers: int | None = None, labels: Path | None = None):  # -> InputSet
-    """The inputs group's object: the input set, prepared as the pipeline file (or the source run) says,
-    labelled, sliced, checked against the model's inputs, and read by ``workers`` input workers."""
-    from qconsist.errors import ConfigError
-    from qconsist.inference.model import model_input_specs
-    from qconsist.inputs import open_input_set
-    from qconsist.inputs.preprocess import Preprocess
+EXECUTION = Group(
+    _execution, ep=(Ep, "cpu"), level=(Level, "all"), threads=(Threads, None), deterministic=(Deterministic, None),
+    algo_search=(AlgoSearch, None), tf32=(Tf32, None), max_workspace=(MaxWorkspace, None), device_id=(DeviceId, None),
+    provider_option=(ProviderOptions, []), disabled_optimizers=(DisableOptimizers, []),
+)
 
-    if offset < 0:
-        raise ConfigError(f"`offset` must be >= 0, got {offset}")
-    if count is not None and count < 1:
-        raise ConfigError(f"`count` must be >= 1, got {count}")
-    specs = model_input_specs(source.path)
-    if not specs:
-        raise ConfigError(f"model {source.path} has no inputs")
-    if pipeline is not None:
-        from qconsist.pipeline.config import load_pipeline
 
-        preprocess = load_pipeline(pipeline).preprocess
-    else:
-        found = source.preprocess_json()
-        preprocess = None if found is None else Preprocess.from_dict(
-            {k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
-    selected = open_input_set(inputs, preprocess, specs[0].name, labels)
-    if offset or count is not None:
-        selected = selected.subset(offset, count)
-    return selected.checked(specs, batch_size).with_workers(workers)
+def _inputs(inputs: str, pipeline: Path | None, offset: int, count: int | None, workers: int | None,
+            labels: Path | None):  # -> InputOptions
+    from qconsist.inputs.options import InputOptions
+
+    return InputOptions(inputs, pipeline, offset, count, workers, labels)
+
+
+INPUTS = Group(_inputs, inputs=(Inputs, ...), pipeline=(PipelineFile, None), offset=(Offset, 0), count=(Count, None),
+               workers=(Workers, None), labels=(LabelsFile, None))
+
+
+def _runs(runs_dir: Path | None) -> Path:
+    from qconsist.store.runs import default_runs_dir
+
+    return default_runs_dir(runs_dir)
+
+
+RUNS = Group(_runs, runs_dir=(RunsDir, None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -10,6 +11,10 @@ from rich.table import Table
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+if TYPE_CHECKING:
+    from qconsist.inference.session import ExecutionOptions
+    from qconsist.inputs.options import InputOptions
 
 
 def _db(value: float | None) -> str:
@@ -43,25 +48,15 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
 
 
+@opt.uses(inputs=opt.INPUTS.with_defaults(inputs="package:photos"), execution=opt.EXECUTION)
 def quant_error(
     run: Path = typer.Argument(..., help="A pipeline run directory (its float and quantized stages)."),
-    inputs: opt.Inputs = "package:photos",
+    *,
+    inputs: InputOptions,
     stage: opt.Stage = None,
     float_stage: str = typer.Option("optimize", "--float-stage", help="The stage whose float model is the reference (default: optimize)."),
     float_level: str = typer.Option("disable", "--float-level", help="Optimization level the float model is observed at (default: disable, where every float tensor exists)."),
-    pipeline: opt.PipelineFile = None,
-    offset: opt.Offset = 0,
-    count: opt.Count = None,
-    ep: opt.Ep = "cpu",
-    level: opt.Level = "all",
-    threads: opt.Threads = None,
-    deterministic: opt.Deterministic = None,
-    algo_search: opt.AlgoSearch = None,
-    tf32: opt.Tf32 = None,
-    max_workspace: opt.MaxWorkspace = None,
-    device_id: opt.DeviceId = None,
-    provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
-    disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
+    execution: ExecutionOptions,
     top: opt.Top = 20,
     sort: str = typer.Option("sqnr", "--sort", help="sqnr: lowest SQNR first; added: the nodes that lose the most SQNR first."),
     json_output: opt.Json = False,
@@ -74,13 +69,12 @@ def quant_error(
     from qconsist.diff.quantization import quantization_error
     from qconsist.errors import ConfigError
     from qconsist.inference import resolve_model
+    from qconsist.pipeline.inputs import open_inputs
 
     if sort not in ("sqnr", "added"):
         raise ConfigError(f"`sort` must be sqnr or added, got {sort!r}")
-    execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
-                                      provider_option, disabled_optimizers)
     source = resolve_model(run, stage)
-    input_set = opt.input_set(inputs, source, pipeline, offset, count)
+    input_set = open_inputs(inputs, source)
     result = quantization_error(source.run or run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
                                 float_level=float_level, progress=progress_for(json_output))
     if json_output:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -12,35 +12,27 @@ from qconsist.cli import options as opt
 from qconsist.cli.app import note_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED
 
+if TYPE_CHECKING:
+    from qconsist.inference.session import ExecutionOptions
+    from qconsist.inputs.options import InputOptions
 
+
+@opt.uses(execution=opt.EXECUTION, inputs=opt.INPUTS, runs_dir=opt.RUNS)
 def run(
     model: opt.ModelArg,
-    inputs: opt.Inputs,
+    *,
     stage: opt.Stage = None,
-    pipeline: opt.PipelineFile = None,
-    ep: opt.Ep = "cpu",
-    level: opt.Level = "all",
-    threads: opt.Threads = None,
-    deterministic: opt.Deterministic = None,
-    algo_search: opt.AlgoSearch = None,
-    tf32: opt.Tf32 = None,
-    max_workspace: opt.MaxWorkspace = None,
-    device_id: opt.DeviceId = None,
-    provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
-    disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
+    inputs: InputOptions,
+    execution: ExecutionOptions,
     dump: bool = typer.Option(False, "--dump", help="Fingerprint every tensor ORT computes, checked against production."),
     raw: str = typer.Option("none", "--raw", help="Raw tensors to keep with --dump: none, all, auto, or NODE,NODE,..."),
     fingerprints: str = typer.Option("auto", "--fingerprints", help="Where --dump fingerprints tensors: device (CUDA EP: on the GPU, needs qconsist[gpu]), host, or auto (device on the CUDA EP when CuPy is installed, else host with a warning)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --raw auto: keep the tensors that differ from this dump run."),
-    offset: opt.Offset = 0,
-    count: opt.Count = None,
-    workers: opt.Workers = None,
-    labels: opt.LabelsFile = None,
     batch_size: opt.BatchSize = 1,
     dynamic_batch: opt.DynamicBatch = False,
     engines: opt.Engines = False,
     engine_runs: opt.EngineRuns = 3,
-    runs_dir: opt.RunsDir = None,
+    runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
 ) -> None:
@@ -49,18 +41,22 @@ def run(
     Exit 0 done; 1 the dump was not faithful; 2 error; 3 the execution provider cannot run here.
     """
     from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
-    from qconsist.inference.runner import PRODUCTION_REPEATS
+    from qconsist.pipeline.inputs import open_inputs
 
-    execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
-                                      provider_option, disabled_optimizers)
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,
                          engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
-    input_set = opt.input_set(inputs, source, pipeline, offset, count, batch_size if not dynamic_batch else 1,
-                              workers, labels)
-    result = run_inference(source, input_set, request, runs_dir or Path("runs"), run_id=run_id, command=sys.argv,
+    input_set = open_inputs(inputs, source, batch_size if not dynamic_batch else 1)
+    result = run_inference(source, input_set, request, runs_dir, run_id=run_id, command=sys.argv,
                            progress=progress_for(json_output))
+    _render(result, json_output)
+    if result.dump is not None and not result.dump.faithful:
+        _warn_unfaithful(result.dump)
+        raise typer.Exit(EXIT_DIVERGED)
+
+
+def _render(result, json_output: bool) -> None:  # result: InferenceResult
     if json_output:
         print_json(result)
     else:
@@ -75,18 +71,20 @@ def run(
         if result.accuracy is not None:
             console.print(f"accuracy: {result.accuracy.describe()}")
         note_ort_log(result.onnxruntime_log)
-    if result.dump is not None and not result.dump.faithful:
-        d = result.dump
-        if d.production_distinct and d.production_distinct > 1:
-            sys.stderr.write(
-                f"warning: final outputs of {len(d.mismatched_samples)}/{d.samples_checked} samples differ from "
-                f"production, and production itself varies from run to run (sample {d.mismatched_samples[0]}: "
-                f"{d.production_distinct} distinct outputs in {PRODUCTION_REPEATS} runs): a non-deterministic "
-                "kernel, which `qconsist locate` names; no dump can match it bit for bit\n"
-            )
-        else:
-            sys.stderr.write(
-                f"warning: dump NOT faithful: final outputs of {len(d.mismatched_samples)}/{d.samples_checked} "
-                f"samples differ from production (max abs diff {d.max_abs_diff})\n"
-            )
-        raise typer.Exit(EXIT_DIVERGED)
+
+
+def _warn_unfaithful(d) -> None:  # d: the dump's summary
+    from qconsist.inference.runner import PRODUCTION_REPEATS
+
+    if d.production_distinct and d.production_distinct > 1:
+        sys.stderr.write(
+            f"warning: final outputs of {len(d.mismatched_samples)}/{d.samples_checked} samples differ from "
+            f"production, and production itself varies from run to run (sample {d.mismatched_samples[0]}: "
+            f"{d.production_distinct} distinct outputs in {PRODUCTION_REPEATS} runs): a non-deterministic "
+            "kernel, which `qconsist locate` names; no dump can match it bit for bit\n"
+        )
+    else:
+        sys.stderr.write(
+            f"warning: dump NOT faithful: final outputs of {len(d.mismatched_samples)}/{d.samples_checked} "
+            f"samples differ from production (max abs diff {d.max_abs_diff})\n"
+        )

@@ -13,14 +13,6 @@ from qconsist.cli.app import print_json, stdout_console
 runs_app = typer.Typer(help="The run directories of a runs directory: list, show, remove.", no_args_is_help=True)
 
 
-def _runs_dir(value: Path | None) -> Path:
-    return value if value is not None else Path("runs")
-
-
-def _history(runs_dir: Path, value: Path | None) -> Path:
-    return value if value is not None else runs_dir / "history.sqlite"
-
-
 def _size(size: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1024 or unit == "GB":
@@ -36,18 +28,19 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+@opt.uses(runs_dir=opt.RUNS)
 def list_command(
-    runs_dir: opt.RunsDir = None,
+    *,
+    runs_dir: Path,
     history: opt.History = None,
     json_output: opt.Json = False,
 ) -> None:
     """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), age,
     size, and whether the history names it as a baseline. Every complete run's files are verified."""
     from qconsist.history.db import baseline_runs
-    from qconsist.store.runs import list_runs_dir
+    from qconsist.store.runs import default_history, list_runs_dir
 
-    root = _runs_dir(runs_dir)
-    listing = list_runs_dir(root, baseline_runs(_history(root, history)))
+    listing = list_runs_dir(runs_dir, baseline_runs(default_history(runs_dir, history)))
     if json_output:
         print_json(listing)
         return
@@ -56,18 +49,20 @@ def list_command(
         flags = " baseline" if run.baseline else ""
         console.print(f"{run.name}  {run.kind}  {run.model}  {run.status}{flags}  {_age(run.age_seconds)}  {_size(run.size)}"
                       + (f"  ({run.detail})" if run.detail and run.status != "complete" else ""))
-    console.print(f"{len(listing.runs)} run(s) in {root}")
+    console.print(f"{len(listing.runs)} run(s) in {runs_dir}")
 
 
+@opt.uses(runs_dir=opt.RUNS)
 def show(
     run: Path = typer.Argument(..., help="A run directory, or its name inside --runs-dir (as `runs list` prints it)."),
-    runs_dir: opt.RunsDir = None,
+    *,
+    runs_dir: Path,
     json_output: opt.Json = False,
 ) -> None:
     """One run: kind, model, status, age, size, and every file with its verification status."""
     from qconsist.store.runs import describe_run, find_run
 
-    info, checked = describe_run(find_run(run, _runs_dir(runs_dir)))
+    info, checked = describe_run(find_run(run, runs_dir))
     if json_output:
         print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
         return
@@ -80,24 +75,25 @@ def show(
         console.print(f"  {entry.status:<10} {entry.path}")
 
 
+@opt.uses(runs_dir=opt.RUNS)
 def rm(
     names: List[str] = typer.Argument(None, help="Run directory names inside --runs-dir (or use --incomplete / --older-than)."),
+    *,
     incomplete: bool = typer.Option(False, "--incomplete", help="Remove every incomplete run (interrupted or killed; never one still being written)."),
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove runs older than this age: 30d, 12h, 2w…"),
     force: opt.Force = False,
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
-    runs_dir: opt.RunsDir = None,
+    runs_dir: Path,
     history: opt.History = None,
     json_output: opt.Json = False,
 ) -> None:
     """Remove runs safely: only run directories inside --runs-dir, never one being written, never a baseline
     the history names unless --force."""
     from qconsist.history.db import baseline_runs
-    from qconsist.store.runs import parse_age, remove_runs
+    from qconsist.store.runs import default_history, parse_age, remove_runs
 
-    root = _runs_dir(runs_dir)
-    result = remove_runs(root, list(names or []), incomplete, parse_age(older_than) if older_than else None,
-                         baseline_runs(_history(root, history)), force, dry_run)
+    result = remove_runs(runs_dir, list(names or []), incomplete, parse_age(older_than) if older_than else None,
+                         baseline_runs(default_history(runs_dir, history)), force, dry_run)
     if json_output:
         print_json(result)
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List
 
 import typer
 from rich.table import Table
@@ -12,6 +12,10 @@ from rich.table import Table
 from qconsist.cli import options as opt
 from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK, ConfigError
+
+if TYPE_CHECKING:
+    from qconsist.inference.session import ExecutionOptions
+    from qconsist.inputs.options import InputOptions
 
 
 def _db(value: float | None) -> str:
@@ -93,32 +97,21 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
         console.print(f"run {path.name}: {path}")
 
 
+@opt.uses(inputs=opt.INPUTS.with_defaults(inputs=None), execution=opt.EXECUTION, runs_dir=opt.RUNS)
 def sensitivity(
     run: Path = typer.Argument(..., help="A pipeline run directory (or a nightly entry): its float model, quantize options and recorded calibration ranges."),
+    *,
     target: List[str] = typer.Option([], "--target", help='What the proposal must reach, e.g. "sqnr>=40" (dB, every output and part), "sqnr[prob]>=45", "cosine>=0.999", "max-abs<=0.01", "top1>=0.999", "accuracy-drop<=0.1" (points, needs --labels); repeatable, all must hold. None: rank only.'),
     candidates: int = typer.Option(16, "--candidates", min=1, help="How many nodes to probe one by one: the first pass's (quant-error's) top N, and, while a target is not reached, N more at a time (--no-widen: only the first N)."),
     all_nodes: bool = typer.Option(False, "--all", help="Probe every quantizable node (slower; also measures how quant-error's ranking relates to the probes')."),
     widen: bool = typer.Option(True, "--widen/--no-widen", help="While the proposal does not reach the targets, probe the first pass's next --candidates nodes (until every node is probed)."),
-    inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
-    pipeline: opt.PipelineFile = None,
-    offset: opt.Offset = 0,
-    count: opt.Count = None,
-    labels: opt.LabelsFile = None,
-    ep: opt.Ep = "cpu",
-    level: opt.Level = "all",
-    threads: opt.Threads = None,
-    deterministic: opt.Deterministic = None,
-    algo_search: opt.AlgoSearch = None,
-    tf32: opt.Tf32 = None,
-    max_workspace: opt.MaxWorkspace = None,
-    device_id: opt.DeviceId = None,
-    provider_option: opt.ProviderOptions = [],  # noqa: B006 - typer's list default
-    disabled_optimizers: opt.DisableOptimizers = [],  # noqa: B006 - typer's list default
+    inputs: InputOptions,
+    execution: ExecutionOptions,
     warmup: opt.Warmup = 5,
     timed_runs: opt.TimedRuns = 30,
     alternatives: bool = typer.Option(True, "--alternatives/--no-alternatives", help="When keeping nodes in float cannot reach the targets, measure 16-bit activations (then activations and weights), from the same calibration, and propose the first that reaches them."),
     top: opt.Top = 20,
-    runs_dir: opt.RunsDir = None,
+    runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
 ) -> None:
@@ -132,32 +125,13 @@ def sensitivity(
     """
     from qconsist.gpu.latency import LatencyOptions
     from qconsist.sensitivity import SensitivityRequest, parse_targets
-    from qconsist.inputs.labels import read_labels
     from qconsist.sensitivity import sensitivity as analyse
-    from qconsist.sensitivity.source import open_quantized_run
 
-    targets = parse_targets(target)
-    execution = opt.execution_options(ep, level, threads, deterministic, algo_search, tf32, max_workspace, device_id,
-                                      provider_option, disabled_optimizers)
-    request = SensitivityRequest(targets=targets, candidates=None if all_nodes else candidates, execution=execution,
-                                 latency=LatencyOptions(warmup=warmup, runs=timed_runs), alternatives=alternatives,
-                                 widen=widen)
-    if inputs is None and pipeline is not None:
-        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
-                          "evaluation inputs are used, prepared as the run prepared them)")
-    probe_inputs, by_name = None, None
-    if inputs is not None:
-        from qconsist.inference import resolve_model
-
-        source = open_quantized_run(run)
-        probe_inputs = opt.input_set(inputs, resolve_model(source.path, source.float_stage), pipeline, offset, count,
-                                     labels=labels)
-    else:  # the run's own evaluation inputs, labelled by sample name where --labels is given (a nightly entry's labels)
-        by_name = dict(read_labels(labels).by_name) if labels is not None else None
-        if offset or count is not None:
-            probe_inputs = open_quantized_run(run).inputs("evaluation").subset(offset, count)
-    result, path = analyse(run, request, probe_inputs, by_name,
-                           runs_dir=runs_dir if runs_dir is not None else Path("runs"), run_id=run_id,
+    request = SensitivityRequest(targets=parse_targets(target), candidates=None if all_nodes else candidates,
+                                 execution=execution, latency=LatencyOptions(warmup=warmup, runs=timed_runs),
+                                 alternatives=alternatives, widen=widen)
+    probe_inputs, by_name = _probe_inputs(run, inputs)
+    result, path = analyse(run, request, probe_inputs, by_name, runs_dir=runs_dir, run_id=run_id,
                            progress=progress_for(json_output))
     if json_output:
         print_json(result)
@@ -166,3 +140,23 @@ def sensitivity(
         if path is not None:
             note_run_ort_log(path)
     raise typer.Exit(EXIT_OK if result.passed else EXIT_DIVERGED)
+
+
+def _probe_inputs(run: Path, inputs: InputOptions):  # -> (InputSet | None, labels by sample name | None)
+    """The samples the probes run on: ``inputs`` prepared for the run's float model, or the run's own evaluation
+    inputs (sliced by ``offset``/``count``), labelled by sample name where ``labels`` is given."""
+    from qconsist.inference import resolve_model
+    from qconsist.inputs.labels import read_labels
+    from qconsist.pipeline.inputs import open_inputs
+    from qconsist.sensitivity.source import open_quantized_run
+
+    if inputs.source is not None:
+        source = open_quantized_run(run)
+        return open_inputs(inputs, resolve_model(source.path, source.float_stage)), None
+    if inputs.pipeline is not None:
+        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
+                          "evaluation inputs are used, prepared as the run prepared them)")
+    by_name = dict(read_labels(inputs.labels).by_name) if inputs.labels is not None else None
+    if inputs.offset or inputs.count is not None:
+        return open_quantized_run(run).inputs("evaluation").subset(inputs.offset, inputs.count), by_name
+    return None, by_name

@@ -4,13 +4,17 @@ onnxruntime, on the same model and inputs, dumped in both and diffed."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, stdout_console
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+
+if TYPE_CHECKING:
+    from qconsist.inference.session import ExecutionOptions
+    from qconsist.inputs.options import InputOptions
 
 
 def _render(result) -> None:  # result: UpgradeResult
@@ -35,19 +39,16 @@ def _render(result) -> None:  # result: UpgradeResult
         console.print(f"note: {note}")
 
 
+@opt.uses(inputs=opt.INPUTS, execution=opt.EXECUTION, runs_dir=opt.RUNS)
 def upgrade_check(
     model: opt.ModelArg,
-    inputs: opt.Inputs,
+    *,
+    inputs: InputOptions,
     onnxruntime: str = typer.Option(..., "--onnxruntime", help="The onnxruntime version of the second environment, e.g. 1.32.0."),
     stage: opt.Stage = None,
-    pipeline: opt.PipelineFile = None,
-    offset: opt.Offset = 0,
-    count: opt.Count = None,
-    ep: opt.Ep = "cpu",
-    level: opt.Level = "all",
-    threads: opt.Threads = None,
+    execution: ExecutionOptions,
     env_dir: Optional[Path] = typer.Option(None, "--env-dir", help="Where the second environment goes (default: .qconsist/envs/onnxruntime-X.Y.Z in the checkout)."),
-    runs_dir: opt.RunsDir = None,
+    runs_dir: Path,
     json_output: opt.Json = False,
 ) -> None:
     """Run MODEL on the same inputs with dumps in this (locked) environment and in one built from uv.lock with
@@ -59,16 +60,13 @@ def upgrade_check(
     from qconsist.explain.upgrade import upgrade_check as check
     from qconsist.explain.upgrade import upgrade_environment
     from qconsist.inference import resolve_model
+    from qconsist.pipeline.inputs import open_inputs
 
-    execution = opt.execution_options(ep, level, threads)
     source = resolve_model(model, stage)
-    input_set = opt.input_set(inputs, source, pipeline, offset, count)
-    args = ["--inputs", inputs, "--offset", str(offset)] + (["--count", str(count)] if count is not None else [])
-    if pipeline is not None:
-        args += ["--pipeline", str(pipeline.resolve())]
+    input_set = open_inputs(inputs, source)
     environment = upgrade_environment(onnxruntime, env_dir)
     label = str(source.describe().get("name") or source.path.stem)
-    result = check(source, input_set, args, execution, environment, runs_dir or Path("runs"), label)
+    result = check(source, input_set, inputs.to_args(), execution, environment, runs_dir, label)
     if json_output:
         print_json(result)
     else:

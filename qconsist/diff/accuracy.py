@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
 from qconsist.compare.accuracy import AccuracyCounter, labels_array, predictions
 from qconsist.compare.kinds import class_scores_output, judged_outputs
 from qconsist.diff.tensors import SAMPLES_KEPT, TensorComparison
-from qconsist.errors import QconsistError
+from qconsist.errors import QconsistError, RunStoreError
 from qconsist.inputs.record import SampleTable
+from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.store.serde import structure, to_jsonable
@@ -104,7 +104,7 @@ def class_scores(a: Run, b: Run) -> str | None:
             path = run.ran_model()
             if path is None:
                 continue
-            return class_scores_output(judged_outputs(onnx.load(str(path), load_external_data=False))).output
+            return class_scores_output(judged_outputs(read_onnx(path, error=RunStoreError))).output
         except QconsistError:
             continue
     return None

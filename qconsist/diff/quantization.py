@@ -38,6 +38,7 @@ from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import FaithfulCheck, plan_dump
 from qconsist.inference.layout import to_original
+from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
@@ -138,10 +139,7 @@ def _added(errors: dict[str, TensorError], float_model: onnx.ModelProto) -> None
 
 
 def _load(path: Path) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise InputError(f"cannot read {path}: {exc}") from None
+    return read_onnx(path, external_data=True)
 
 
 def _observe(matches: list[Match], plans: dict[str, Any], productions: dict[str, Any], inputs: InputSet,

@@ -133,14 +133,6 @@ class DiffResult:
         return structure(cls, data)
 
 
-# The ``qconsist run`` flag of each execution option (session fields, then provider options).
-_FLAGS = {
-    "graph_optimization_level": "--level", "intra_op_threads": "--threads", "deterministic_compute": "--deterministic",
-    "cudnn_conv_algo_search": "--cudnn-conv-algo-search", "use_tf32": "--tf32",
-    "cudnn_conv_use_max_workspace": "--cudnn-max-workspace", "device_id": "--device-id",
-}
-
-
 def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),
                     subset: tuple[int, int] | None = None) -> str:
     """The ``qconsist run`` command that repeats ``manifest``'s run with a dump keeping the raw tensors of
@@ -164,24 +156,7 @@ def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] =
     recorded = run.inference.options if run.has_inference else None
     if recorded:
         options = ExecutionOptions.from_json(recorded)
-        options = replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_json()
-        parts += ["--ep", options["provider"]]
-        for key, value in [*options.items(), *options["provider_options"].items()]:
-            if key == "disabled_optimizers":
-                for name in value:
-                    parts += ["--disable-optimizer", name]
-                continue
-            if value is None or key in ("provider", "provider_options"):
-                continue
-            if key not in _FLAGS:
-                if key in options["provider_options"]:
-                    parts += ["--provider-option", f"{key}={value}"]
-                continue
-            if isinstance(value, bool):
-                stem = _FLAGS[key][2:]
-                parts.append(f"--{stem}" if value else f"--no-{stem}")
-            else:
-                parts += [_FLAGS[key], str(value)]
+        parts += replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_args()
     batch = run.inference.batch_size if run.has_inference else 1
     if batch != 1:
         parts += ["--batch-size", str(batch)]

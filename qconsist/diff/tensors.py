@@ -23,6 +23,7 @@ from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import DTYPES, check_hash_functions
 from qconsist.inference.graphmap import GraphIndex, TensorOrigin
 from qconsist.inference.reader import LoadedDump
+from qconsist.onnxfile import read_onnx
 
 MAX_ELEMENT_NODES = 64  # element statistics for origins, the first node and up to this many others
 SAMPLES_KEPT = 1000  # sample indices listed per node (all are counted): a diff of 50,000 samples stays small
@@ -129,10 +130,7 @@ class TensorComparison:
 
 
 def _load_model(path: Path, what: str) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001
-        raise RunStoreError(f"cannot load {what} {path} for tensor comparison: {' '.join(str(exc).split())[:160]}") from None
+    return read_onnx(path, external_data=True, what=what, error=RunStoreError)
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> dict[str, bytes]:

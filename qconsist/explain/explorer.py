@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
 
 from qconsist.diff import DiffResult
 from qconsist.diff.tensors import TensorDiff, tensor_keys
 from qconsist.errors import RunStoreError
 from qconsist.inference.graphmap import node_names
 from qconsist.inference.reader import load_dump
+from qconsist.onnxfile import read_onnx
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.run import Run
 
@@ -89,10 +89,7 @@ def explorer_overlay(diff: DiffResult) -> ExplorerOverlay:
     """The per-node divergence of ``diff`` (a diff of two dumped inference runs) as Model Explorer node data."""
     run_a, run_b = Run.open(diff.run_a), Run.open(diff.run_b)
     path = _model_of(diff, run_a)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise RunStoreError(f"cannot read the model {path} the diff's tensors belong to: {exc}") from None
+    model = read_onnx(path, what="the diff's model", error=RunStoreError)
     names = node_names(model.graph)
     producer = {out: names[i] for i, node in enumerate(model.graph.node) for out in node.output if out}
     tensors = diff.tensors

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qconsist.errors import InputError, RunStoreError
-from qconsist.inference.model import input_specs
+from qconsist.inference.session import input_specs
 from qconsist.inputs import InputSet
 from qconsist.inputs.digest import digest_kind
 from qconsist.inputs.recorded import recorded_subset, reopen_recorded, stretch

@@ -16,6 +16,7 @@ import onnx
 
 from qconsist.errors import RunStoreError
 from qconsist.inference.graphmap import TensorOrigin, node_names, op_name
+from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import structure
 
 
@@ -73,10 +74,7 @@ def _signatures(model: onnx.ModelProto) -> list[tuple[tuple, NodeRef]]:
 
 
 def load_graph(path: Path, what: str) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise RunStoreError(f"cannot read {what} {path}: {exc}") from None
+    return read_onnx(path, what=what, error=RunStoreError)
 
 
 def graph_rewrites(before: onnx.ModelProto, after: onnx.ModelProto, before_label: str, after_label: str) -> GraphRewrites:

@@ -182,19 +182,6 @@ class UpgradeResult:
         return structure(cls, data)
 
 
-def _command_flags(options: ExecutionOptions) -> list[str]:
-    flags = ["--ep", options.provider, "--level", options.graph_optimization_level.value]
-    if options.intra_op_threads is not None:
-        flags += ["--threads", str(options.intra_op_threads)]
-    if options.deterministic_compute is not None:
-        flags.append("--deterministic" if options.deterministic_compute else "--no-deterministic")
-    for key, value in options.to_json()["provider_options"].items():
-        flags += ["--provider-option", f"{key}={value}"]
-    for name in options.disabled_optimizers:
-        flags += ["--disable-optimizer", name]
-    return flags
-
-
 def upgrade_check(
     source: ModelSource,
     inputs: InputSet,
@@ -210,7 +197,7 @@ def upgrade_check(
     run_a = run_inference(source, inputs, RunRequest(options=options, dump=True), runs_root,
                           run_id=f"{label}-onnxruntime-here-{int(time.time())}").run_dir
     model = [str(source.run_dir), "--stage", str(source.stage)] if source.run_dir is not None else [str(source.path)]
-    command = [environment.qconsist, "run", *model, *inputs_args, *_command_flags(options), "--dump", "--json",
+    command = [environment.qconsist, "run", *model, *inputs_args, *options.to_args(), "--dump", "--json",
                "--runs-dir", runs_root, "--run-id", f"{label}-onnxruntime-{environment.onnxruntime}-{int(time.time())}"]
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     done = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)

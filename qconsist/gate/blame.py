@@ -19,7 +19,9 @@ import onnx
 
 from qconsist.compare.kinds import JudgedOutput
 from qconsist.diff.quantization import QuantErrorResult, TensorError, quantization_error
+from qconsist.errors import RunStoreError
 from qconsist.gate.evidence import Side, evaluation_inputs, load_side
+from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import to_number
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,7 @@ def losing_nodes(side: Side, failing: Mapping[str, float], judged: Sequence[Judg
         return {}
     inputs = evaluation_inputs(side)
     result = quantization_error(side.pipeline, inputs.subset(0, min(MAX_SAMPLES, len(inputs))), float_stage=float_stage)
-    model = onnx.load(str(float_path), load_external_data=False)
+    model = read_onnx(float_path, error=RunStoreError)
     targets = {j.label: j for j in judged}
     return {label: explain(result, model, targets[label], sqnr, floor, top) for label, sqnr in failing.items() if label in targets}
 

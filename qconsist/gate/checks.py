@@ -19,6 +19,7 @@ from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.gpu.config import GpuConfig
+from qconsist.gpu.decision import acceptance
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
@@ -384,17 +385,6 @@ def _varying_nodes(report: dict, want: Any) -> str:
     return "; ".join(found)
 
 
-def _overlapping_quartiles(report: dict, latency: dict, fastest_label: str | None) -> str | None:
-    """Whether a config's latencies and the fastest config's overlap between their quartiles (its 25th
-    percentile at or below the fastest's 75th): then the two medians differ by less than the timing noise of
-    that measurement (a small model timed while other work ran beside it), and the ratio of medians says nothing."""
-    fastest = next((c.get("latency") or {} for c in report.get("configs", []) if c.get("label") == fastest_label), {})
-    p25, p75 = latency.get("p25_ms"), fastest.get("p75_ms")
-    if p25 is None or p75 is None or p25 > p75:
-        return None
-    return f"its 25th percentile {p25:.3g} ms is within the fastest's quartiles (75th percentile {p75:.3g} ms)"
-
-
 def _acceptable_pin(report: dict, pinned: str) -> tuple[bool, str]:
     """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of
     the fastest configuration: latency medians of configs that are equally fast move from run to run, so
@@ -409,20 +399,16 @@ def _acceptable_pin(report: dict, pinned: str) -> tuple[bool, str]:
             return False, f"under the pinned {pinned} the locate report saw {varied}"
         return False, f"pinned {pinned} was not bit-stable across fresh sessions (or not measured) in the locate report"
     fastest, max_cost = rec.get("fastest_ms"), rec.get("max_cost")
+    quickest = next((c.get("latency") or {} for c in report.get("configs", []) if c.get("label") == rec.get("fastest")), {})
     for config in report.get("configs", []):
         if GpuConfig.parse(config.get("label", "")).resolved() != want:
             continue
-        median = (config.get("latency") or {}).get("median_ms")
-        if median is None or not fastest or max_cost is None:
+        latency = config.get("latency") or {}
+        if latency.get("median_ms") is None or not fastest or max_cost is None:
             break
-        cost = median / fastest
-        if cost <= max_cost:
-            return True, f"{cost:.2f}x the fastest ({rec.get('fastest')}), accepted up to {max_cost:.2f}x"
-        overlap = _overlapping_quartiles(report, config.get("latency") or {}, rec.get("fastest"))
-        if overlap:
-            return True, (f"{cost:.2f}x the fastest ({rec.get('fastest')}) by median, above the accepted {max_cost:.2f}x, "
-                          f"but not measurably slower: {overlap}")
-        return False, f"pinned {pinned} is bit-stable but {cost:.2f}x the fastest ({rec.get('fastest')}), above the accepted {max_cost:.2f}x"
+        accepted, why = acceptance(latency["median_ms"], fastest, max_cost, str(rec.get("fastest")),
+                                   latency.get("p25_ms"), quickest.get("p75_ms"))
+        return accepted, why if accepted else f"pinned {pinned} is bit-stable but {why}"
     return False, f"the locate report has no latency for pinned {pinned}"
 
 

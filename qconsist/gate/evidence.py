@@ -21,20 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import QconsistError, RunStoreError
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.base import float_stage_names
 from qconsist.store.confine import linked_run
 from qconsist.store.run import Run
-from qconsist.inputs import Preprocess, open_input_set
+from qconsist.inputs import Preprocess
 from qconsist.inputs.labels import Labels
 from qconsist.inputs.digest import digest_kind, same_inputs
 from qconsist.inputs.record import read_samples
 from qconsist.store.serde import loads
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import outputs_of
+from qconsist.pipeline.config import DataConfig
+from qconsist.pipeline.inputs import open_data
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class Side:
             path = self.artifact(stage) if stage else None
             if path is None:
                 raise RunStoreError(f"run {self.pipeline_path} has no float model to read its outputs' kinds from")
-            self._judged = judged_outputs(onnx.load(str(path), load_external_data=False), declared)
+            self._judged = judged_outputs(read_onnx(path, error=RunStoreError), declared)
         return self._judged
 
     def outputs(self, stage: str) -> list[dict[str, np.ndarray]]:
@@ -127,8 +129,7 @@ def role_inputs(side: Side, role: str):  # -> InputSet
     preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
     quantized = side.artifact("quantize")
     name = input_specs(quantized)[0].name if quantized else "input"
-    inputs = open_input_set(data["data"], preprocess, input_name=name)
-    return inputs.subset(int(data.get("offset") or 0), data.get("count"))
+    return open_data(DataConfig(data["data"], int(data.get("offset") or 0), data.get("count")), preprocess, name, role)
 
 
 def recorded_inputs(side: Side, role: str) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-import onnx
 
 from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_quantized
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.calibration_table import build_table
 from qconsist.errors import ConfigError
 from qconsist.gpu.config import GpuConfig
@@ -121,7 +121,7 @@ def gpu_calibration(
         (root / "cpu").mkdir()
         cpu = calibrate_each(model, [inputs], options, cpu_options, workdir=root / "cpu", progress=progress)
         cpu_path = root / "cpu" / "run1.onnx"
-        cpu_side = (hash_artifact(cpu_path), build_table(onnx.load(str(cpu_path))))
+        cpu_side = (hash_artifact(cpu_path), build_table(read_onnx(cpu_path, external_data=True)))
         report = GpuCalibrationReport(runs=runs, cpu_md5=cpu.runs[0].md5, params={
             "quantize": options.to_json(), "calibration": {**cpu_options.to_json(), "provider": "cuda"}, "inputs": inputs.describe(),
             "configs": [c.label for c in configs],
@@ -138,7 +138,7 @@ def gpu_calibration(
             matches = repeat.runs[0].md5 == report.cpu_md5
             differences: list[dict] = []
             if not matches:
-                gpu_side = (hash_artifact(first), build_table(onnx.load(str(first))))
+                gpu_side = (hash_artifact(first), build_table(read_onnx(first, external_data=True)))
                 diffs, _ = compare_quantized(1, cpu_side, gpu_side)
                 diffs.sort(key=lambda d: (d.kind != "activation", -d.scale_max_rel_diff))
                 differences = [d.to_json() for d in diffs]

@@ -1,9 +1,10 @@
 """The configuration matrix that ``qconsist locate`` explores on the CUDA execution provider.
 
-A ``GpuConfig`` is one way to run the CUDA EP: the cuDNN convolution algorithm search, TF32, the
-maximum cuDNN workspace and ORT's deterministic compute. ``None`` means "ONNX Runtime's default" and is
-resolved in one place, ``GpuConfig.resolved``. A config is written and parsed as a spec such as
-``EXHAUSTIVE/tf32=0`` or ``HEURISTIC/tf32=1/workspace=0/deterministic=1``.
+A ``GpuConfig`` is one way to run the CUDA EP: overrides of four CUDA settings of an ``ExecutionOptions`` —
+the cuDNN convolution algorithm search, TF32, the maximum cuDNN workspace and ORT's deterministic compute
+(``apply``). There is one model of those settings, ``ExecutionOptions``: ``None`` means "ONNX Runtime's default"
+and is resolved where the defaults are declared (``ExecutionOptions.setting``, the provider registry).
+A config is written and parsed as a spec such as ``EXHAUSTIVE/tf32=0`` or ``HEURISTIC/tf32=1/workspace=0/deterministic=1``.
 
 The default matrix is the three search modes times TF32 on and off, ORT's defaults (EXHAUSTIVE, TF32 on)
 first: that first config is the reference the others are compared with.
@@ -19,12 +20,10 @@ from qconsist.errors import ConfigError
 from qconsist.inference.session import ConvAlgoSearch, ExecutionOptions
 
 TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
-
-# ONNX Runtime's CUDA EP defaults (1.14 and later): exhaustive search, TF32 allowed, the largest workspace,
-# deterministic compute off.
-ORT_DEFAULT_TF32 = True
-ORT_DEFAULT_WORKSPACE = True
-ORT_DEFAULT_DETERMINISTIC = False
+CUDA = ExecutionOptions("cuda")  # the CUDA EP with onnxruntime's defaults: what a config overrides by default
+# the ExecutionOptions name of each GpuConfig field
+_SETTINGS = {"algo_search": "cudnn_conv_algo_search", "use_tf32": "use_tf32",
+             "max_workspace": "cudnn_conv_use_max_workspace", "deterministic": "deterministic_compute"}
 
 
 AlgoSearch = ConvAlgoSearch  # the CUDA EP's cudnn_conv_algo_search modes, as the run options name them
@@ -57,9 +56,10 @@ def _parse_flag(key: str, value: str, spec: str) -> bool:
 
 @dataclass(frozen=True)
 class GpuConfig:
-    """One CUDA EP configuration. ``None`` fields take ONNX Runtime's default."""
+    """One CUDA EP configuration: overrides on an ``ExecutionOptions``; ``None`` fields leave its setting
+    (ONNX Runtime's default when it has none)."""
 
-    algo_search: AlgoSearch = AlgoSearch.EXHAUSTIVE
+    algo_search: AlgoSearch = CUDA.setting("cudnn_conv_algo_search")
     use_tf32: bool | None = None
     max_workspace: bool | None = None
     deterministic: bool | None = None
@@ -72,29 +72,42 @@ class GpuConfig:
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"GpuConfig.{name} must be true, false or unset, not {value!r}")
 
+    def overrides(self) -> dict[str, object]:
+        """The settings this config sets, by their ``ExecutionOptions`` names (``with_options`` keys)."""
+        return {_SETTINGS[name]: getattr(self, name) for name in _SETTINGS if getattr(self, name) is not None}
+
+    def apply(self, options: ExecutionOptions = CUDA) -> ExecutionOptions:
+        """``options`` with this config's settings (they must be the CUDA EP's)."""
+        if options.provider != "cuda":
+            raise ConfigError(f"a GPU config applies to the cuda execution provider, not {options.provider}")
+        return options.with_options(**self.overrides())
+
+    def _setting(self, name: str) -> bool:
+        return bool(self.apply().setting(_SETTINGS[name]))
+
     @property
     def tf32(self) -> bool:
-        return ORT_DEFAULT_TF32 if self.use_tf32 is None else self.use_tf32
+        return self._setting("use_tf32")
 
     @property
     def workspace(self) -> bool:
-        return ORT_DEFAULT_WORKSPACE if self.max_workspace is None else self.max_workspace
+        return self._setting("max_workspace")
 
     @property
     def deterministic_compute(self) -> bool:
-        return ORT_DEFAULT_DETERMINISTIC if self.deterministic is None else self.deterministic
+        return self._setting("deterministic")
 
     def resolved(self) -> "GpuConfig":
-        """The same config with every default spelt out."""
+        """The same config with every default spelt out (ONNX Runtime's, from ``ExecutionOptions.setting``)."""
         return GpuConfig(self.algo_search, self.tf32, self.workspace, self.deterministic_compute)
 
     @property
     def label(self) -> str:
         """The canonical spec: search mode and TF32 always, workspace and determinism when not default."""
         parts = [self.algo_search.value, f"tf32={int(self.tf32)}"]
-        if self.workspace != ORT_DEFAULT_WORKSPACE:
+        if self.workspace != CUDA.setting("cudnn_conv_use_max_workspace"):
             parts.append(f"workspace={int(self.workspace)}")
-        if self.deterministic_compute != ORT_DEFAULT_DETERMINISTIC:
+        if self.deterministic_compute != CUDA.setting("deterministic_compute"):
             parts.append(f"deterministic={int(self.deterministic_compute)}")
         return "/".join(parts)
 
@@ -124,14 +137,9 @@ class GpuConfig:
     def with_tf32(self, value: bool) -> "GpuConfig":
         return replace(self.resolved(), use_tf32=value)
 
-    def execution_options(self) -> ExecutionOptions:
-        """The run options of this config on the CUDA EP, every setting explicit."""
-        cfg = self.resolved()
-        return ExecutionOptions(
-            "cuda", {"cudnn_conv_algo_search": cfg.algo_search, "use_tf32": cfg.tf32,
-                     "cudnn_conv_use_max_workspace": cfg.workspace},
-            deterministic_compute=cfg.deterministic_compute,
-        )
+    def execution_options(self, options: ExecutionOptions = CUDA) -> ExecutionOptions:
+        """``options`` (default: the CUDA EP's defaults) under this config, its four settings explicit."""
+        return self.resolved().apply(options)
 
     def to_json(self) -> dict:
         cfg = self.resolved()
@@ -164,7 +172,7 @@ def default_matrix(
     configs = [GpuConfig(s, t).resolved() for s in searches for t in tf32]
     extra: list[GpuConfig] = []
     if workspace_variants:
-        extra += [replace(c, max_workspace=not ORT_DEFAULT_WORKSPACE) for c in configs]
+        extra += [replace(c, max_workspace=not CUDA.setting("cudnn_conv_use_max_workspace")) for c in configs]
     if deterministic_variants:
         extra += [replace(c, deterministic=True) for c in configs]
     return unique_configs(configs + extra)

@@ -38,6 +38,7 @@ from qconsist.inference.layout import to_original
 from qconsist.gpu.observe import Observer
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, ort_logged
 from qconsist.compare import OutputEffect
+from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.serde import to_number
 from qconsist.store.scratch import scratch_dir
@@ -170,10 +171,7 @@ def convert_to_fp16(source: Path, target: Path, options: Fp16Options = Fp16Optio
     """Write the float16 model; returns how many constants the converter clamped into float16's range."""
     from onnxconverter_common import float16
 
-    try:
-        model = onnx.load(str(source))
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise InputError(f"{source} is not a readable ONNX model: {exc}") from None
+    model = read_onnx(source, external_data=True)
     if not any(init.data_type == onnx.TensorProto.FLOAT for init in model.graph.initializer) and not any(
         v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in model.graph.input
     ):

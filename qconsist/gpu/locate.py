@@ -206,7 +206,7 @@ def explore(
     ]
     decision = recommend([
         ConfigOutcome(r.label, r.stable and r.faithful.get("faithful", False), r.latency.median_ms, v.timing_based,
-                      load is not None)
+                      load is not None, r.latency.p25_ms, r.latency.p75_ms)
         for r, v in zip(reports, variants)
     ], max_cost)
     tagged = [("run-to-run" if o.phase == "run-to-run" else "repeat", c)

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from qconsist.errors import InputError
 from qconsist.inference.session import ConvAlgoSearch
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.rewrites.emit import attributes_of
 from qconsist.stages.rewrites.subpixel import overlaps
 
@@ -340,10 +341,7 @@ def _views(model: onnx.ModelProto):
 def find_nondeterministic_nodes(model: onnx.ModelProto | Path, settings: CudaSettings = CudaSettings()) -> NondeterminismReport:
     """Every node of ``model`` that matches a row of ``KNOWN`` under ``settings``, in graph order."""
     if not isinstance(model, onnx.ModelProto):
-        try:
-            model = onnx.load(str(model))
-        except Exception as exc:  # noqa: BLE001 - missing, truncated or not ONNX
-            raise InputError(f"cannot read ONNX model {model}: {exc}") from None
+        model = read_onnx(model, external_data=True)
     constants, shapes = _views(model)
     findings = []
     for index, node in enumerate(model.graph.node):

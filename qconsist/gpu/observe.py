@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import onnx
 
-from qconsist.errors import InputError
 from qconsist.inference.dump import expose_all, observed_graph, plan_dump
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.onnxfile import read_onnx
 from qconsist.store.scratch import scratch_parent
 
 log = logging.getLogger(__name__)
@@ -47,10 +46,7 @@ class Observer:
         self._tmp = tempfile.TemporaryDirectory(prefix="qconsist-observe-", dir=scratch_parent()) if workdir is None else None
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
         self.plan = plan_dump(self.model_path, options, self.workdir)
-        try:
-            optimized = onnx.load(str(self.plan.optimized_path))
-        except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-            raise InputError(f"cannot read ORT's optimized graph {self.plan.optimized_path}: {exc}") from None
+        optimized = read_onnx(self.plan.optimized_path, external_data=True, what="ORT's optimized graph")
         self.graph = observed_graph(optimized, self.plan)
         self._exposed_model = expose_all(optimized)[0].SerializeToString()
         self._first_session_used = False

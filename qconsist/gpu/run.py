@@ -18,21 +18,20 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import onnx
 
+from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
-from qconsist.errors import ConfigError, InputError, UnsupportedModelError
+from qconsist.errors import ConfigError, UnsupportedModelError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
 from qconsist.gpu.report import SCHEMA, LocateReport
-from qconsist.inference.model import ModelSource, input_specs, resolve_model
+from qconsist.inference.model import ModelSource, resolve_model
+from qconsist.inference.session import input_specs
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
-from qconsist.inputs import open_input_set
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size
-from qconsist.inputs.preprocess import Preprocess
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.manifest import Manifest
@@ -40,6 +39,8 @@ from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
+from qconsist.pipeline.inputs import open_data, open_inputs
+from qconsist.inputs.options import InputOptions
 from qconsist.gpu.calibration import gpu_calibration
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
@@ -57,14 +58,17 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
 
 
+def check_count(count: int | None) -> None:
+    """locate reads up to ``MAX_SAMPLES`` samples."""
+    if count is None or isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SAMPLES:
+        raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {count}")
+
+
 @dataclass(frozen=True)
 class LocateRequest:
     model: Path
-    inputs: str
+    inputs: InputOptions  # its count is a most: up to ``count`` samples from ``offset``
     stage: str | None = None
-    pipeline: Path | None = None
-    offset: int = 0
-    count: int = 8
     precision: Precision = Precision.FP32
     fp16_ep: str = "cuda"  # the execution provider of the fp16 analysis
     locate: LocateOptions = field(default_factory=LocateOptions)
@@ -76,45 +80,22 @@ class LocateRequest:
         object.__setattr__(self, "precision", Precision(self.precision))
         object.__setattr__(self, "fp16_ep", ExecutionOptions(self.fp16_ep).provider)
         check_batch_size(self.batch_size)
-        if not 1 <= self.count <= MAX_SAMPLES:
-            raise ConfigError(f"`count` must be between 1 and {MAX_SAMPLES}, got {self.count}")
-        if self.offset < 0:
-            raise ConfigError(f"`offset` must be >= 0, got {self.offset}")
+        check_count(self.inputs.count)
         if self.calibration_repeats and self.calibration_repeats < 2:
             raise ConfigError(f"`calibration_repeats` must be 0 (off) or >= 2, got {self.calibration_repeats}")
         if self.calibration_repeats and self.precision is Precision.FP16:
             raise ConfigError("`calibration_repeats` applies to `precision` fp32")
 
 
-def _preprocess(request: LocateRequest, source: ModelSource) -> Preprocess | None:
-    if request.pipeline is not None:
-
-        return load_pipeline(request.pipeline).preprocess
-    found = source.preprocess_json()
-    if found is None:
-        return None
-    return Preprocess.from_dict({k: v for k, v in found.items() if v is not None}, where="run manifest preprocess")
-
-
 def open_samples(request: LocateRequest, source: ModelSource) -> tuple[InputSet, list[dict[str, np.ndarray]]]:
-    """The input set (checked against the model's inputs) and its ``count`` samples, loaded, in steps of
-    ``batch_size`` samples (one step a sample by default)."""
-    specs = input_specs(source.path)
-    if not specs:
-        raise InputError(f"model {source.path} has no inputs")
-    input_set = open_input_set(request.inputs, _preprocess(request, source), specs[0].name)
-    available = len(input_set) - request.offset
-    input_set = input_set.subset(request.offset, min(request.count, max(available, 1)))
-    input_set = input_set.checked(specs, request.batch_size)
+    """The input set (checked against the model's inputs) and its samples, loaded, in steps of ``batch_size``
+    samples (one step a sample by default)."""
+    input_set = open_inputs(request.inputs, source, request.batch_size, up_to=True)
     return input_set, [step for _, step in input_set.batches(request.batch_size)]
 
 
 def _is_quantized(path: Path) -> bool:
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
-        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
-    return bool(quantized_nodes(model))
+    return bool(quantized_nodes(read_onnx(path)))
 
 
 def _fp16_source(request: LocateRequest, source: ModelSource) -> ModelSource:
@@ -147,13 +128,12 @@ def _float_source(request: LocateRequest, source: ModelSource) -> Path:
 def _calibration(request: LocateRequest, source: ModelSource, input_set: InputSet, progress: Progress):  # -> GpuCalibrationReport
 
     options, calibration, inputs = QuantizeOptions(), CalibrationOptions(), input_set
-    if request.pipeline is not None:
-
-        config = load_pipeline(request.pipeline)
+    if request.inputs.pipeline is not None:
+        config = load_pipeline(request.inputs.pipeline)
         options, calibration = config.quantize, config.calibration.options
         data = config.calibration.inputs
         specs = input_specs(source.path)
-        inputs = open_input_set(data.data, config.preprocess, specs[0].name).subset(data.offset, data.count)
+        inputs = open_data(data, config.preprocess, specs[0].name, "calibration")
         inputs = inputs.checked(specs)
     configs = [GpuConfig(search).resolved() for search in request.calibration_searches]
     report = gpu_calibration(_float_source(request, source), inputs, request.calibration_repeats, configs,

@@ -39,11 +39,12 @@ import onnx
 from onnx import version_converter
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
-from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
+from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.fingerprint import fingerprint_row
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
+from qconsist.onnxfile import read_onnx
 from qconsist.store.fingerprints import TableWriter
 
 log = logging.getLogger(__name__)
@@ -161,11 +162,8 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     create_session(model_path, options, optimized_model_filepath=optimized_path)
-    try:
-        original = onnx.load(str(model_path))
-        optimized = onnx.load(str(optimized_path))
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise InputError(f"cannot read ORT's optimized graph of {model_path}: {exc}") from None
+    original = read_onnx(model_path, external_data=True)
+    optimized = read_onnx(optimized_path, external_data=True, what="ORT's optimized graph")
     optimized, repair = reloadable(optimized, optimized_path, options)
     exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)

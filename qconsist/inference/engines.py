@@ -43,6 +43,7 @@ from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, InputError, UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
+from qconsist.onnxfile import read_onnx
 from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -620,7 +621,7 @@ def record_engines(request: EngineRequest, graph_model: onnx.ModelProto | Path, 
     """Run the model ``request.runs`` times in a child session with cuDNN's API log on and read which engine
     each convolution of ``graph_model`` (the graph ONNX Runtime runs: its optimized model) used per run. The
     same child runs once more without the log, so the record says what the log cost."""
-    model = graph_model if isinstance(graph_model, onnx.ModelProto) else onnx.load(str(graph_model), load_external_data=False)
+    model = graph_model if isinstance(graph_model, onnx.ModelProto) else read_onnx(graph_model)
     with scratch_dir("qconsist-engines-") as tmp:
         workdir = Path(tmp)
         log_path = workdir / "cudnn.log"

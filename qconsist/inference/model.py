@@ -6,14 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
-from qconsist.errors import ConfigError, InputError, QconsistError
-from qconsist.inference.session import empty_graph_error
-from qconsist.inference.session import input_specs as session_input_specs
-from qconsist.inference.strides import with_multiples
-from qconsist.inputs.inputset import InputSpec
+from qconsist.errors import ConfigError, InputError
 from qconsist.store.manifest import Manifest
 from qconsist.store.run import Run
 
@@ -85,40 +80,6 @@ def resolve_model(model: Path | str | Run, stage: str | None = None) -> ModelSou
     if path.suffix.lower() != ".onnx":
         raise InputError(f"model {path}: give an .onnx file or a run directory")
     return ModelSource(path)
-
-
-def input_specs(path: Path) -> list[InputSpec]:
-    """The model's graph inputs (initializers excluded), for checking samples."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path} is not a readable ONNX model: {exc}") from None
-    if not model.graph.output:
-        raise empty_graph_error(str(path))
-    inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for value in model.graph.input:
-        if value.name in inits:
-            continue
-        tensor = value.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
-        specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
-    return with_multiples(specs, lambda: model)
-
-
-_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
-
-
-def model_input_specs(path: Path) -> list[InputSpec]:
-    """``input_specs`` read from the file (milliseconds) where it reads and every input is of a type qconsist
-    feeds; else the session's (``session.input_specs``), whose error names what is wrong."""
-    try:
-        specs = input_specs(path)
-    except QconsistError:
-        specs = None
-    if specs is None or any(np.dtype(s.dtype) not in _FED for s in specs):
-        return session_input_specs(path)
-    return specs
 
 
 def with_dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:

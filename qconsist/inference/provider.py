@@ -30,10 +30,12 @@ class ConvAlgoSearch(str, Enum):
 
 @dataclass(frozen=True)
 class ProviderOption:
-    """One provider option: its type (bool, int or an enum) and what it does."""
+    """One provider option: its type (bool, int or an enum), what it does, and onnxruntime's default (the one
+    place qconsist knows it; ``None``: not known here, onnxruntime decides)."""
 
     kind: type
     help: str
+    default: Any = None
 
     def parse(self, provider: str, name: str, value: Any) -> Any:
         """The option's value as its type; ``ConfigError`` naming provider, option and what it accepts."""
@@ -101,11 +103,13 @@ CPU = register_provider(ProviderSpec("cpu", "CPUExecutionProvider"))
 CUDA = register_provider(ProviderSpec(
     "cuda", "CUDAExecutionProvider",
     options={
-        "device_id": ProviderOption(int, "GPU device id"),
-        "cudnn_conv_algo_search": ProviderOption(ConvAlgoSearch, "cuDNN convolution algorithm search"),
-        "use_tf32": ProviderOption(bool, "allow TF32 in cuDNN and cuBLAS (Ampere and newer)"),
-        "cudnn_conv_use_max_workspace": ProviderOption(bool, "let cuDNN use the largest workspace"),
-        "prefer_nhwc": ProviderOption(bool, "run convolutions channels last (NHWC): the dump records them in the original's order"),
+        # onnxruntime's CUDA EP defaults (1.14 and later): device 0, exhaustive search, TF32 allowed, the largest
+        # workspace, channels first
+        "device_id": ProviderOption(int, "GPU device id", 0),
+        "cudnn_conv_algo_search": ProviderOption(ConvAlgoSearch, "cuDNN convolution algorithm search", ConvAlgoSearch.EXHAUSTIVE),
+        "use_tf32": ProviderOption(bool, "allow TF32 in cuDNN and cuBLAS (Ampere and newer)", True),
+        "cudnn_conv_use_max_workspace": ProviderOption(bool, "let cuDNN use the largest workspace", True),
+        "prefer_nhwc": ProviderOption(bool, "run convolutions channels last (NHWC): the dump records them in the original's order", False),
     },
     fallback=("CPUExecutionProvider",),
     preload=preload_cuda,

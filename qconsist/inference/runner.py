@@ -42,6 +42,7 @@ from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
 from qconsist.inputs.stream import SampleInfo
+from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputWriter, ShapeTable, sample_rows
@@ -154,7 +155,7 @@ class _ModelRecord:
 
 
 def _model_record(source: ModelSource) -> _ModelRecord:
-    model = onnx.load(str(source.path))
+    model = read_onnx(source.path, external_data=True)
     hashes = hash_artifact(source.path, model=model).to_json()
     hashes["path"] = str(source.path.resolve())
     record = {**source.describe(), "path": str(source.path.resolve()), "artifact": hashes, "structure": structure_hash(model)}
@@ -191,7 +192,7 @@ def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options:
     quantization step apart in ``prob``), which is what a run at another batch size is there to show."""
     options = ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
                                disabled_optimizers=options.disabled_optimizers)
-    original = onnx.load(str(source))
+    original = read_onnx(source, external_data=True)
     write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
     try:
         restamped = create_session(target, options)
@@ -228,7 +229,7 @@ def _engines(model_path: Path, options: ExecutionOptions, step: dict[str, np.nda
     """The cuDNN engine of every convolution, per run of a child session of the same model, options and first
     step; nodes named as the dump names them."""
     if plan is not None:
-        graph_path, observed = plan.optimized_path, observed_graph(onnx.load(str(plan.optimized_path)), plan)
+        graph_path, observed = plan.optimized_path, observed_graph(read_onnx(plan.optimized_path, external_data=True, what="ORT's optimized graph"), plan)
         order, labels = [n.name for n in observed.nodes], {n.name: n.label for n in observed.nodes}
     else:
         create_session(model_path, options, optimized_model_filepath=optimized)

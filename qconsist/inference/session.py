@@ -43,6 +43,7 @@ from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, Provider
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
+from qconsist.onnxfile import read_onnx
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
 from qconsist.threads import MEASUREMENT_THREADS
@@ -78,6 +79,25 @@ def _level(value: Any) -> OptimizationLevel:
 # registry; accepted by ``ExecutionOptions.from_json`` so older manifests still read.
 _FLAT_CUDA = ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace", "device_id")
 _OPTIMIZER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# The command-line flag of each execution option: the CLI's execution group declares its options with these
+# names and ``ExecutionOptions.to_args`` writes them back. A provider option without a flag of its own
+# travels as --provider-option KEY=VALUE; a boolean flag also has its --no- form.
+FLAGS = {
+    "provider": "--ep", "graph_optimization_level": "--level", "intra_op_threads": "--threads",
+    "deterministic_compute": "--deterministic", "disabled_optimizers": "--disable-optimizer",
+    "cudnn_conv_algo_search": "--cudnn-conv-algo-search", "use_tf32": "--tf32",
+    "cudnn_conv_use_max_workspace": "--cudnn-max-workspace", "device_id": "--device-id",
+    "provider_options": "--provider-option",
+}
+
+
+# onnxruntime's SessionOptions defaults that qconsist resolves (use_deterministic_compute is off); the provider
+# options' defaults are in the provider registry (``ProviderOption.default``)
+SESSION_DEFAULTS = {"deterministic_compute": False}
+
+
+def _switch(flag: str, on: bool) -> str:
+    return flag if on else f"--no-{flag[2:]}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +150,18 @@ class ExecutionOptions:
         """A provider option's value, ``None`` when not given (onnxruntime's default applies)."""
         return self.provider_options.get(name)
 
+    def setting(self, name: str) -> Any:
+        """The value in effect of a provider option or a session field: the one given, else onnxruntime's default
+        (``None`` where qconsist does not know it: onnxruntime decides). ORT's defaults are resolved here only."""
+        options = provider_spec(self.provider).options
+        if name in options:
+            value = self.provider_options.get(name)
+            return options[name].default if value is None else value
+        if name in {f.name for f in fields(self)} - {"provider", "provider_options"}:
+            value = getattr(self, name)
+            return SESSION_DEFAULTS.get(name) if value is None else value
+        raise ConfigError(f"execution provider {self.provider} has no setting {name}")
+
     def with_options(self, **changes: Any) -> "ExecutionOptions":
         """A copy with provider options set (``None`` removes one) or session fields changed."""
         session_fields = {f.name for f in fields(self)} - {"provider", "provider_options"}
@@ -167,6 +199,24 @@ class ExecutionOptions:
         if self.disabled_optimizers:  # written only when set, so runs recorded before the field read the same
             data["disabled_optimizers"] = list(self.disabled_optimizers)
         return data
+
+    def to_args(self) -> list[str]:
+        """The command-line flags that give these options (``qconsist run`` takes them back as they are)."""
+        args = [FLAGS["provider"], self.provider, FLAGS["graph_optimization_level"], self.graph_optimization_level.value]
+        if self.intra_op_threads is not None:
+            args += [FLAGS["intra_op_threads"], str(self.intra_op_threads)]
+        if self.deterministic_compute is not None:
+            args.append(_switch(FLAGS["deterministic_compute"], self.deterministic_compute))
+        for name in self.disabled_optimizers:
+            args += [FLAGS["disabled_optimizers"], name]
+        for key, value in self.to_json()["provider_options"].items():
+            if key not in FLAGS:
+                args += [FLAGS["provider_options"], f"{key}={value}"]
+            elif isinstance(value, bool):
+                args.append(_switch(FLAGS[key], value))
+            else:
+                args += [FLAGS[key], str(value)]
+        return args
 
     def ort_providers(self) -> list[Any]:
         """onnxruntime's ``providers`` argument: this provider with its options as strings, then its fallback."""
@@ -444,7 +494,7 @@ def _graph_outputs(model: str | Path | bytes) -> int | None:
     import onnx
 
     try:
-        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else read_onnx(model)
     except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
         return None
     return len(proto.graph.output)
@@ -531,9 +581,21 @@ _ORT_TYPES = {
 }
 
 
+_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
+
+
 def input_specs(session: Any) -> list[InputSpec]:
-    """The inputs of a session (or of a model file, opened on the CPU) as qconsist feeds them; for a model file,
-    the sizes an input with a dynamic height and width takes (``strides.spatial_multiple``)."""
+    """The inputs of a model as qconsist feeds them (the one ``input_specs``): a session's as it reports them; a
+    model file's read from its graph (milliseconds) where it reads and every input is of a type qconsist feeds,
+    else from a session on the CPU, whose error names what is wrong; for a model file, the sizes an input with a
+    dynamic height and width takes (``strides.spatial_multiple``)."""
+    if isinstance(session, (str, Path)):
+        try:
+            specs = graph_input_specs(Path(session))
+        except QconsistError:
+            specs = None
+        if specs is not None and all(np.dtype(s.dtype) in _FED for s in specs):
+            return specs
     path = Path(session) if isinstance(session, (str, Path)) else None
     if isinstance(session, (str, Path, bytes)):
         session = create_session(session)
@@ -545,12 +607,30 @@ def input_specs(session: Any) -> list[InputSpec]:
     return with_multiples(specs, lambda: _load_graph(path)) if path is not None else specs
 
 
+def graph_input_specs(path: Path) -> list[InputSpec]:
+    """The graph inputs of the model file at ``path`` (initializers excluded), as declared (any type)."""
+    import onnx
+
+    model = read_onnx(path)
+    if not model.graph.output:
+        raise empty_graph_error(str(path))
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+        specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
+    return with_multiples(specs, lambda: model)
+
+
 def _load_graph(model: str | Path | bytes) -> Any:
     import onnx  # only for a model with a dynamic height and width
 
     if isinstance(model, bytes):
         return onnx.load_from_string(model)
-    return onnx.load(str(model), load_external_data=False)
+    return read_onnx(model)
 
 
 @ort_logged()  # one capture for all its sessions and runs

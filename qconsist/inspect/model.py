@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import InputError, RunStoreError
+from qconsist.onnxfile import read_onnx
 from qconsist.store.hashing import hash_file
 from qconsist.store.serde import structure, to_jsonable
 
@@ -115,10 +116,7 @@ def summarize_model(path: Path | str) -> ModelSummary:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"model {path} does not exist")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    model = read_onnx(path)
     graph = model.graph
     hashes = hash_file(path)
     constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}

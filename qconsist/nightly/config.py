@@ -48,6 +48,7 @@ from qconsist.tomlfile import read_toml
 from qconsist.gpu.config import GpuConfig
 from qconsist.sensitivity import SensitivityRequest, parse_targets
 from qconsist.sensitivity.analysis import DEFAULT_CANDIDATES
+from qconsist.store.runs import RUNS_DIR, default_history
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
@@ -257,9 +258,9 @@ def parse_nightly(data: Any, path: Path) -> NightlyConfig:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_TOP_KEYS))})")
-    runs_dir = (base / (_string(data, "runs_dir", str(path)) or "runs")).resolve()
+    runs_dir = (base / (_string(data, "runs_dir", str(path)) or RUNS_DIR)).resolve()
     history_text = _string(data, "history", str(path))
-    history = (base / history_text).resolve() if history_text else runs_dir / "history.sqlite"
+    history = (base / history_text).resolve() if history_text else default_history(runs_dir)
     policy_text = _string(data, "policy", str(path))
     policy = (base / policy_text).resolve() if policy_text else None
     models = data.get("models")

@@ -30,7 +30,8 @@ from qconsist.errors import QconsistError, RunStoreError, UnavailableError
 from qconsist.gate import GateVerdict, evaluate_gate, load_policy
 from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, LABELS_FILE, Side, evaluation_inputs
 from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.run import LocateRequest, run_locate
+from qconsist.gpu.run import MAX_SAMPLES, LocateRequest, run_locate
+from qconsist.inputs.options import InputOptions
 from qconsist.history.summary import gpu_label
 from qconsist.inference.model import resolve_model
 from qconsist.inference.runner import RunRequest, run_inference
@@ -174,8 +175,9 @@ def _locate(entry: ModelEntry, pipeline_run: Path, runs_dir: Path, progress: Pro
         return None, exc.message
 
     evaluation = entry.pipeline.evaluation or entry.pipeline.calibration.inputs
-    request = LocateRequest(model=pipeline_run, inputs=evaluation.data, stage="quantize", offset=evaluation.offset,
-                            count=min(evaluation.count or 8, 256))
+    request = LocateRequest(model=pipeline_run, inputs=InputOptions(evaluation.data, offset=evaluation.offset,
+                                                                    count=min(evaluation.count or 8, MAX_SAMPLES)),
+                            stage="quantize")
     _, path = run_locate(request, runs_dir, command=["qconsist", "nightly"], progress=progress)
     return path, None
 

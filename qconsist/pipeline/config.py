@@ -24,6 +24,7 @@ from qconsist.stages.base import Stage
 from qconsist.stages.base import stages as registered_stages
 from qconsist.stages.convert import ConvertOptions
 from qconsist.stages.optimize import OptimizeOptions
+from qconsist.store.runs import RUNS_DIR
 from qconsist.stages.quantize import CalibrationMethodChoice, CalibrationOptions, DistributionScenario, QuantizeOptions
 from qconsist.tomlfile import Table, guard, read_toml
 
@@ -87,7 +88,7 @@ class PipelineConfig:
     stages: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Preprocess | None = None
     evaluation: DataConfig | None = None
-    runs_dir: Path = Path("runs")
+    runs_dir: Path = RUNS_DIR
     outputs: Mapping[str, OutputKind] = field(default_factory=dict)  # [evaluation] outputs: declared kinds
 
     def __post_init__(self) -> None:
@@ -236,7 +237,7 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
     top = Table(data, "", origin)
     name = top.get("name", str) or (path.stem if path else "pipeline")
     _check_name(name, origin)
-    runs_dir = Path(top.get("runs_dir", str, "runs")).expanduser()  # an output: relative to the working directory
+    runs_dir = Path(top.get("runs_dir", str, str(RUNS_DIR))).expanduser()  # an output: relative to the working directory
     model = _model(top.sub("model"), base, origin)
     stages = {}
     for stage in registered_stages():

@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import onnx
 
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
 from qconsist.compare.kinds import check_declared
 from qconsist.environment import fingerprint
 from qconsist.errors import InputError, QconsistError
 from qconsist.inference.session import input_specs, require_provider
-from qconsist.inference.model import input_specs as model_input_specs
-from qconsist.inputs.inputset import InputSet, check_spatial, open_input_set
+from qconsist.inputs.inputset import InputSet, check_spatial
 from qconsist.inputs.record import record_inputs
+from qconsist.onnxfile import read_onnx
+from qconsist.pipeline.inputs import open_data
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import Stage, StageContext, StageRecord
@@ -113,19 +113,7 @@ def _model_files(config: PipelineConfig) -> dict[str, Path]:
 
 
 def _graph_outputs(path: Path) -> list:
-    try:
-        return list(onnx.load(str(path), load_external_data=False).graph.output)
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
-        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
-
-
-def _input_set(data: DataConfig, config: PipelineConfig, input_name: str, what: str) -> InputSet:
-    inputs = open_input_set(data.data, config.preprocess, input_name)
-    if len(inputs) == 0:
-        raise InputError(f"{what} set {data.data} is empty")
-    if data.offset >= len(inputs):
-        raise InputError(f"{what} set {data.data} has {len(inputs)} samples; offset {data.offset} leaves none")
-    return inputs.subset(data.offset, data.count)
+    return list(read_onnx(path).graph.output)
 
 
 def _check_sizes(files: dict[str, Path], config: PipelineConfig, opened: list[InputSet]) -> None:
@@ -134,7 +122,7 @@ def _check_sizes(files: dict[str, Path], config: PipelineConfig, opened: list[In
     if "onnx" not in files or config.preprocess is None or not any(s.kind == "images" for s in opened):
         return
     try:
-        specs = model_input_specs(files["onnx"])
+        specs = input_specs(files["onnx"])
     except QconsistError:
         return
     check_spatial(specs, config.preprocess)
@@ -164,7 +152,7 @@ def _context(config: PipelineConfig, files: dict[str, Path], progress: Progress,
         def open_for(model: Path) -> InputSet:
             name = input_specs(model)[0].name
             if (role, name) not in opened:
-                opened[(role, name)] = _input_set(data, config, name, role)
+                opened[(role, name)] = open_data(data, config.preprocess, name, role)
             return opened[(role, name)]
         return open_for
 
@@ -204,9 +192,9 @@ def run_pipeline(
     require_provider(config.calibration.options.provider)
     if config.outputs and "onnx" in files:
         check_declared([o.name for o in _graph_outputs(Path(files["onnx"]))], config.outputs)
-    opened = [_input_set(config.calibration.inputs, config, "input", "calibration")]
+    opened = [open_data(config.calibration.inputs, config.preprocess, "input", "calibration")]
     if config.evaluation:
-        opened.append(_input_set(config.evaluation, config, "input", "evaluation"))
+        opened.append(open_data(config.evaluation, config.preprocess, "input", "evaluation"))
     _check_sizes(files, config, opened)
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
     with RunDirectory.create(root, config.name, "pipeline", run_id) as run, \
@@ -285,7 +273,5 @@ def repeat_from_onnx(
         raise InputError(f"model file {model} does not exist")
     check_onnx_entry(Path(model))
     input_name = input_specs(Path(model))[0].name
-    inputs = open_input_set(data.data, None, input_name)
-    if len(inputs) == 0:
-        raise InputError(f"calibration set {data.data} is empty")
-    return repeat_calibration(Path(model), inputs.subset(data.offset, data.count), n, options, calibration, progress=progress)
+    inputs = open_data(data, None, input_name, "calibration")
+    return repeat_calibration(Path(model), inputs, n, options, calibration, progress=progress)

@@ -21,6 +21,7 @@ from qconsist.inference.session import (
     ExecutionOptions, create_session, measurement_options, ort_logged, require_provider, run_outputs, sessions_opened,
 )
 from qconsist.inputs import InputSet
+from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.sensitivity.figures import standing
 from qconsist.sensitivity.latency import latency_cost
@@ -276,7 +277,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
     judged = run.judged()
     for target in request.targets:
         target.check(judged, per_sample is not None)
-    model = onnx.load(str(run.float_model), load_external_data=False)
+    model = read_onnx(run.float_model, error=RunStoreError)
     found, unnamed = quantizable_nodes(model, run.options)
     names = [n.name for n in found]
     if not names:

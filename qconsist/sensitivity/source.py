@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import onnx
 
 from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.errors import RunStoreError
 from qconsist.explain.replay import replay_recorded
 from qconsist.inputs import InputSet
+from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import StageContext
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
@@ -59,7 +59,7 @@ class QuantizedRun:
     def judged(self) -> list[JudgedOutput]:
         """Every final output and part with its kind (declared in the run's pipeline, else read from the float graph)."""
         if self._judged is None:
-            model = onnx.load(str(self.float_model), load_external_data=False)
+            model = read_onnx(self.float_model, error=RunStoreError)
             self._judged = judged_outputs(model, self.declared_kinds)
         return self._judged
 

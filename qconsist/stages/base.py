@@ -9,12 +9,11 @@ repeated calibration, the gate, the run-directory readers and the history read t
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from qconsist.discovery import discover
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.hashing import ArtifactHashes
@@ -75,17 +74,11 @@ class Stage(Protocol):
 @functools.lru_cache(maxsize=1)
 def stages() -> tuple[Stage, ...]:
     """Every stage of this package, in pipeline order."""
-    import qconsist.stages as package
-
-    found = []
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        stage = getattr(module, "STAGE", None)
-        if stage is not None:
-            if not isinstance(stage, Stage):
-                raise TypeError(f"{module.__name__}.STAGE is not a Stage")
-            found.append(stage)
-    return tuple(sorted(found, key=lambda s: s.order))
+    found = discover("qconsist.stages", "STAGE")
+    for module, stage in found:
+        if not isinstance(stage, Stage):
+            raise TypeError(f"{module}.STAGE is not a Stage")
+    return tuple(sorted((stage for _, stage in found), key=lambda s: s.order))
 
 
 def stage_names() -> tuple[str, ...]:

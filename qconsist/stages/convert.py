@@ -24,6 +24,7 @@ import onnx
 from onnx import version_converter
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
@@ -355,10 +356,7 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
     import onnxruntime as ort
 
 
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
-        raise InputError(f"{path} is not a readable ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    model = read_onnx(path)
     refuse_external_data(path, model)
     refuse_quantized(path, model)
     try:

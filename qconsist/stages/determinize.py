@@ -36,6 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.caffe.fidelity import OutputCheck
 from qconsist.stages.rewrites import equivalence
 from qconsist.stages.rewrites.emit import Emitter, attributes_of
@@ -427,10 +428,7 @@ def determinize(source: Path, output: Path, options: DeterminizeOptions = Determ
     source = Path(source)
     if not source.is_file():
         raise InputError(f"model {source} does not exist")
-    try:
-        model = onnx.load(str(source))
-    except Exception as exc:  # noqa: BLE001 - protobuf raises several kinds on a damaged file
-        raise InputError(f"cannot read ONNX model {source}: {exc}") from None
+    model = read_onnx(source, external_data=True)
     rewritten, result = determinize_model(model, options, inputs)
     write_bytes_atomic(Path(output), rewritten.SerializeToString())
     result.path = Path(output)

@@ -30,6 +30,7 @@ from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, ort_level, ort_logged, ort_message, outputs_of
 from qconsist.inputs.inputset import InputSet
+from qconsist.onnxfile import read_onnx
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
@@ -140,7 +141,7 @@ def _session_optimize(source: Path, target: Path, options: OptimizeOptions) -> N
 
 
 def _node_count(path: Path) -> int:
-    return len(onnx.load(str(path), load_external_data=False).graph.node)
+    return len(read_onnx(path).graph.node)
 
 
 def optimize_model(

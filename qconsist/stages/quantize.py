@@ -41,8 +41,9 @@ from typing import Any, Mapping
 
 import onnx
 
+from qconsist.onnxfile import read_onnx
 from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table, quantized_nodes
-from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
+from qconsist.errors import ConfigError, FidelityError, InputError, OutputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, OutputKind, compare_outputs, judged_outputs
 from qconsist.inference.session import (
@@ -462,7 +463,7 @@ def quantize_model(
         if ranges_output is not None:
             write_atomic(Path(ranges_output), lambda target: target.write_bytes(cache.read_bytes()))
     seconds = time.perf_counter() - start
-    quantized = onnx.load(str(output))
+    quantized = read_onnx(output, external_data=True, what="the quantized model", error=OutputError)
     if not quantized_nodes(quantized):
         raise NothingQuantizedError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
     table = build_table(quantized, _ranges(tensors_data))
@@ -505,7 +506,7 @@ def floor_failures(comparison: OutputComparison, min_sqnr_db: float | None, agai
 def _why_assertion(source: Path, exc: AssertionError) -> str:
     """What made quantize_static assert, where the model shows it: an output that is also an input (the Q/DQ pair
     it puts on the input then feeds the output it renames, a cycle)."""
-    graph = onnx.load(str(source), load_external_data=False).graph
+    graph = read_onnx(source).graph
     passed = sorted({o.name for o in graph.output} & {i.name for i in graph.input})
     if passed:
         return (f"its output(s) {', '.join(passed)} are also its input(s) (passed through unchanged), which onnxruntime's "
@@ -550,7 +551,7 @@ def check_selection(source: Path, options: QuantizeOptions) -> None:
             f"quantize.op_types: onnxruntime cannot quantize {', '.join(unknown)} in {options.format.value} format "
             f"(it quantizes {', '.join(quantizable_op_types(options))})"
         )
-    model = onnx.load(str(source), load_external_data=False)
+    model = read_onnx(source)
     refuse_quantized(source, model)
     check_opset(source, model, options)
     if not options.nodes_to_exclude:
@@ -564,7 +565,7 @@ def check_selection(source: Path, options: QuantizeOptions) -> None:
 
 
 def _why_nothing(source: Path, options: QuantizeOptions) -> str:
-    model = onnx.load(str(source), load_external_data=False)
+    model = read_onnx(source)
     present = {n.op_type for n in model.graph.node}
     wanted = set(options.op_types) or set(quantizable_op_types(options))
     selected = [n for n in model.graph.node if n.op_type in wanted and n.name not in set(options.nodes_to_exclude)]
@@ -583,7 +584,7 @@ def check_quantized(source: Path, quantized: Path, evaluation: InputSet, options
                     output_kinds: Mapping[str, OutputKind] | None = None) -> OutputComparison:
     """Quantized vs float outputs on ``evaluation``, each output judged for what it is (SQNR, cosine, greatest
     difference; top-1 agreement of class scores); ``min_top1_agreement`` / ``max_abs_diff`` raise if set."""
-    judged = judged_outputs(onnx.load(str(source), load_external_data=False), output_kinds)
+    judged = judged_outputs(read_onnx(source), output_kinds)
     comparison = compare_outputs(outputs_of(source, evaluation), outputs_of(quantized, evaluation), atol=None, rtol=None,
                                  judged=judged)
     if not math.isfinite(comparison.max_abs_diff) and not options.allow_invalid_scales:  # recorded as failed either way

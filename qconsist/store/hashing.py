@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from qconsist.errors import InputError
+from qconsist.onnxfile import read_onnx
 
 _CHUNK = 1 << 20
 
@@ -159,10 +160,7 @@ def hash_artifact(path: Path, relative_to: Path | None = None, model: onnx.Model
     """File, content and initializer hashes of an ONNX model file."""
     files = hash_file(path)
     if model is None:
-        try:
-            model = onnx.load(str(path))
-        except Exception as exc:  # onnx raises DecodeError, OSError, ValueError…
-            raise InputError(f"{path} is not a readable ONNX model: {exc}") from exc
+        model = read_onnx(path, external_data=True)
     shown = str(path.relative_to(relative_to)) if relative_to else str(path)
     return ArtifactHashes(
         path=shown,

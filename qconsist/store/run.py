@@ -27,6 +27,7 @@ from typing import Any
 import onnx
 
 from qconsist.errors import RunStoreError
+from qconsist.onnxfile import read_onnx
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputArrays, OutputFiles, SampleArchives
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
@@ -227,11 +228,7 @@ class Run:
 
 
 def _load_model(run_dir: Path, stage: str, path: Path) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, ValueError…
-        raise RunStoreError(f"run {run_dir}: the {stage} artifact is not a readable ONNX model "
-                            f"({' '.join(str(exc).split())[:120]})") from None
+    return read_onnx(path, external_data=True, what=f"run {run_dir}: the {stage} artifact", error=RunStoreError)
 
 
 def runs_root(path: Path) -> Path:

@@ -32,6 +32,20 @@ VERIFY_SCHEMA = "qconsist.verify/1"
 _NOT_RECORDED = ("manifest.json", RUNNING_NAME)
 _AGE = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The one place for the defaults: run directories go in ./runs unless a command, a pipeline or a nightly file
+# says otherwise; the history database lies in the runs directory unless one is named.
+RUNS_DIR = Path("runs")
+HISTORY_FILE = "history.sqlite"
+
+
+def default_runs_dir(given: Path | None = None) -> Path:
+    """``given``, else the default runs directory (``runs``, relative to the working directory)."""
+    return RUNS_DIR if given is None else Path(given)
+
+
+def default_history(runs_dir: Path | None = None, given: Path | None = None) -> Path:
+    """``given``, else the history database of ``runs_dir`` (default: the default runs directory)."""
+    return Path(given) if given is not None else default_runs_dir(runs_dir) / HISTORY_FILE
 
 
 def parse_age(text: str) -> float:

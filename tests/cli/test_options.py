@@ -106,3 +106,39 @@ def test_a_bug_is_an_internal_error_with_its_own_code(monkeypatch, verbose):
     last = result.stderr.splitlines()[-1]
     assert re.fullmatch(r"internal error: RuntimeError: boom \(at test_options\.py:\d+\) — rerun with -v for the traceback", last)
     assert ("Traceback (most recent call last)" in result.stderr) is verbose
+
+
+@pytest.mark.parametrize("options", [
+    {"provider": "cpu"},
+    {"provider": "cpu", "graph_optimization_level": "disable", "intra_op_threads": 2, "deterministic_compute": False,
+     "disabled_optimizers": ("QDQSelectorActionTransformer", "ConstantFolding")},
+    {"provider": "cuda", "provider_options": {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False,
+                                              "cudnn_conv_use_max_workspace": True, "device_id": 1, "prefer_nhwc": True},
+     "deterministic_compute": True},
+])
+def test_execution_options_go_to_flags_and_back_through_the_execution_group(options):
+    """``ExecutionOptions.to_args`` is the one way back to flags: the execution group builds the same object."""
+    from qconsist.cli import options as opt
+    from qconsist.inference.session import ExecutionOptions
+
+    built = []
+    probe = typer.Typer()
+
+    @probe.command()
+    @opt.uses(execution=opt.EXECUTION)
+    def command(*, execution: ExecutionOptions) -> None:
+        built.append(execution)
+
+    given = ExecutionOptions(**options)
+    result = CliRunner().invoke(probe, given.to_args())
+    assert result.exit_code == 0, result.output
+    assert built == [given]
+
+
+def test_a_group_member_reaches_the_command_only_as_its_object():
+    from qconsist.cli import options as opt
+
+    with pytest.raises(TypeError, match="has no parameter execution"):
+        opt.uses(execution=opt.EXECUTION)(lambda model: None)
+    with pytest.raises(TypeError, match="the group has no option tf64"):
+        opt.EXECUTION.with_defaults(tf64=True)

@@ -14,7 +14,8 @@ OPEN_NSFW_PIPELINE = Path(__file__).resolve().parents[2] / "pipelines" / "open_n
 @pytest.fixture(scope="session")
 def nsfw_inputs(nsfw_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first package photos, preprocessed as pipelines/open_nsfw.toml says, stacked in one .npy."""
-    from qconsist.inference.model import input_specs, resolve_model
+    from qconsist.inference.model import resolve_model
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 
@@ -31,7 +32,7 @@ def level_runs(nsfw_run, nsfw_inputs, tmp_path_factory: pytest.TempPathFactory) 
     """Dumps of the quantized model at optimization levels disable and extended (QDQ fusion), and a
     second run at extended (identical), with raw tensors of the first conv (and its Q/DQ) kept."""
     from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
 
     runs = tmp_path_factory.mktemp("level-runs")
@@ -56,7 +57,7 @@ def calibration_runs(nsfw_run, tmp_path_factory: pytest.TempPathFactory) -> dict
     import dataclasses
 
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
     from qconsist.pipeline.runner import run_pipeline

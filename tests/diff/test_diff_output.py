@@ -26,7 +26,7 @@ def photo_runs(nsfw_run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     """The quantized open_nsfw model *file* run on package photos 2..3 (preprocessed as the pipeline says) at
     levels disable and all, dumped without raw tensors."""
     from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 

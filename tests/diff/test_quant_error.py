@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from qconsist.cli import app
 from qconsist.diff.quantization import QuantErrorResult, quantization_error
 from qconsist.inference import ExecutionOptions, resolve_model
-from qconsist.inference.model import input_specs
+from qconsist.inference.session import input_specs
 from qconsist.inputs import open_input_set
 from qconsist.pipeline.config import load_pipeline
 from qconsist.store.serde import encode, loads

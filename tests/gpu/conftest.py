@@ -26,7 +26,7 @@ def nsfw_models(nsfw_run) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def photo_samples(nsfw_models) -> list:
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 

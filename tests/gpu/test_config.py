@@ -98,3 +98,23 @@ def test_matrix_needs_search_and_tf32():
         default_matrix([], [True])
     with pytest.raises(ConfigError, match="GpuConfig.use_tf32 must be true, false or unset"):
         GpuConfig(AlgoSearch.DEFAULT, use_tf32=1)  # type: ignore[arg-type]
+
+
+def test_a_config_is_overrides_on_execution_options_whose_defaults_are_resolved_once():
+    from qconsist.inference.session import ExecutionOptions
+
+    base = ExecutionOptions("cuda", {"device_id": 1}, graph_optimization_level="basic", intra_op_threads=2)
+    applied = GpuConfig(AlgoSearch.HEURISTIC, use_tf32=False).apply(base)
+    assert applied == ExecutionOptions("cuda", {"device_id": 1, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False},
+                                       graph_optimization_level="basic", intra_op_threads=2)
+    # unset settings take onnxruntime's defaults from the one place they are declared
+    assert (applied.setting("cudnn_conv_use_max_workspace"), applied.setting("deterministic_compute")) == (True, False)
+    assert ExecutionOptions("cuda").setting("use_tf32") is True
+    assert ExecutionOptions("cpu").setting("intra_op_threads") is None  # onnxruntime decides: one per core
+    assert GpuConfig().resolved() == GpuConfig(AlgoSearch.EXHAUSTIVE, True, True, False)
+    full = GpuConfig.parse("DEFAULT/deterministic=1").execution_options(base)
+    assert full.intra_op_threads == 2 and full.option("device_id") == 1 and full.deterministic_compute is True
+    with pytest.raises(ConfigError, match="^a GPU config applies to the cuda execution provider, not cpu$"):
+        GpuConfig().apply(ExecutionOptions("cpu"))
+    with pytest.raises(ConfigError, match="^execution provider cpu has no setting use_tf32$"):
+        ExecutionOptions("cpu").setting("use_tf32")

@@ -66,3 +66,25 @@ def test_invalid_inputs():
         recommend([ConfigOutcome("a", True, 1.0, False, False)], max_cost=0.5)
     with pytest.raises(ConfigError, match=r"config a: median latency must be > 0 ms"):
         ConfigOutcome("a", True, 0.0, False, False)
+
+
+def test_locate_and_the_gate_accept_by_one_rule():
+    """``acceptance`` decides for locate's recommendation as for the gate's pin check: within max_cost by median,
+    or above it but not measurably slower (its 25th percentile at or below the fastest's 75th)."""
+    from qconsist.gpu.decision import acceptance
+
+    assert acceptance(1.04, 1.0, 1.05, "F") == (True, "1.04x the fastest (F), accepted up to 1.05x")
+    assert acceptance(1.5, 1.0, 1.05, "F", p25_ms=1.2, fastest_p75_ms=1.1) == (
+        False, "1.50x the fastest (F), above the accepted 1.05x")
+    noisy = (True, "1.50x the fastest (F) by median, above the accepted 1.05x, but not measurably slower: its 25th "
+                   "percentile 1.1 ms is within the fastest's quartiles (75th percentile 1.1 ms)")
+    assert acceptance(1.5, 1.0, 1.05, "F", p25_ms=1.1, fastest_p75_ms=1.1) == noisy
+    # the same measurements through locate's recommendation: the stable config is accepted, with the reason
+    outcomes = [ConfigOutcome("F", False, 1.0, False, False, 0.9, 1.1), ConfigOutcome("S", True, 1.5, False, False, 1.1, 2.0)]
+    decision = recommend(outcomes, max_cost=1.05)
+    assert decision.config == "S" and decision.accepted and decision.within_noise
+    assert decision.notes == (f"its cost 1.50x exceeds the accepted 1.05x; accepted: {noisy[1]}",)
+    assert Recommendation.from_json(decision.to_json()) == decision
+    apart = recommend([outcomes[0], ConfigOutcome("S", True, 1.5, False, False, 1.2, 2.0)], max_cost=1.05)
+    assert not apart.accepted and not apart.within_noise
+    assert apart.notes == ("its cost 1.50x exceeds the accepted 1.05x",)

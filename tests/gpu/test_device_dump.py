@@ -108,7 +108,7 @@ def test_open_nsfw_qdq_restamped_runs_at_batch_32_on_the_cuda_ep(nsfw_run, tmp_p
     """``--dynamic-batch`` on the CUDA EP: whether the graph computes per sample is checked on the CPU EP (on the
     H100, open_nsfw QDQ at batch 2 and batch 1 are one quantization step apart in ``prob``: the kernels depend
     on the batch), so the re-stamped model runs; a batch-1 run of the same photos names what the batch changes."""
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.pipeline.config import load_pipeline
 
     config = load_pipeline(REPO / "pipelines" / "open_nsfw.toml")

@@ -138,7 +138,8 @@ def test_raw_of_unknown_node_is_refused(tmp_path):
 
 
 def test_open_nsfw_dump_at_level_all_is_faithful(nsfw_run, tmp_path):
-    from qconsist.inference.model import input_specs, resolve_model
+    from qconsist.inference.model import resolve_model
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
 

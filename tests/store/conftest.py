@@ -18,7 +18,7 @@ def small_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``pipeline``, ``pipeline2`` (the same pipeline again), ``inference``, ``inference2`` (its quantized
     model on 3 samples, dumped with every raw tensor, twice) in one runs folder; ``data`` the arrays."""
     from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
-    from qconsist.inference.model import input_specs
+    from qconsist.inference.session import input_specs
     from qconsist.inputs import open_input_set
     from qconsist.pipeline.config import load_pipeline
     from qconsist.pipeline.runner import run_pipeline

@@ -9,12 +9,10 @@ executor is one new file.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from qconsist.discovery import discover
 from qconsist.errors import ConfigError
 from qconsist.nightly.entry import EntryOutcome, EntryTask
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -76,14 +74,7 @@ class ExecutorOptions:
 
 @functools.lru_cache(maxsize=1)
 def _registry() -> dict[str, type]:
-    package = __name__.rpartition(".")[0]  # qconsist.nightly.executors
-    found = {}
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        module = importlib.import_module(f"{package}.{info.name}")
-        executor = getattr(module, "EXECUTOR", None)
-        if executor is not None:
-            found[executor.name] = executor
-    return found
+    return {executor.name: executor for _, executor in discover(__name__.rpartition(".")[0], "EXECUTOR")}
 
 
 def executor_names() -> list[str]:
