@@ -15,6 +15,9 @@ Steps, for every variant (a named set of execution options):
    bit for bit against the observed ones (``FaithfulCheck``: the observation must not change what runs);
 5. with ``contention``: the repeats again while ``GpuLoad`` keeps the GPU busy;
 6. the recommendation (``decision.py``).
+
+Steps 2 to 5 (and run-to-run, and the engine recording) are ``Phase`` strategies run the same way on a shared
+``_Exploration``; ``explore_phases`` chooses them once from the request, so ``explore`` has no branch per step.
 """
 
 from __future__ import annotations
