@@ -36,7 +36,7 @@ import onnx
 from qconsist.compare.noise import NoiseStats
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
-from qconsist.inference.dump import FaithfulCheck, plan_dump
+from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
 from qconsist.inference.layout import to_original
 from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
@@ -175,6 +175,40 @@ def _observe(matches: list[Match], plans: dict[str, Any], productions: dict[str,
     return stats, checks, unreadable
 
 
+def _tensor_errors(matches: list[Match], stats: list[NoiseStats], unreadable: set[int], internal: list[str],
+                   float_plan: DumpPlan, quantized_plan: DumpPlan, float_model: onnx.ModelProto, samples: int) -> dict[str, TensorError]:
+    """Per matched tensor, its error (by tensor name); the matches whose layout could not be read go to ``internal``."""
+    labels = {t.original: t.label for t in float_plan.tensors if t.original}
+    ops = {out: n.op_type for n in float_model.graph.node for out in n.output}
+    errors: dict[str, TensorError] = {}
+    for i, (match, stat) in enumerate(zip(matches, stats)):
+        if i in unreadable:
+            internal.append(quantized_plan.tensors[match.quantized_column].label)
+            continue
+        errors[match.tensor] = TensorError(
+            node=labels.get(match.tensor, match.tensor), op_type=ops.get(match.tensor, "input"), tensor=match.tensor,
+            observed=match.observed, how=match.described, position=match.float_column, elements=stat.elements // max(samples, 1),
+            sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
+            nonfinite=stat.nonfinite,
+        )
+    _added(errors, float_model)
+    return errors
+
+
+def _weight_errors(quantized_model: onnx.ModelProto, float_model: onnx.ModelProto) -> list[TensorError]:
+    """The error of each quantized weight against its float twin."""
+    weights = []
+    for twin in match_weights(quantized_model, float_model):
+        stat = NoiseStats()
+        stat.add(twin.float_value, twin.dequantized)
+        weights.append(TensorError(
+            node=twin.consumer, op_type=twin.op_type, tensor=twin.tensor, observed=twin.stored,
+            how="constant, per channel" if twin.per_channel else "constant", position=-1, elements=stat.elements,
+            sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
+            nonfinite=stat.nonfinite))
+    return weights
+
+
 def quantization_error(
     run: Run | Path,
     inputs: InputSet,
@@ -209,30 +243,8 @@ def quantization_error(
     productions = {"float": create_session(float_source.path, float_options), "quantized": create_session(quantized_source.path, options)}
     stats, checks, unmatched_layout = _observe(matches, {"float": float_plan, "quantized": quantized_plan}, productions,
                                                inputs, progress)
-    labels = {t.original: t.label for t in float_plan.tensors if t.original}
-    ops = {out: n.op_type for n in float_model.graph.node for out in n.output}
-    errors: dict[str, TensorError] = {}
-    for i, (match, stat) in enumerate(zip(matches, stats)):
-        if i in unmatched_layout:
-            internal.append(quantized_plan.tensors[match.quantized_column].label)
-            continue
-        how = match.described
-        errors[match.tensor] = TensorError(
-            node=labels.get(match.tensor, match.tensor), op_type=ops.get(match.tensor, "input"), tensor=match.tensor,
-            observed=match.observed, how=how, position=match.float_column, elements=stat.elements // max(len(inputs), 1),
-            sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite,
-        )
-    _added(errors, float_model)
-    weights = []
-    for twin in match_weights(quantized_model, float_model):
-        stat = NoiseStats()
-        stat.add(twin.float_value, twin.dequantized)
-        weights.append(TensorError(
-            node=twin.consumer, op_type=twin.op_type, tensor=twin.tensor, observed=twin.stored,
-            how="constant, per channel" if twin.per_channel else "constant", position=-1, elements=stat.elements,
-            sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite))
+    errors = _tensor_errors(matches, stats, unmatched_layout, internal, float_plan, quantized_plan, float_model, len(inputs))
+    weights = _weight_errors(quantized_model, float_model)
     final = set(float_plan.outputs)
     mismatched = [f"{side}: final outputs of {len(c.mismatched)}/{c.samples} samples differ from production "
                   f"(max abs diff {c.max_abs_diff:.3g})" for side, c in checks.items() if not c.faithful]

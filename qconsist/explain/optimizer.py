@@ -226,6 +226,66 @@ class _Prober:
         return probe
 
 
+def _reference_first(a: Run, b: Run) -> tuple[Path, Run, ExecutionOptions, Run, ExecutionOptions]:
+    """The model two runs ran, checked to differ in their optimization only, and the runs as ``(reference, its
+    options, optimized, its options)``: the optimized side runs the higher level, or at one level has fewer
+    transformers switched off."""
+    options_a, options_b = _inference_options(a), _inference_options(b)
+    _only_optimization_differs(options_a, options_b)
+    model = _model(a, b)
+    _same_environment(a, b)
+    rank_a = (_RANK[options_a.graph_optimization_level], -len(options_a.disabled_optimizers))
+    rank_b = (_RANK[options_b.graph_optimization_level], -len(options_b.disabled_optimizers))
+    if rank_a > rank_b:
+        return model, b, options_b, a, options_a
+    return model, a, options_a, b, options_b
+
+
+def _inputs_of(run: Run, model: Path, inputs: InputSet | None) -> tuple[InputSet, Any]:
+    """The input set ``run`` ran on (opened again from its manifest, or ``inputs`` checked against its digest)
+    and the subset of it the run used."""
+    if inputs is None:
+        return replay_inputs(run, model)
+    if inputs.digest(digest_kind(run.manifest.inputs.get("digest")) or XXH3) != run.manifest.inputs.get("digest"):
+        raise RunStoreError(f"the `inputs` given are not the input set of run {run.path} (their digest differs)")
+    return inputs, None
+
+
+def _where_rewritten(result: OptimizerExplanation, without: Any, optimized: Any, target_key: str) -> None:
+    """What the responsible transformers rewrote, and the rewritten nodes nearest the target with them and
+    without them (``without``: the dump with them switched off, ``optimized``: the optimized run's)."""
+    without_graph = load_graph(without.optimized_path, "optimized graph")
+    optimized_graph = load_graph(optimized.optimized_path, "optimized graph")
+    result.rewrites = graph_rewrites(without_graph, optimized_graph, f"{', '.join(result.responsible)} switched off",
+                                     "optimized run")
+    result.target_with = producing_node(optimized.tensors, target_key)
+    result.target_without = producing_node(without.tensors, target_key)
+    if result.target_with is not None:
+        result.rewritten = nearest_rewritten(optimized_graph, result.target_with.node, result.rewrites.added,
+                                             optimized.tensors)
+    if result.target_without is not None:
+        result.replaced = nearest_rewritten(without_graph, result.target_without.node, result.rewrites.removed,
+                                            without.tensors)
+
+
+def _probe_transformers(result: OptimizerExplanation, names: list[str], probe: _Prober, optimized_run: Run,
+                        optimized_dump: Any, subset: Any) -> None:
+    """All the candidates switched off, then the smallest set of them whose switching off makes the target
+    identical, verified, with the command that reproduces it and where they rewrote the graph."""
+    result.with_all_disabled = probe(tuple(names))
+    if result.with_all_disabled.target_diverges:
+        result.notes.append(
+            f"with all {len(names)} transformers that changed the graph switched off, {result.target} still "
+            "diverges: the difference is not a graph transformer's (the optimization level also picks kernels)")
+        return
+    chosen = set(minimal_set(names, lambda subset: probe(subset).vanished))
+    result.responsible = [n for n in names if n in chosen]
+    result.verification = probe(tuple(result.responsible))
+    result.explained = result.verification.vanished
+    result.reproduce = capture_command(optimized_run, None, tuple(result.responsible), subset)
+    _where_rewritten(result, probe.dumps[tuple(sorted(result.responsible))], optimized_dump, probe.target_key)
+
+
 def explain_optimization(
     run_a: Path | str, run_b: Path | str, inputs: InputSet | None = None, progress: Progress = NULL_PROGRESS,
 ) -> OptimizerExplanation:
@@ -235,22 +295,10 @@ def explain_optimization(
     must match). Raises ``RunStoreError``/``ConfigError`` (one line) for runs that cannot be explained so.
     """
     started = time.perf_counter()
-    a, b = Run.open(run_a), Run.open(run_b)
-    options_a, options_b = _inference_options(a), _inference_options(b)
-    _only_optimization_differs(options_a, options_b)
-    model = _model(a, b)
-    _same_environment(a, b)
-    # the optimized side: the higher level, or at one level the one with fewer transformers switched off
-    rank_a = (_RANK[options_a.graph_optimization_level], -len(options_a.disabled_optimizers))
-    rank_b = (_RANK[options_b.graph_optimization_level], -len(options_b.disabled_optimizers))
-    if rank_a > rank_b:
-        (a, options_a), (b, options_b) = (b, options_b), (a, options_a)
-    reference_path, optimized_path, reference, optimized = a.path, b.path, options_a, options_b
-
-    result = OptimizerExplanation(str(reference_path), str(optimized_path), reference.to_json(), optimized.to_json(),
+    model, a, reference, b, optimized = _reference_first(Run.open(run_a), Run.open(run_b))
+    result = OptimizerExplanation(str(a.path), str(b.path), reference.to_json(), optimized.to_json(),
                                   onnxruntime.__version__)
-    diff = diff_runs(a, b)
-    tensors = diff.tensors
+    tensors = diff_runs(a, b).tensors
     if tensors is None or tensors.first is None:
         result.notes.append("the runs' tensors are bit-identical: nothing to explain")
         result.seconds = time.perf_counter() - started
@@ -258,11 +306,7 @@ def explain_optimization(
     target = tensors.first
     result.target, result.target_key = target.label, target.key
     result.diverging, result.compared = len(tensors.nodes), tensors.compared
-    subset = None
-    if inputs is None:
-        inputs, subset = replay_inputs(a, model)
-    elif inputs.digest(digest_kind(a.manifest.inputs.get("digest")) or XXH3) != a.manifest.inputs.get("digest"):
-        raise RunStoreError(f"the `inputs` given are not the input set of run {reference_path} (their digest differs)")
+    inputs, subset = _inputs_of(a, model, inputs)
     applied = transformer_activity(model, optimized)
     baseline = set(transformer_activity(model, reference).names)
     result.sessions += 2
@@ -276,32 +320,7 @@ def explain_optimization(
                                 "did not apply: the difference is not a transformer's")
         else:
             with progress.task("explain: probing transformers", None) as probe.handle:
-                result.with_all_disabled = probe(tuple(names))
-                if result.with_all_disabled.target_diverges:
-                    result.notes.append(
-                        f"with all {len(names)} transformers that changed the graph switched off, {target.label} still "
-                        "diverges: the difference is not a graph transformer's (the optimization level also picks kernels)")
-                else:
-                    chosen = set(minimal_set(names, lambda subset: probe(subset).vanished))
-                    result.responsible = [n for n in names if n in chosen]
-                    result.verification = probe(tuple(result.responsible))
-                    result.explained = result.verification.vanished
-                    result.reproduce = capture_command(b, None, tuple(result.responsible), subset)
-                    without = probe.dumps[tuple(sorted(result.responsible))]
-                    result.rewrites = graph_rewrites(
-                        load_graph(without.optimized_path, "optimized graph"),
-                        load_graph(optimized_dump.optimized_path, "optimized graph"),
-                        f"{', '.join(result.responsible)} switched off", "optimized run")
-                    result.target_with = producing_node(optimized_dump.tensors, target.key)
-                    result.target_without = producing_node(without.tensors, target.key)
-                    if result.target_with is not None:
-                        result.rewritten = nearest_rewritten(load_graph(optimized_dump.optimized_path, "optimized graph"),
-                                                             result.target_with.node, result.rewrites.added,
-                                                             optimized_dump.tensors)
-                    if result.target_without is not None:
-                        result.replaced = nearest_rewritten(load_graph(without.optimized_path, "optimized graph"),
-                                                            result.target_without.node, result.rewrites.removed,
-                                                            without.tensors)
+                _probe_transformers(result, names, probe, b, optimized_dump, subset)
         result.probes = list(probe.probes)
     result.sessions += SESSIONS_PER_PROBE * len(result.probes)
     result.seconds = time.perf_counter() - started

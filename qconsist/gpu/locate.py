@@ -15,6 +15,9 @@ Steps, for every variant (a named set of execution options):
    bit for bit against the observed ones (``FaithfulCheck``: the observation must not change what runs);
 5. with ``contention``: the repeats again while ``GpuLoad`` keeps the GPU busy;
 6. the recommendation (``decision.py``).
+
+Steps 2 to 5 (and run-to-run, and the engine recording) are ``Phase`` strategies run the same way on a shared
+``_Exploration``; ``explore_phases`` chooses them once from the request, so ``explore`` has no branch per step.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -127,6 +130,143 @@ def _faithful_and_latency(observer: Observer, reference_session: Any, samples: S
     return stats, check.to_json()
 
 
+class _Exploration:
+    """What the phases of ``explore`` share: the reference runs they start from and what they found."""
+
+    def __init__(self, variants: Sequence[Variant], references: ReferenceRuns, samples: Sequence[Sample],
+                 repeats: int, progress: Progress) -> None:
+        self.variants, self.references, self.samples, self.repeats, self.progress = (
+            variants, references, samples, repeats, progress)
+        self.outcomes: dict[str, list[RepeatOutcome]] = {v.label: [] for v in variants}
+        self.results: list[PairResult] = []
+        self.timings: dict[str, tuple[LatencyStats, dict]] = {}
+        self.load_summary: dict | None = None
+
+    def add(self, outcomes: Iterable[RepeatOutcome]) -> None:
+        for outcome in outcomes:
+            self.outcomes[outcome.config].append(outcome)
+
+
+class Phase(Protocol):
+    """One step of ``explore`` after the reference runs; ``name`` keys the seconds it took in ``phases``."""
+
+    name: str
+
+    def run(self, state: _Exploration) -> None:
+        """Measure, and keep what was found in ``state``."""
+
+
+@dataclass(frozen=True)
+class RunToRun:
+    """Each reference session runs every sample ``runs - 1`` more times."""
+
+    runs: int
+    name: str = "run-to-run"
+
+    def run(self, state: _Exploration) -> None:
+        state.add(run_to_run(state.references, state.samples, self.runs, state.progress))
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Fresh sessions per variant compared with its reference session, on a quiet machine."""
+
+    name: str = "repeats"
+
+    def run(self, state: _Exploration) -> None:
+        state.add(repeat_phase(state.references, state.samples, state.repeats, "quiet", state.progress))
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """The reference sessions of the pairs of variants asked for, compared on every sample."""
+
+    comparisons: Sequence[Comparison]
+    name: str = "comparisons"
+
+    def run(self, state: _Exploration) -> None:
+        pairs = [(c.reference, c.other) for c in self.comparisons]
+        state.results = compare_configs(state.references, state.samples, pairs, state.progress)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Each variant's production session: its latency, and its outputs checked against the observed ones."""
+
+    options: LatencyOptions
+    name: str = "latency"
+
+    def run(self, state: _Exploration) -> None:
+        references = state.references
+        with state.progress.task("latency", len(state.variants)) as handle:
+            for v in state.variants:
+                state.timings[v.label] = _faithful_and_latency(references.observers[v.label],
+                                                               references.sessions[v.label], state.samples, self.options)
+                handle.advance()
+
+
+@dataclass(frozen=True)
+class Contention:
+    """The repeats again while ``load`` keeps the device busy."""
+
+    load: Callable[[], ContextManager[Any]]
+    name: str = "contention"
+
+    def run(self, state: _Exploration) -> None:
+        with self.load() as worker:
+            state.add(repeat_phase(state.references, state.samples, state.repeats, "contention", state.progress))
+        state.load_summary = worker.summary.to_json() if worker.summary is not None else None
+
+
+@dataclass(frozen=True)
+class EachVariant:
+    """``call(variant, observer)`` for each variant, before the observers close (the engine recording)."""
+
+    call: Callable[[Variant, Observer], None]
+    name: str = "engines"
+
+    def run(self, state: _Exploration) -> None:
+        for v in state.variants:
+            self.call(v, state.references.observers[v.label])
+
+
+def explore_phases(comparisons: Sequence[Comparison], latency: LatencyOptions = LatencyOptions(),
+                   load: Callable[[], ContextManager[Any]] | None = None, session_runs: int = 1,
+                   on_variant: Callable[[Variant, Observer], None] | None = None) -> list[Phase]:
+    """The phases ``explore`` runs, in order: run-to-run (``session_runs`` >= 2), repeats, comparisons, latency,
+    contention (with a ``load``), engines (with ``on_variant``)."""
+    phases: list[Phase] = [RunToRun(session_runs)] if session_runs >= 2 else []
+    phases += [Repeats(), Comparisons(comparisons), Latency(latency)]
+    if load is not None:
+        phases.append(Contention(load))
+    if on_variant is not None:
+        phases.append(EachVariant(on_variant))
+    return phases
+
+
+def _check_request(samples: Sequence[Sample], variants: Sequence[Variant], comparisons: Sequence[Comparison]) -> None:
+    if not samples:
+        raise ConfigError("locate needs at least one input sample")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"variant labels must be unique, got {labels}")
+    for c in comparisons:
+        if c.reference not in labels or c.other not in labels:
+            raise ConfigError(f"comparison {c.reference} vs {c.other} names an unknown variant")
+
+
+class _Laps:
+    """The seconds each step took, into ``phases``."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.clock = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.clock, 3)
+        self.clock = now
+
+
 @ort_logged()  # one capture for all its sessions and runs
 def explore(
     model_path: Path,
@@ -147,63 +287,21 @@ def explore(
     (when given) receives the seconds each step took. ``session_runs`` >= 2 also runs each reference session
     that many times (phase ``run-to-run``); ``on_variant`` is called with each variant and its observer
     before the observers close (the engine recording reads the optimized graph there)."""
-    phases = {} if phases is None else phases
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = round(now - clock, 3)
-        clock = now
-
-    if not samples:
-        raise ConfigError("locate needs at least one input sample")
-    labels = [v.label for v in variants]
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"variant labels must be unique, got {labels}")
-    known = set(labels)
-    for c in comparisons:
-        if c.reference not in known or c.other not in known:
-            raise ConfigError(f"comparison {c.reference} vs {c.other} names an unknown variant")
+    lap = _Laps({} if phases is None else phases)
+    _check_request(samples, variants, comparisons)
     observers = {v.label: Observer(model_path, v.options) for v in variants}
     lap("plan")
     try:
-        references = ReferenceRuns.collect(observers, samples, progress)
+        state = _Exploration(variants, ReferenceRuns.collect(observers, samples, progress), samples, repeats, progress)
         lap("reference")
-        outcomes: dict[str, list[RepeatOutcome]] = {label: [] for label in labels}
-        if session_runs >= 2:
-            for outcome in run_to_run(references, samples, session_runs, progress):
-                outcomes[outcome.config].append(outcome)
-            lap("run-to-run")
-        for outcome in repeat_phase(references, samples, repeats, "quiet", progress):
-            outcomes[outcome.config].append(outcome)
-        lap("repeats")
-        results = compare_configs(references, samples, [(c.reference, c.other) for c in comparisons], progress)
-        lap("comparisons")
-        timings: dict[str, tuple[LatencyStats, dict]] = {}
-        with progress.task("latency", len(variants)) as handle:
-            for v in variants:
-                timings[v.label] = _faithful_and_latency(observers[v.label], references.sessions[v.label], samples, latency)
-                handle.advance()
-        lap("latency")
-        load_summary = None
-        if load is not None:
-            with load() as worker:
-                for outcome in repeat_phase(references, samples, repeats, "contention", progress):
-                    outcomes[outcome.config].append(outcome)
-            load_summary = worker.summary.to_json() if worker.summary is not None else None
-            lap("contention")
-        if on_variant is not None:
-            for v in variants:
-                on_variant(v, observers[v.label])
-            lap("engines")
+        for phase in explore_phases(comparisons, latency, load, session_runs, on_variant):
+            phase.run(state)
+            lap(phase.name)
     finally:
         for observer in observers.values():
             observer.close()
-    reports = [
-        ConfigReport(v.label, v.options.to_json(), timings[v.label][0], timings[v.label][1], tuple(outcomes[v.label]))
-        for v in variants
-    ]
+    reports = [ConfigReport(v.label, v.options.to_json(), *state.timings[v.label], tuple(state.outcomes[v.label]))
+               for v in variants]
     decision = recommend([
         ConfigOutcome(r.label, r.stable and r.faithful.get("faithful", False), r.latency.median_ms, v.timing_based,
                       load is not None, r.latency.p25_ms, r.latency.p75_ms)
@@ -211,8 +309,8 @@ def explore(
     ], max_cost)
     tagged = [("run-to-run" if o.phase == "run-to-run" else "repeat", c)
               for r in reports for o in r.repeats for c in o.comparisons]
-    tagged += [(c.why, result) for c, result in zip(comparisons, results)]
-    return reports, results, tagged, load_summary, decision
+    tagged += [(c.why, result) for c, result in zip(comparisons, state.results)]
+    return reports, state.results, tagged, state.load_summary, decision
 
 
 def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> dict:

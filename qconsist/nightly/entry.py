@@ -27,7 +27,7 @@ from typing import Any
 
 from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import QconsistError, RunStoreError, UnavailableError
-from qconsist.gate import GateVerdict, evaluate_gate, load_policy
+from qconsist.gate import GateVerdict, Policy, evaluate_gate, load_policy
 from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, LABELS_FILE, Side, evaluation_inputs
 from qconsist.gpu.config import GpuConfig
 from qconsist.gpu.run import MAX_SAMPLES, LocateRequest, run_locate
@@ -45,7 +45,7 @@ from qconsist.sensitivity.analysis import summary
 from qconsist.store.atomic import write_atomic
 from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
-from qconsist.store.ortlog import capture_ort_log
+from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.run import Run
 from qconsist.store.rundir import RunDirectory
@@ -246,15 +246,69 @@ def choose_baseline(task: EntryTask, environment: dict[str, Any]) -> tuple[str |
     return None, None
 
 
+def _entry_policy(task: EntryTask) -> Policy:
+    policy = load_policy(task.entry.policy)
+    if task.device_assigned:  # which GPU of its type a scheduler gave the entry is no change of environment
+        allowed = tuple(sorted({*policy.environment.allow_changed, "CUDA_VISIBLE_DEVICES"}))
+        policy = replace(policy, environment=replace(policy.environment, allow_changed=allowed))
+    return policy
+
+
+def _inference_runs(run: RunDirectory, side: Side, pipeline_run: Path, runs_dir: Path, runs: list[RunRecord],
+                    progress: Progress) -> dict[str, str]:
+    """The two inference runs of the quantized model (the second checks that the first repeats), by role."""
+    inference_runs: dict[str, str] = {}
+    for role in ("quantized", "repeat"):
+        run.mark_progress(f"inference:{role}")  # ENTRY_STEPS
+        path = _inference(pipeline_run, side, runs_dir, progress)
+        runs.append(RunRecord(role, path.name, "inference", str(path)))
+        inference_runs[role] = path.name
+        side.inference[role] = path
+    return inference_runs
+
+
+def _device_runs(task: EntryTask, run: RunDirectory, side: Side, pipeline_run: Path, record: dict[str, Any],
+                 runs: list[RunRecord], progress: Progress) -> None:
+    """The locate run and, for a GPU type, the dumps on it; each recorded, or why it was skipped."""
+    run.mark_progress("locate")
+    locate_run, skipped = _locate(task.entry, pipeline_run, task.runs_dir, progress)
+    record["locate_run"] = locate_run.name if locate_run else None
+    record["locate_skipped"] = skipped
+    side.locate_path, side.locate_skipped = locate_run, skipped
+    if locate_run:
+        runs.append(RunRecord("locate", locate_run.name, "locate", str(locate_run)))
+    if task.gpu_type is not None:  # the dumps on this GPU type, for comparisons across GPU types
+        run.mark_progress("inference:gpu")
+        gpu_run, record["gpu_skipped"] = _gpu_dump(task.entry, pipeline_run, side, task.runs_dir, progress)
+        record["gpu_run"] = gpu_run.name if gpu_run else None
+        if gpu_run:
+            runs.append(RunRecord("gpu", gpu_run.name, "inference", str(gpu_run)))
+
+
+def _write_verdict(run: RunDirectory, verdict: GateVerdict) -> None:
+    write_text(run.file("verdict.json"), dumps(verdict))
+    write_text(run.file("verdict.md"), verdict.to_markdown())
+    write_text(run.file("junit.xml"), verdict.to_junit())
+
+
+def _entry_manifest(entry: ModelEntry, pipeline: Manifest, environment: dict[str, Any], record: dict[str, Any],
+                    verdict: GateVerdict, policy: Policy, ort_log: OrtLog) -> Manifest:
+    manifest = Manifest(
+        kind=ENTRY_KIND, command=list(sys.argv), model={"name": entry.name, **pipeline.model},
+        inputs=pipeline.inputs, stages=pipeline.stages, environment=environment,
+        sections={ENTRY_SECTION: record, "gate": verdict.to_json(), "policy": policy.to_json()},
+    )
+    if ort_log.refresh():
+        manifest.sections["onnxruntime_log"] = ort_log.to_json()
+    return manifest
+
+
 def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutcome:
     """One model's night, a pure task: no history, no state outside the run directories it writes.
     Errors propagate; ``guarded_entry`` turns them into an ``error`` outcome."""
 
     entry, runs_dir, night_id = task.entry, task.runs_dir, task.night_id
-    policy = load_policy(entry.policy)
-    if task.device_assigned:  # which GPU of its type a scheduler gave the entry is no change of environment
-        allowed = tuple(sorted({*policy.environment.allow_changed, "CUDA_VISIBLE_DEVICES"}))
-        policy = replace(policy, environment=replace(policy.environment, allow_changed=allowed))
+    policy = _entry_policy(task)
     environment = fingerprint()
     baseline_run, baseline_night = choose_baseline(task, environment)
     runs: list[RunRecord] = []
@@ -271,50 +325,22 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         run.mark_progress(ENTRY_STEPS[0])
         result = run_pipeline(entry.pipeline, runs_dir, progress=progress)
         pipeline = Run.open(result.path)
-        pipeline_manifest = pipeline.manifest
         runs.append(RunRecord("pipeline", result.run_id, "pipeline", str(result.path)))
         record["pipeline_run"] = result.run_id
         side = Side(run=Run(run.path, Manifest(kind=ENTRY_KIND, sections={ENTRY_SECTION: record})),
                     pipeline=pipeline, pinned_gpu=entry.gpu_config, labels=entry.labels)
-        inference_runs: dict[str, str] = {}
-        for role in ("quantized", "repeat"):
-            run.mark_progress(f"inference:{role}")  # ENTRY_STEPS
-            path = _inference(result.path, side, runs_dir, progress)
-            runs.append(RunRecord(role, path.name, "inference", str(path)))
-            inference_runs[role] = path.name
-            side.inference[role] = path
-        record["inference_runs"] = inference_runs
-        run.mark_progress("locate")
-        locate_run, skipped = _locate(entry, result.path, runs_dir, progress)
-        record["locate_run"] = locate_run.name if locate_run else None
-        record["locate_skipped"] = skipped
-        side.locate_path, side.locate_skipped = locate_run, skipped
-        if locate_run:
-            runs.append(RunRecord("locate", locate_run.name, "locate", str(locate_run)))
-        if task.gpu_type is not None:  # the dumps on this GPU type, for comparisons across GPU types
-            run.mark_progress("inference:gpu")
-            gpu_run, record["gpu_skipped"] = _gpu_dump(entry, result.path, side, runs_dir, progress)
-            record["gpu_run"] = gpu_run.name if gpu_run else None
-            if gpu_run:
-                runs.append(RunRecord("gpu", gpu_run.name, "inference", str(gpu_run)))
+        record["inference_runs"] = _inference_runs(run, side, result.path, runs_dir, runs, progress)
+        _device_runs(task, run, side, result.path, record, runs, progress)
         run.mark_progress("gate")
         verdict = evaluate_gate(side, Path(baseline_run) if baseline_run else None, policy, progress=progress)
-        write_text(run.file("verdict.json"), dumps(verdict))
-        write_text(run.file("verdict.md"), verdict.to_markdown())
-        write_text(run.file("junit.xml"), verdict.to_junit())
+        _write_verdict(run, verdict)
         run.mark_progress("sensitivity")
         found, sensitivity_run = _sensitivity(entry, result.path, verdict.passed, runs_dir, progress)
         if found is not None:
             record["sensitivity"] = found
             if sensitivity_run is not None:
                 runs.append(RunRecord("sensitivity", sensitivity_run.name, "sensitivity", str(sensitivity_run)))
-        manifest = Manifest(
-            kind=ENTRY_KIND, command=list(sys.argv), model={"name": entry.name, **pipeline_manifest.model},
-            inputs=pipeline_manifest.inputs, stages=pipeline_manifest.stages, environment=environment,
-            sections={ENTRY_SECTION: record, "gate": verdict.to_json(), "policy": policy.to_json()},
-        )
-        if ort_log.refresh():
-            manifest.sections["onnxruntime_log"] = ort_log.to_json()
+        manifest = _entry_manifest(entry, pipeline.manifest, environment, record, verdict, policy, ort_log)
         run.mark_progress("report")
 
         write_text(run.file("report.html"), render_entry_report(Run(run.path, manifest), side))
@@ -323,8 +349,8 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
     return EntryOutcome(
         model=task.key, status="pass" if verdict.passed else "fail", entry_run=str(run.path),
         pipeline_run=str(result.path), baseline=baseline_run, baseline_night=baseline_night,
-        locate_skipped=skipped, verdict=verdict, runs=runs, hashes=list(pipeline_manifest.stages), gpu_type=task.gpu_type,
-        gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
+        locate_skipped=side.locate_skipped, verdict=verdict, runs=runs, hashes=list(pipeline.manifest.stages),
+        gpu_type=task.gpu_type, gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
         figures=quantized.figures() if quantized is not None else {}, sensitivity=record.get("sensitivity"),
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from html import escape
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 # Colours the screenshot tests look for.
 BAR_COLOUR = "#1565c0"
@@ -260,67 +260,88 @@ def _linear_ticks(low: float, high: float, scale: str) -> list[tuple[float, str]
     return [((v - low) / span, value_text(v, scale)) for v in values]
 
 
+Position = Callable[[float], float]
+
+
+def _log_axis(values: Sequence[float]) -> tuple[Position, list[tuple[float, str]]]:
+    """Decades covering ``values``, with lanes of their own for 0 (below) and +inf (above)."""
+    decades = LogScale.covering(values)
+    zero, infinite = 0.0, 1.0  # lanes below and above the decades
+    inner = (0.1, 0.9)
+
+    def position(value: float) -> float:
+        if math.isinf(value) and value > 0:
+            return infinite
+        if not value > 0:
+            return zero
+        return inner[0] + decades.position(value) * (inner[1] - inner[0])
+
+    ticks = [(inner[0] + p * (inner[1] - inner[0]), text) for p, text in decades.ticks()] + [(zero, "0")]
+    if any(math.isinf(v) for v in values):
+        ticks.append((infinite, "inf"))
+    return position, ticks
+
+
+def _linear_axis(values: Sequence[float], scale: str) -> tuple[Position, list[tuple[float, str]]]:
+    """``share``: from a multiple of 20 % (at most 90 %) to 100 % or more; ``count``: from 0."""
+    finite = [v for v in values if math.isfinite(v)] or [0.0]
+    if scale == "share":
+        low = min(0.9, math.floor(min(finite) * 5) / 5)  # a multiple of 20 %, at most 90 %
+        high = max(1.0, max(finite))
+    else:
+        low, high = 0.0, max(1.0, math.ceil(max(finite)))
+    span = high - low or 1.0
+
+    def position(value: float) -> float:
+        return 1.0 if math.isinf(value) else (value - low) / span
+
+    return position, _linear_ticks(low, high, scale)
+
+
+def _trend_line(frame: Frame, line: TrendLine, width: float, nights: int, position: Position, scale: str) -> list[str]:
+    """One line's group: its polylines (broken where a point is not joined) and its points."""
+    parts = [f'<g class="f line"{_filter_attributes(line.attributes)}>']
+
+    def polyline(path: list[str]) -> str:
+        return f'<polyline fill="none" stroke="{line.colour}" stroke-width="{width:g}" points="{" ".join(path)}"/>'
+
+    path: list[str] = []
+    for point in line.points:
+        x, y = _night_x(frame, nights, point.column), frame.y(position(point.value))
+        if not point.joined and len(path) > 1:
+            parts.append(polyline(path))
+        if not point.joined:
+            path = []
+        path.append(f"{x:.1f},{y:.1f}")
+    if len(path) > 1:
+        parts.append(polyline(path))
+    for point in line.points:
+        x, y = _night_x(frame, nights, point.column), frame.y(position(point.value))
+        title = f"{point.title}: {value_text(point.value, scale)}"
+        if point.marked:
+            parts.append(diamond(x, y, 6, line.colour, "point md5-changed", title, stroke=MARK_COLOUR))
+        else:
+            parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="{1.5 + width:g}" fill="{line.colour}"><title>{escape(title)}</title></circle>')
+        if point.failed:
+            parts.append(f'<circle class="failed" cx="{x:.1f}" cy="{y:.1f}" r="7" fill="none" stroke="{FIRST_COLOUR}" stroke-width="2"/>')
+    parts.append("</g>")
+    return parts
+
+
 def trend_svg(lines: Sequence[TrendLine], dates: Sequence[str], scale: str, label: str, height: int = 210) -> str:
     """One figure over the nights: ``scale`` ``log`` (0 and +inf get lanes of their own under and over the
     decades), ``share`` (0..1, shown in %) or ``count``; a low plot labels only its lowest and highest tick."""
     values = [p.value for line in lines for p in line.points]
     frame = Frame(NIGHTS_WIDTH, height, NIGHTS_LEFT, NIGHTS_RIGHT, 10, 28)
     parts = [frame.open("trend", label), frame.box()]
-    if scale == "log":
-        decades = LogScale.covering(values)
-        zero, infinite = 0.0, 1.0  # lanes below and above the decades
-        inner = (0.1, 0.9)
-
-        def position(value: float) -> float:
-            if math.isinf(value) and value > 0:
-                return infinite
-            if not value > 0:
-                return zero
-            return inner[0] + decades.position(value) * (inner[1] - inner[0])
-
-        ticks = [(inner[0] + p * (inner[1] - inner[0]), text) for p, text in decades.ticks()] + [(zero, "0")]
-        if any(math.isinf(v) for v in values):
-            ticks.append((infinite, "inf"))
-    else:
-        finite = [v for v in values if math.isfinite(v)] or [0.0]
-        if scale == "share":
-            low = min(0.9, math.floor(min(finite) * 5) / 5)  # a multiple of 20 %, at most 90 %
-            high = max(1.0, max(finite))
-        else:
-            low, high = 0.0, max(1.0, math.ceil(max(finite)))
-        span = high - low or 1.0
-
-        def position(value: float) -> float:
-            return 1.0 if math.isinf(value) else (value - low) / span
-
-        ticks = _linear_ticks(low, high, scale)
+    position, ticks = _log_axis(values) if scale == "log" else _linear_axis(values, scale)
     if frame.plot_h < 100:
         ticks = [min(ticks), max(ticks)]
     parts += frame.grid(ticks)
     for rank, line in enumerate(lines):
         # a line drawn later is thinner: lines with equal values (one model on two GPU types) show as one inside another
         width = 2 + 1.5 * min(len(lines) - 1 - rank, 3)
-        parts.append(f'<g class="f line"{_filter_attributes(line.attributes)}>')
-        path: list[str] = []
-        for point in line.points:
-            x, y = _night_x(frame, len(dates), point.column), frame.y(position(point.value))
-            if not point.joined and len(path) > 1:
-                parts.append(f'<polyline fill="none" stroke="{line.colour}" stroke-width="{width:g}" points="{" ".join(path)}"/>')
-            if not point.joined:
-                path = []
-            path.append(f"{x:.1f},{y:.1f}")
-        if len(path) > 1:
-            parts.append(f'<polyline fill="none" stroke="{line.colour}" stroke-width="{width:g}" points="{" ".join(path)}"/>')
-        for point in line.points:
-            x, y = _night_x(frame, len(dates), point.column), frame.y(position(point.value))
-            title = f"{point.title}: {value_text(point.value, scale)}"
-            if point.marked:
-                parts.append(diamond(x, y, 6, line.colour, "point md5-changed", title, stroke=MARK_COLOUR))
-            else:
-                parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="{1.5 + width:g}" fill="{line.colour}"><title>{escape(title)}</title></circle>')
-            if point.failed:
-                parts.append(f'<circle class="failed" cx="{x:.1f}" cy="{y:.1f}" r="7" fill="none" stroke="{FIRST_COLOUR}" stroke-width="2"/>')
-        parts.append("</g>")
+        parts += _trend_line(frame, line, width, len(dates), position, scale)
     parts += _date_axis(frame, dates, frame.top + frame.plot_h + 6)
     parts.append("</svg>")
     return "\n".join(parts)

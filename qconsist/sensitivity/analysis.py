@@ -27,7 +27,7 @@ from qconsist.sensitivity.figures import standing
 from qconsist.sensitivity.latency import latency_cost
 from qconsist.sensitivity.probe import Probe, Prober, quantizable_nodes
 from qconsist.sensitivity.result import (
-    Cost, FirstPass, NodeSensitivity, Proposal, SensitivityResult, Step, Verification,
+    Cost, FirstPass, Latency, NodeSensitivity, Proposal, SensitivityResult, Step, Verification,
 )
 from qconsist.sensitivity.search import agreement, meets, propose
 from qconsist.sensitivity.source import STAGE, QuantizedRun, open_quantized_run
@@ -262,6 +262,59 @@ def _cost(prober: Prober, sessions: int, seconds: dict[str, float]) -> Cost:
                                               "inference": median("inference_seconds")})
 
 
+def _probed_nodes(run: QuantizedRun, request: SensitivityRequest,
+                  per_sample: list[int | None] | None) -> tuple[onnx.ModelProto, list[str], int]:
+    """The float model and the names of its nodes onnxruntime quantizes (and how many such nodes have no name),
+    once the targets are checked against what the run judges."""
+    judged = run.judged()
+    for target in request.targets:
+        target.check(judged, per_sample is not None)
+    model = read_onnx(run.float_model, error=RunStoreError)
+    found, unnamed = quantizable_nodes(model, run.options)
+    names = [n.name for n in found]
+    if not names:
+        raise InputError(f"the {run.float_stage} model of {run.path} has no named node that onnxruntime quantizes "
+                         f"({unnamed} unnamed): nothing to keep in float")
+    return model, names, unnamed
+
+
+def _first_pass_of(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, measuring: ExecutionOptions,
+                   model: onnx.ModelProto, names: list[str], progress: Progress) -> tuple[dict[str, FirstPass], list[str]]:
+    """quant-error's figures on the first samples, per node, and the order they give the nodes."""
+    first_inputs = inputs.subset(0, min(request.first_pass_samples, len(inputs)))
+    errors = quantization_error(run.path, first_inputs, measuring, float_stage=run.float_stage,
+                                quantized_stage=STAGE, progress=progress)
+    first = _first_pass(errors, model, names)
+    return first, _first_pass_order(first, names)
+
+
+def _settle(prober: Prober, run: QuantizedRun, proposal: Proposal, request: SensitivityRequest, inputs: InputSet,
+            rundir: RunDirectory | None, scratch: Path, seconds: dict[str, float], step,
+            progress: Progress) -> tuple[Proposal, list[Step], Verification, Latency | None, object]:
+    """The search's proposal, an alternative where it misses the targets, verified and its latency measured:
+    ``(proposal, alternatives, verification, latency, record)``."""
+    mark = time.perf_counter()
+    alternatives: list[Step] = []
+    if not proposal.reached and request.alternatives:
+        alternatives, found = _alternatives(prober, run, proposal, request.targets)
+        if found is not None:
+            found.steps = proposal.steps
+            proposal = found
+    seconds["search"] += time.perf_counter() - mark
+    step("verify")
+    mark = time.perf_counter()
+    verification, record = _verify(prober, run, proposal, request.targets, rundir, scratch, progress)
+    seconds["verify"] = time.perf_counter() - mark
+    latency = None
+    if proposal.nodes or proposal.quantize_changes:
+        step("latency")
+        mark = time.perf_counter()
+        verified = rundir.path / verification.model if rundir is not None else Path(verification.model)
+        latency = latency_cost(run.float_model, prober.model([]), verified, request.execution, inputs, request.latency, progress)
+        seconds["latency"] = time.perf_counter() - mark
+    return proposal, alternatives, verification, latency, record
+
+
 def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, labels: Mapping[str, int] | None,
             scratch: Path, rundir: RunDirectory | None = None, progress: Progress = NULL_PROGRESS) -> tuple[SensitivityResult, object]:
     """The analysis itself (``sensitivity`` opens the run and the run directory around it)."""
@@ -274,15 +327,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
 
     seconds: dict[str, float] = {}
     per_sample = _labels_per_sample(inputs, labels)
-    judged = run.judged()
-    for target in request.targets:
-        target.check(judged, per_sample is not None)
-    model = read_onnx(run.float_model, error=RunStoreError)
-    found, unnamed = quantizable_nodes(model, run.options)
-    names = [n.name for n in found]
-    if not names:
-        raise InputError(f"the {run.float_stage} model of {run.path} has no named node that onnxruntime quantizes "
-                         f"({unnamed} unnamed): nothing to keep in float")
+    model, names, unnamed = _probed_nodes(run, request, per_sample)
     ops = {n.name: n.op_type for n in model.graph.node}
     # the probes on one intra-op thread unless a count is given (recorded figures do not change with the machine's
     # cores: qconsist.threads); the latency is timed with the options as given
@@ -293,38 +338,18 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
 
     step("first-pass")
     mark = time.perf_counter()
-    first_inputs = inputs.subset(0, min(request.first_pass_samples, len(inputs)))
-    errors = quantization_error(run.path, first_inputs, measuring, float_stage=run.float_stage,
-                                quantized_stage=STAGE, progress=progress)
-    first = _first_pass(errors, model, names)
-    first_order = _first_pass_order(first, names)
+    first, first_order = _first_pass_of(run, request, inputs, measuring, model, names, progress)
     seconds["first_pass"] = time.perf_counter() - mark
 
     targets = request.targets
     single, proposal, strategy = _rounds(prober, baseline, first_order, len(names), request, seconds, step, progress)
     nodes, agreed = _ranked(single, baseline, first, first_order, ops, targets)
 
-    verification = latency = None
+    verification = latency = record = None
     alternatives: list[Step] = []
-    record = None
     if proposal is not None:
-        mark = time.perf_counter()
-        if not proposal.reached and request.alternatives:
-            alternatives, found = _alternatives(prober, run, proposal, targets)
-            if found is not None:
-                found.steps = proposal.steps
-                proposal = found
-        seconds["search"] += time.perf_counter() - mark
-        step("verify")
-        mark = time.perf_counter()
-        verification, record = _verify(prober, run, proposal, targets, rundir, scratch, progress)
-        seconds["verify"] = time.perf_counter() - mark
-        if proposal.nodes or proposal.quantize_changes:
-            step("latency")
-            mark = time.perf_counter()
-            verified = rundir.path / verification.model if rundir is not None else Path(verification.model)
-            latency = latency_cost(run.float_model, prober.model([]), verified, request.execution, inputs, request.latency, progress)
-            seconds["latency"] = time.perf_counter() - mark
+        proposal, alternatives, verification, latency, record = _settle(
+            prober, run, proposal, request, inputs, rundir, scratch, seconds, step, progress)
     seconds["total"] = time.perf_counter() - started
     cost = _cost(prober, sessions_opened() - sessions_before, seconds)
     result = SensitivityResult(

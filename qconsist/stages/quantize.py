@@ -398,6 +398,81 @@ def _ranges(tensors_data) -> dict[str, tuple[float, float]]:
     return found
 
 
+def _calibrated_ranges(source: Path, calibration_inputs: InputSet | None, calibration: CalibrationOptions,
+                       ranges: Path | None, cache: Path, progress: Progress):  # -> onnxruntime's TensorsData
+    """The ranges quantize_static reads, written to ``cache``: calibrated, or ``ranges`` recorded earlier."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    if ranges is not None:
+        tensors_data = load_ranges(Path(ranges))
+        cache.write_bytes(Path(ranges).read_bytes())
+        return tensors_data
+    if calibration_inputs is None:
+        raise ConfigError("quantize_model needs calibration inputs or recorded ranges")
+    tensors_data = calibrate(source, calibration_inputs, calibration, cache.parent, progress)
+    save_tensors_data(tensors_data, cache)
+    # ORT writes the tensors in its calibrator's set order, which Python's string hashing changes from
+    # process to process: the recorded file is the same data with its keys sorted, the same bytes in every
+    # process
+    cache.write_text(json.dumps(json.loads(cache.read_text()), sort_keys=True))
+    return tensors_data
+
+
+def _ort_arguments(options: QuantizeOptions, calibration: CalibrationOptions) -> dict[str, Any]:
+    """quantize_static's keyword arguments besides the calibration cache, from the options."""
+    quant_format, activation_type, weight_type = _ort_enums(options)
+    return {
+        "quant_format": quant_format, "op_types_to_quantize": list(options.op_types) or None,
+        "per_channel": options.per_channel, "reduce_range": options.reduce_range, "activation_type": activation_type,
+        "weight_type": weight_type, "nodes_to_exclude": list(options.nodes_to_exclude) or None,
+        "calibrate_method": _ort_method(calibration),
+        "extra_options": {"ActivationSymmetric": options.activation_symmetric,
+                          "WeightSymmetric": options.resolved_weight_symmetric},
+    }
+
+
+def _quantize_static(source: Path, output: Path, arguments: dict[str, Any], cache: Path) -> None:
+    """onnxruntime's quantize_static into ``output`` (atomically), its failures mapped to ``UnsupportedModelError``."""
+    from onnxruntime.quantization import quantize_static
+
+    def write(target: Path) -> None:
+        quantize_static(str(source), str(target), None, **arguments, calibration_cache_path=str(cache))
+
+    try:
+        with warnings.catch_warnings(), ort_logged(), _onnxruntime_advice_kept():  # numpy's divide/cast warnings: validated below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            write_atomic(output, write)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {exc}") from None
+    except AssertionError as exc:  # its graph checks assert ("Graph is not a DAG")
+        raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {_why_assertion(source, exc)}") from None
+
+
+def _params(options: QuantizeOptions, calibration: CalibrationOptions, arguments: dict[str, Any],
+            calibration_inputs: InputSet | None, ranges: Path | None) -> dict[str, Any]:
+    """What the manifest records of a quantization: the options, where the ranges came from, ORT's arguments."""
+    return {
+        **options.to_json(), "calibration": calibration.to_json(),
+        **({"calibration_count": len(calibration_inputs)} if ranges is None else {"calibration_ranges": str(ranges)}),
+        "tool": "onnxruntime.quantization.quantize_static",
+        "ort_arguments": {
+            **{key: arguments[key].name for key in ("quant_format", "activation_type", "weight_type")},
+            "calibrate_method": arguments["calibrate_method"].name,
+            "calibration_providers": calibration.ort_providers() if ranges is None else calibration.execution.ort_providers(),
+            "calibration_session": calibration.session_options().to_json(), "extra_options": arguments["extra_options"],
+        },
+    }
+
+
+def _refuse_invalid(issues: list[ScaleIssue], options: QuantizeOptions) -> None:
+    if issues and not options.allow_invalid_scales:
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        raise FidelityError(
+            f"quantization produced invalid parameters: {issues[0].message()}{more}; "
+            "set [quantize] allow_invalid_scales = true to keep the model anyway"
+        )
+
+
 def quantize_model(
     source: Path,
     output: Path,
@@ -417,49 +492,15 @@ def quantize_model(
     pipeline run's ``quantize/calibration_ranges.json``): then nothing is calibrated (``calibration_inputs`` is
     not read) and quantize_static reads those ranges, so quantizations that differ only in ``options`` (the
     nodes excluded, say) differ in nothing else."""
-    from onnxruntime.quantization import quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
     source, output = Path(source), Path(output)
     check_selection(source, options)
-    quant_format, activation_type, weight_type = _ort_enums(options)
-    method = _ort_method(calibration)
+    arguments = _ort_arguments(options, calibration)
     start = time.perf_counter()
     with scratch_dir("qconsist-quantize-") as tmp:
-        workdir = Path(tmp)
-        cache = workdir / "ranges.json"
-        if ranges is None:
-            if calibration_inputs is None:
-                raise ConfigError("quantize_model needs calibration inputs or recorded ranges")
-            tensors_data = calibrate(source, calibration_inputs, calibration, workdir, progress)
-            save_tensors_data(tensors_data, cache)
-            # ORT writes the tensors in its calibrator's set order, which Python's string hashing changes from
-            # process to process: the recorded file is the same data with its keys sorted, the same bytes in every
-            # process
-            cache.write_text(json.dumps(json.loads(cache.read_text()), sort_keys=True))
-        else:
-            tensors_data = load_ranges(Path(ranges))
-            cache.write_bytes(Path(ranges).read_bytes())
+        cache = Path(tmp) / "ranges.json"
+        tensors_data = _calibrated_ranges(source, calibration_inputs, calibration, ranges, cache, progress)
         calibration_seconds = time.perf_counter() - start
-        extra = {"ActivationSymmetric": options.activation_symmetric, "WeightSymmetric": options.resolved_weight_symmetric}
-
-        def write(target: Path) -> None:
-            quantize_static(
-                str(source), str(target), None, quant_format=quant_format,
-                op_types_to_quantize=list(options.op_types) or None, per_channel=options.per_channel,
-                reduce_range=options.reduce_range, activation_type=activation_type, weight_type=weight_type,
-                nodes_to_exclude=list(options.nodes_to_exclude) or None, calibrate_method=method,
-                extra_options=extra, calibration_cache_path=str(cache),
-            )
-
-        try:
-            with warnings.catch_warnings(), ort_logged(), _onnxruntime_advice_kept():  # numpy's divide/cast warnings: validated below
-                warnings.simplefilter("ignore", RuntimeWarning)
-                write_atomic(output, write)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {exc}") from None
-        except AssertionError as exc:  # its graph checks assert ("Graph is not a DAG")
-            raise UnsupportedModelError(f"quantize_static cannot quantize {source}: {_why_assertion(source, exc)}") from None
+        _quantize_static(source, output, arguments, cache)
         if ranges_output is not None:
             write_atomic(Path(ranges_output), lambda target: target.write_bytes(cache.read_bytes()))
     seconds = time.perf_counter() - start
@@ -468,28 +509,13 @@ def quantize_model(
         raise NothingQuantizedError(f"quantize_static quantized nothing: {_why_nothing(source, options)}")
     table = build_table(quantized, _ranges(tensors_data))
     issues = table.issues()
-    params = {
-        **options.to_json(), "calibration": calibration.to_json(),
-        **({"calibration_count": len(calibration_inputs)} if ranges is None else {"calibration_ranges": str(ranges)}),
-        "tool": "onnxruntime.quantization.quantize_static",
-        "ort_arguments": {
-            "quant_format": quant_format.name, "activation_type": activation_type.name, "weight_type": weight_type.name,
-            "calibrate_method": method.name,
-            "calibration_providers": calibration.ort_providers() if ranges is None else calibration.execution.ort_providers(),
-            "calibration_session": calibration.session_options().to_json(), "extra_options": extra,
-        },
-    }
     result = QuantizeResult(
-        path=output, seconds=seconds, calibration_seconds=calibration_seconds, params=params, table=table,
+        path=output, seconds=seconds, calibration_seconds=calibration_seconds,
+        params=_params(options, calibration, arguments, calibration_inputs, ranges), table=table,
         issues=issues, ranges_path=Path(ranges_output) if ranges_output else None,
     )
     log.info("quantized %s -> %s in %.2f s (%d table entries, %d issues)", source, output, seconds, len(table.entries), len(issues))
-    if issues and not options.allow_invalid_scales:
-        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
-        raise FidelityError(
-            f"quantization produced invalid parameters: {issues[0].message()}{more}; "
-            "set [quantize] allow_invalid_scales = true to keep the model anyway"
-        )
+    _refuse_invalid(issues, options)
     if evaluation is not None:
         result.check = check_quantized(source, output, evaluation, options, output_kinds)
         result.failures = floor_failures(result.check, options.min_sqnr_db)
