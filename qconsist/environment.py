@@ -8,6 +8,7 @@ where this environment is known to give other results than expected.
 
 from __future__ import annotations
 
+import tomllib
 import ctypes
 import os
 import platform
@@ -131,21 +132,6 @@ def _loaded_libraries() -> list[str]:
             return sorted({line.split()[-1] for line in handle if ".so" in line and "/" in line})
     except OSError:
         return []
-
-
-def onnxruntime_build() -> tuple[str | None, str | None]:
-    """Which onnxruntime distribution provides the imported module, and its version."""
-    gpu, cpu = _version("onnxruntime-gpu"), _version("onnxruntime")
-    if gpu and not cpu:
-        return "onnxruntime-gpu", gpu
-    if cpu and not gpu:
-        return "onnxruntime", cpu
-    if not cpu and not gpu:
-        return None, None
-    import onnxruntime
-
-    return ("onnxruntime-gpu" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime",
-            onnxruntime.__version__)
 
 
 def fingerprint() -> dict:
@@ -298,8 +284,6 @@ class EnvironmentReport:
 
 def locked_versions(lock: Path | None = None) -> dict[str, str]:
     """Versions of the numerics-relevant packages in the project's uv.lock (source checkouts only)."""
-    import tomllib
-
     lock = lock or Path(__file__).resolve().parent.parent / "uv.lock"
     try:
         data = tomllib.loads(lock.read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect, TensorStats, origins
+from qconsist.compare import ObservedGraph, OutputEffect, TensorStats, origins
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.store.serde import structure, to_jsonable
 
@@ -168,7 +168,3 @@ class PairComparison:
             tensors_compared=len(self._compared) or len(self._names), identical=not self._stats, first_node=first,
             nodes=tuple(nodes), int8_changed=sum(int8_by_tensor.values()), effect=self._effect,
         )
-
-
-def graph_from_nodes(nodes: Sequence[ObservedNode], outputs: Sequence[str]) -> ObservedGraph:
-    return ObservedGraph(tuple(nodes), tuple(outputs))

@@ -11,6 +11,7 @@ stopped, ``done <iterations>``, so the report can say how much work competed.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -172,7 +173,6 @@ def _conv_model(channels: int, out: int, kernel: int, rng: np.random.Generator) 
 
 
 def _ort_worker(rng: np.random.Generator) -> int:
-
     options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "EXHAUSTIVE"})
     iterations = 0
     while not _Stop.flag:
@@ -188,8 +188,6 @@ def _ort_worker(rng: np.random.Generator) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Keep the GPU busy with convolutions of changing shapes.")
     parser.add_argument("--seed", type=int, default=SHAPES_SEED)
     parser.add_argument("--backend", choices=("auto", "torch", "onnxruntime"), default="auto")

@@ -7,6 +7,8 @@ centre crop → float in [0, ``pixel_range``] → channel order → subtract ``m
 
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from pathlib import Path
@@ -165,9 +167,6 @@ def mode_rule(mode: str) -> str | None:
 def _open(path: Path):
     """``PIL.Image.open`` (lazy: the header only) with the pixel limit applied; PIL's own bomb warning is not
     printed (the limit is below it) and its bomb error becomes the same one-line refusal."""
-    import re
-    import warnings
-
     from PIL import Image, UnidentifiedImageError
 
     try:

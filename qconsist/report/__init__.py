@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -148,8 +149,6 @@ def _across_result(comparison: dict[str, Any]) -> str:
 
 
 def _esc(text: Any) -> str:
-    from html import escape
-
     return escape(str(text))
 
 

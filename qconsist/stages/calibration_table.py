@@ -29,15 +29,6 @@ def quantized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             or n.op_type.endswith("Integer") or n.op_type == "DynamicQuantizeLinear"]
 
 
-def _values(array: np.ndarray, integer: bool) -> Any:
-    flat = array.reshape(-1)
-    if integer:
-        items = [int(v) for v in flat]
-    else:
-        items = [float(v) for v in flat]
-    return items[0] if array.ndim == 0 or (array.size == 1 and array.ndim <= 1 and array.shape == ()) else items
-
-
 @dataclass(frozen=True)
 class TableEntry:
     """One quantized tensor."""

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import contextlib
 import io
 import logging
@@ -156,7 +158,6 @@ def _check_layer(layer, shapes: dict, saved: dict) -> None:
 
 
 def _check_pooling(layer, bottom) -> None:
-
     param = layer.pooling_param
     if param.pool == 2:
         raise _refuse(layer, "STOCHASTIC pooling has no ONNX equivalent")
@@ -178,7 +179,6 @@ def _check_pooling(layer, bottom) -> None:
 
 
 def _check_blobs(layer, saved) -> None:
-
     needed = _BLOBS[layer.type]
     bias = {"Convolution": layer.convolution_param.bias_term, "Deconvolution": layer.convolution_param.bias_term,
             "InnerProduct": layer.inner_product_param.bias_term, "Scale": layer.scale_param.bias_term}.get(layer.type, False)
@@ -350,8 +350,6 @@ def refuse_quantized(path: Path, model: onnx.ModelProto) -> None:
 
 def check_onnx_entry(path: Path) -> onnx.ModelProto:
     """An ONNX model a pipeline starts from: readable, passes ``onnx.checker``, loads in onnxruntime."""
-    import re
-
     import onnxruntime as ort
 
 
@@ -450,9 +448,6 @@ class ConvertStage:
         return options
 
     def run(self, source: Path | None, target: Path, options: ConvertOptions, context):  # -> StageRecord
-        import shutil
-
-
         files = context.model_files
         start = time.perf_counter()
         result = None

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import typing
+import types
 import dataclasses
 import json
 import math
@@ -129,8 +131,6 @@ def structure(cls: Any, data: Any) -> Any:
     """An instance of the dataclass ``cls`` from JSON data, every field converted to its annotated type
     (nested dataclasses, enums, paths, lists, tuples, dicts, optionals). Keys that are not fields (derived
     figures such as ``passed``) are ignored; a missing field takes its default."""
-    import typing
-
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -140,9 +140,6 @@ def structure(cls: Any, data: Any) -> Any:
 
 
 def _convert(kind: Any, value: Any) -> Any:
-    import types
-    import typing
-
     if value is None or kind is Any:
         return value
     origin, args = typing.get_origin(kind), typing.get_args(kind)

@@ -7,6 +7,7 @@ Tolerance per output: ``atol + rtol * peak``, ``peak`` the greatest magnitude of
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -128,8 +129,6 @@ def run_onnx(session, net, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def check_fidelity(model: Path | bytes, net, weights, *, seed: int = DEFAULT_SEED, rtol: float = DEFAULT_RTOL,
                    atol: float = DEFAULT_ATOL, inputs: dict[str, np.ndarray] | None = None) -> FidelityCheck:
-    import time
-
     start = time.perf_counter()
     inputs = inputs if inputs is not None else seeded_inputs(net, seed)
     expected = reference.forward(net, weights, inputs, dtype=np.float32)
