@@ -17,13 +17,14 @@ import numpy as np
 
 from qconsist.compare import ObservedGraph, OutputEffect, TensorStats, origins
 from qconsist.inference.fingerprint import tensor_hash
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 
 def _stats(data: Sequence) -> tuple[TensorStats, ...]:
     return tuple(s if isinstance(s, TensorStats) else TensorStats.from_json(s) for s in data)
 
 
+@serialized
 @dataclass(frozen=True)
 class NodeDifference:
     """A node of the graph that ran whose output differed between the two sides."""
@@ -36,17 +37,6 @@ class NodeDifference:
     tensors: tuple[TensorStats, ...]  # its differing outputs, over every sample
     int8_downstream: int = 0  # for origins: int8/uint8 values changed in the nodes that depend on it
     origin_tensors: tuple[TensorStats, ...] = ()  # for origins: the same statistics over its origin samples only
-
-    def to_json(self) -> dict:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "NodeDifference":
-        return cls(
-            node=data["node"], label=data["label"], op_type=data["op_type"], origin=data["origin"],
-            origin_samples=tuple(data["origin_samples"]), tensors=_stats(data["tensors"]),
-            int8_downstream=data.get("int8_downstream", 0), origin_tensors=_stats(data.get("origin_tensors", ())),
-        )
 
     @property
     def greatest_abs(self) -> float:
@@ -69,6 +59,7 @@ class NodeDifference:
                 sum(t.elements for t in tensors))
 
 
+@serialized
 @dataclass(frozen=True)
 class PairResult:
     """Everything one comparison found. ``identical`` when no observed tensor differed in any sample."""
@@ -86,13 +77,6 @@ class PairResult:
     @property
     def origins(self) -> tuple[NodeDifference, ...]:
         return tuple(n for n in self.nodes if n.origin)
-
-    def to_json(self) -> dict:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "PairResult":
-        return structure(cls, data)
 
 
 def _is_int8(stats: TensorStats) -> bool:

@@ -18,19 +18,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
 
 from qconsist.errors import UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
 SHAPES_SEED = 20261121
 
 
+@serialized
 @dataclass(frozen=True)
 class LoadSummary:
     backend: str
@@ -38,13 +40,6 @@ class LoadSummary:
     seconds: float
     pid: int  # the first worker's
     workers: int = 1
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "LoadSummary":
-        return cls(**data)
 
 
 class GpuLoad:

@@ -45,6 +45,7 @@ from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, o
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.store.fingerprints import TableWriter
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class RawMode(str, Enum):
     AUTO = "auto"
 
 
+@serialized
 @dataclass(frozen=True)
 class RawSelection:
     """Which raw tensors a dump keeps: none, all, those of named nodes, or ``auto`` (those that differ
@@ -80,9 +82,6 @@ class RawSelection:
         if not names:
             raise ConfigError(f"`raw` {text!r}: give all, none, auto or a comma-separated list of node names")
         return cls(RawMode.NODES, names)
-
-    def to_json(self) -> dict:
-        return {"mode": self.mode.value, "names": list(self.names)}
 
 
 @dataclass

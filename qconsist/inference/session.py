@@ -45,6 +45,7 @@ from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 from qconsist.threads import MEASUREMENT_THREADS
 
 log = logging.getLogger(__name__)
@@ -462,6 +463,7 @@ def _write_failure(path: Path, said: str) -> str:
     return f"the write failed ({said}; {free >> 20} MiB free in {folder})"
 
 
+@serialized
 @dataclass(frozen=True)
 class DeviceInfo:
     """What ``require_provider`` found: the provider, onnxruntime's providers, the device's name."""
@@ -469,9 +471,6 @@ class DeviceInfo:
     provider: str
     providers: tuple[str, ...]
     name: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"provider": self.provider, "providers": list(self.providers), "name": self.name}
 
 
 def _device_name(spec: ProviderSpec) -> str:

@@ -26,6 +26,7 @@ from qconsist.stages.convert import ConvertOptions
 from qconsist.stages.optimize import OptimizeOptions
 from qconsist.stages.quantize import CalibrationMethodChoice, CalibrationOptions, DistributionScenario, QuantizeOptions
 from qconsist.tomlfile import Table, guard, read_toml
+from qconsist.store.serde import serialized
 
 MAX_REPEAT = 100
 
@@ -53,6 +54,7 @@ class ModelConfig:
         return data
 
 
+@serialized
 @dataclass(frozen=True)
 class DataConfig:
     """An input set and the slice of it to use (``count`` None: everything from ``offset``)."""
@@ -60,9 +62,6 @@ class DataConfig:
     data: str
     offset: int = 0
     count: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"data": self.data, "offset": self.offset, "count": self.count}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from qconsist.stages.base import StageContext
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.store.confine import linked_run
 from qconsist.store.manifest import Manifest
+from qconsist.store.run import Run
 from qconsist.store.rundir import open_run
 from qconsist.store.verify import run_file, stage_artifact
 
@@ -71,7 +72,7 @@ class QuantizedRun:
             recorded = self.manifest.inputs.get(str(recorded["same_as"]))
         if not isinstance(recorded, dict):
             raise RunStoreError(f"run {self.path} does not record its {role} inputs")
-        chosen, _ = replay_inputs(Manifest(kind="pipeline", inputs=recorded), self.float_model, self.path)
+        chosen, _ = replay_inputs(Run(self.path, Manifest(kind="pipeline", inputs=recorded)), self.float_model)
         return chosen
 
     def stage_context(self, file: Callable[[str], Path] | None, root: Path | None,

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized, to_number
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -77,6 +77,7 @@ class TableEntry:
         )
 
 
+@serialized(derived=('message',))
 @dataclass(frozen=True)
 class ScaleIssue:
     """A quantization parameter that makes the model wrong: NaN, infinite, zero or negative scale."""
@@ -94,12 +95,6 @@ class ScaleIssue:
             f"tensor '{self.tensor}' (consumed by {where}) has {words} scale in "
             f"'{self.scale_initializer}' ({self.channels} value(s))"
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tensor": self.tensor, "nodes": list(self.nodes), "scale_initializer": self.scale_initializer,
-            "problem": self.problem, "channels": self.channels, "message": self.message(),
-        }
 
 
 @dataclass

@@ -18,7 +18,7 @@ import io
 import logging
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,7 @@ from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ SUPPORTED_LAYERS = frozenset({
 })
 
 
+@serialized
 @dataclass(frozen=True)
 class ConvertOptions:
     """``opset``: a Caffe model's converted opset (``None``: ``DEFAULT_OPSET``); an ONNX entry's opset upgrade
@@ -80,10 +82,8 @@ class ConvertOptions:
     def caffe_opset(self) -> int:
         return DEFAULT_OPSET if self.opset is None else self.opset
 
-    def to_json(self) -> dict:
-        return asdict(self)
 
-
+@serialized
 @dataclass
 class ConvertResult:
     path: Path
@@ -100,20 +100,6 @@ class ConvertResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict:
-        return {
-            "path": str(self.path), "opset": self.opset, "ir_version": self.ir_version,
-            "seconds": self.seconds, "convert_seconds": self.convert_seconds, "repairs": list(self.repairs),
-            "check": self.check.to_json() if self.check is not None else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ConvertResult":
-        check = FidelityCheck.from_json(data["check"]) if data.get("check") else None
-        return cls(path=Path(data["path"]), opset=data["opset"], ir_version=data["ir_version"],
-                   seconds=data["seconds"], repairs=list(data["repairs"]), check=check,
-                   convert_seconds=data.get("convert_seconds", 0.0))
 
 
 def ir_version_for(opset: int) -> int:
