@@ -67,7 +67,11 @@ class TensorDifference:
         return f"run {self.run}: {self.kind} '{self.tensor}' (nodes {', '.join(self.nodes) or '-'}): " + ", ".join(parts)
 
 
-@serialized(schema=SCHEMA, derived=('agree', 'verdict'), error=InputError, refused='not a repeated-calibration result (schema {found!r}, expected {schema})', malformed='repeated-calibration result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("agree", "verdict"), error=InputError,
+    refused="not a repeated-calibration result (schema {found!r}, expected {schema})",
+    malformed="repeated-calibration result is malformed: {exc}",
+)
 @dataclass
 class RepeatResult:
     runs: list[RepeatRun]

@@ -46,7 +46,7 @@ class FlippedSample:
         return f"sample {self.sample} ({self.name}{label}): class {self.class_a} -> {self.class_b}{where}{origins}"
 
 
-@serialized(derived=('change', 'summary'))
+@serialized(derived=("change", "summary"))
 @dataclass
 class AccuracyChange:
     """Both runs' accuracy on the class-scores output ``output``, and the flipped predictions."""

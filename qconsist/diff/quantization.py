@@ -68,7 +68,11 @@ class TensorError:
     nonfinite: int = 0
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='quant-error result schema {found!r} is not {schema!r}', malformed='quant-error result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="quant-error result schema {found!r} is not {schema!r}",
+    malformed="quant-error result is malformed: {exc}",
+)
 @dataclass
 class QuantErrorResult:
     """Per-node quantization error of a quantized model against its float model, worst first."""

@@ -84,7 +84,10 @@ def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChang
     return changes, []
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='diff result schema {found!r} is not {schema!r}', malformed='diff result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
+    malformed="diff result is malformed: {exc}",
+)
 @dataclass
 class DiffResult:
     """Where two runs part. ``passed`` (and truth) means identical at every level compared."""

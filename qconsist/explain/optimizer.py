@@ -56,7 +56,7 @@ SESSIONS_PER_PROBE = 3  # the dump's optimizing session, its dumping session, th
 _RANK = {level: rank for rank, level in enumerate(OptimizationLevel)}
 
 
-@serialized(derived=('vanished',))
+@serialized(derived=("vanished",))
 @dataclass
 class Probe:
     """One re-run of the optimized configuration with some transformers switched off, against the reference."""
@@ -75,7 +75,10 @@ class Probe:
         return not self.target_diverges
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='explain result schema {found!r} is not {schema!r}', malformed='explain result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="explain result schema {found!r} is not {schema!r}", malformed="explain result is malformed: {exc}",
+)
 @dataclass
 class OptimizerExplanation:
     """Which transformers make the optimized run diverge from the reference run. ``passed`` (and truth):

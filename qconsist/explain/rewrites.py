@@ -28,7 +28,7 @@ class NodeRef:
         return f"{self.name} ({self.op_type})"
 
 
-@serialized(derived=('summary',))
+@serialized(derived=("summary",))
 @dataclass
 class GraphRewrites:
     """Nodes only ``before`` has (``removed``) and only ``after`` has (``added``), in graph order."""

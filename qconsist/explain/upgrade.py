@@ -149,7 +149,10 @@ def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Se
     return UpgradeEnvironment(folder, version, lock_sha, True, time.perf_counter() - start)
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='upgrade result schema {found!r} is not {schema!r}', malformed='upgrade result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="upgrade result schema {found!r} is not {schema!r}", malformed="upgrade result is malformed: {exc}",
+)
 @dataclass
 class UpgradeResult:
     """The same model and inputs in this environment (A) and the upgraded one (B). ``passed`` (and truth):

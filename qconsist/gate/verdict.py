@@ -63,7 +63,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@serialized(schema=GATE_SCHEMA, derived=('passed', 'reasons'), error=RunStoreError, refused='not a gate verdict of schema {schema!r} (found {found!r})', malformed='gate verdict is malformed: {exc!r}')
+@serialized(
+    schema=GATE_SCHEMA, derived=("passed", "reasons"), error=RunStoreError,
+    refused="not a gate verdict of schema {schema!r} (found {found!r})",
+    malformed="gate verdict is malformed: {exc!r}",
+)
 @dataclass
 class GateVerdict:
     """Pass or fail, with every reason. ``bool(verdict)`` is ``verdict.passed``."""

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "qconsist.gpu-calibration/1"
 
 
-@serialized(derived=('repeat.agree', 'repeat.md5s', 'repeat.verdict'))
+@serialized(derived=("repeat.agree", "repeat.md5s", "repeat.verdict"))
 @dataclass(frozen=True)
 class ModeResult:
     """N calibrations on the CUDA EP in one configuration, and how the first compares with the CPU's."""
@@ -46,7 +46,11 @@ class ModeResult:
     cpu_differences: tuple[dict, ...]  # TensorDifference.to_json of the first GPU run vs the CPU run
 
 
-@serialized(schema=SCHEMA, derived=('passed', 'verdict'), error=InputError, refused='not a GPU calibration report (schema {found!r}, expected {schema})', malformed='GPU calibration report is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed", "verdict"), error=InputError,
+    refused="not a GPU calibration report (schema {found!r}, expected {schema})",
+    malformed="GPU calibration report is malformed: {exc}",
+)
 @dataclass
 class GpuCalibrationReport:
     runs: int

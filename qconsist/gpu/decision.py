@@ -29,7 +29,7 @@ class ConfigOutcome:
             raise ConfigError(f"config {self.label}: median latency must be > 0 ms, got {self.median_ms!r}")
 
 
-@serialized(derived=('accepted',))
+@serialized(derived=("accepted",))
 @dataclass(frozen=True)
 class Recommendation:
     """``config`` is None when no configuration was bit-stable."""

@@ -90,7 +90,11 @@ def _effect(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "effect": {"samples": data["samples"], "greatest_abs": data["output_greatest_abs"], "top1_agree": data["top1_agree"]}}
 
 
-@serialized(schema=SCHEMA, derived=('passed', 'output_greatest_abs', 'top1_agree', 'stored_as_float16', 'note'), error=InputError, refused='not an fp16 report (schema {found!r}, expected {schema})', malformed='fp16 report is malformed: {exc}', upgrade=_effect)
+@serialized(
+    schema=SCHEMA, derived=("passed", "output_greatest_abs", "top1_agree", "stored_as_float16", "note"),
+    error=InputError, refused="not an fp16 report (schema {found!r}, expected {schema})",
+    malformed="fp16 report is malformed: {exc}", upgrade=_effect,
+)
 @dataclass
 class Fp16Report:
     model: str

@@ -33,7 +33,7 @@ class LatencyOptions:
             raise ConfigError(f"latency runs must be an integer >= 3 (a median needs several), got {self.runs!r}")
 
 
-@serialized(derived=('spread',))
+@serialized(derived=("spread",))
 @dataclass(frozen=True)
 class LatencyStats:
     """Milliseconds. ``spread`` is the interquartile range relative to the median."""

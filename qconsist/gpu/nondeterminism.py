@@ -285,7 +285,11 @@ class Finding:
     fix: str
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=InputError, refused='not a non-determinism report of schema {schema}: {found!r}', malformed='non-determinism report is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=InputError,
+    refused="not a non-determinism report of schema {schema}: {found!r}",
+    malformed="non-determinism report is malformed: {exc}",
+)
 @dataclass
 class NondeterminismReport:
     findings: list[Finding]

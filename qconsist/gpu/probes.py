@@ -128,7 +128,7 @@ PROBES: dict[str, Probe] = {
 }
 
 
-@serialized(derived=('stable',))
+@serialized(derived=("stable",))
 @dataclass
 class Stability:
     """Distinct outputs of one probe under one execution setting, over ``sessions`` × ``runs``."""

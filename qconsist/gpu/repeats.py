@@ -56,7 +56,7 @@ class ReferenceRuns:
         return cls(dict(observers), sessions, hashes)
 
 
-@serialized(derived=('stable', 'origins'))
+@serialized(derived=("stable", "origins"))
 @dataclass(frozen=True)
 class RepeatOutcome:
     """K fresh sessions of one config in one phase (``quiet`` or ``contention``), or K runs of its reference

@@ -30,7 +30,7 @@ from qconsist.store.serde import serialized
 SCHEMA = "qconsist.locate/1"
 
 
-@serialized(derived=('stable',))
+@serialized(derived=("stable",))
 @dataclass(frozen=True)
 class ConfigReport:
     label: str
@@ -91,7 +91,7 @@ def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode
     return found
 
 
-@serialized(derived=('cost_vs_original', 'stable_configs'))
+@serialized(derived=("cost_vs_original", "stable_configs"))
 @dataclass(frozen=True)
 class RewriteAlternative:
     """The model with its unstable nodes rewritten, measured under the same configurations."""
@@ -134,7 +134,11 @@ def _alternative(data: dict | None) -> "RewriteAlternative | NoAlternative | Non
     return NoAlternative(data["reason"]) if "reason" in data else RewriteAlternative.from_json(data)
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='not a locate report (schema {found!r}, expected {schema!r})', malformed='locate report is missing or has an invalid field: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="not a locate report (schema {found!r}, expected {schema!r})",
+    malformed="locate report is missing or has an invalid field: {exc}",
+)
 @dataclass
 class LocateReport:
     model: dict[str, Any]

@@ -119,7 +119,11 @@ class Series:
         return start
 
 
-@serialized(schema=SUMMARY_SCHEMA, derived=('passed',), error=RunStoreError, refused='not a history summary of schema {schema!r} (found {found!r})', malformed='history summary is malformed: {exc!r}')
+@serialized(
+    schema=SUMMARY_SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="not a history summary of schema {schema!r} (found {found!r})",
+    malformed="history summary is malformed: {exc!r}",
+)
 @dataclass(frozen=True)
 class HistorySummary:
     """A history's nights and its series, filtered as asked. ``passed``: every series' latest night passed."""

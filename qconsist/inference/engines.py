@@ -139,7 +139,7 @@ def _enum_name(text: str | None) -> str | None:
     return text.split(" (")[0].strip() if text else None
 
 
-@serialized(derived=('nondeterministic',))
+@serialized(derived=("nondeterministic",))
 @dataclass(frozen=True)
 class ConvExecution:
     """One convolution cuDNN executed: what, with which engine (or legacy algorithm), with which notes."""
@@ -401,7 +401,7 @@ def _matches(node: ConvNode, execution: ConvExecution) -> bool:
 # --- the record -----------------------------------------------------------------------------------------
 
 
-@serialized(derived=('nondeterministic',))
+@serialized(derived=("nondeterministic",))
 @dataclass(frozen=True)
 class NodeEngines:
     """One convolution node in one configuration: the kernel of each run, and what autotuning tried."""
@@ -431,7 +431,10 @@ class NodeEngines:
         return text + (f"; {self.why}" if self.why else "")
 
 
-@serialized(schema=SCHEMA, derived=('outputs_stable',), error=InputError, refused='not an engine record of schema {schema}: {found!r}', malformed='engine record is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("outputs_stable",), error=InputError,
+    refused="not an engine record of schema {schema}: {found!r}", malformed="engine record is malformed: {exc}",
+)
 @dataclass(frozen=True)
 class EngineRecord:
     """The kernels of one configuration, recorded from cuDNN's API log in a child session."""

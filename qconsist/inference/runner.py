@@ -91,7 +91,7 @@ class RunRequest:
             raise ConfigError("`reference` is only used with `raw` auto")
 
 
-@serialized(derived=('passed',))
+@serialized(derived=("passed",))
 @dataclass
 class InferenceResult:
     run_dir: Path

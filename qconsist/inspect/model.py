@@ -33,7 +33,10 @@ class ValueSpec:
     shape: list[Any]  # ints, symbolic names, or null for an unknown dimension
 
 
-@serialized(schema=SCHEMA, derived=('quantized_share',), error=RunStoreError, refused='model summary schema {found!r} is not {schema!r}', malformed='model summary is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("quantized_share",), error=RunStoreError,
+    refused="model summary schema {found!r} is not {schema!r}", malformed="model summary is malformed: {exc}",
+)
 @dataclass
 class ModelSummary:
     """What an ONNX model holds."""

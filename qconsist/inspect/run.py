@@ -41,7 +41,10 @@ class DumpSummary:
     bytes: int  # size of dump/
 
 
-@serialized(schema=SCHEMA, error=RunStoreError, refused='run summary schema {found!r} is not {schema!r}', malformed='run summary is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, error=RunStoreError, refused="run summary schema {found!r} is not {schema!r}",
+    malformed="run summary is malformed: {exc}",
+)
 @dataclass
 class RunSummary:
     """What a run directory holds."""

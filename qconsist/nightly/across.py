@@ -20,7 +20,7 @@ from qconsist.nightly.entry import EntryOutcome
 from qconsist.store.serde import serialized
 
 
-@serialized(derived=('first',))
+@serialized(derived=("first",))
 @dataclass(frozen=True)
 class GpuComparison:
     """One model on two GPU types: ``identical``, else the diverging nodes in topological order, the first,

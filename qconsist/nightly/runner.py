@@ -62,7 +62,10 @@ NIGHT_KIND = "nightly"
 RESULT_SCHEMA = "qconsist.nightly/1"
 
 
-@serialized(schema=RESULT_SCHEMA, derived=('passed', 'summary', 'retries'), error=ConfigError, refused='not a nightly result of schema {schema!r}', malformed='nightly result is malformed: {exc}')
+@serialized(
+    schema=RESULT_SCHEMA, derived=("passed", "summary", "retries"), error=ConfigError,
+    refused="not a nightly result of schema {schema!r}", malformed="nightly result is malformed: {exc}",
+)
 @dataclass
 class NightlyResult:
     night_id: str

@@ -34,7 +34,7 @@ class OutputFigures:
     identical_samples: int = 0
 
 
-@serialized(derived=('accuracy_drop', 'worst_sqnr_db'))
+@serialized(derived=("accuracy_drop", "worst_sqnr_db"))
 @dataclass
 class Figures:
     """A quantized model's outputs against the float model's on the probe inputs."""

@@ -105,7 +105,7 @@ class Verification:
     seconds: float = 0.0
 
 
-@serialized(derived=('ratio', 'float_ratio'))
+@serialized(derived=("ratio", "float_ratio"))
 @dataclass
 class Latency:
     """Median latency of the float, all-quantized and proposed models on the chosen EP, timed side by side
@@ -141,7 +141,11 @@ class Cost:
     probe_parts: dict[str, float] = field(default_factory=dict)  # median seconds per probe: quantize, session, inference
 
 
-@serialized(schema=SCHEMA, derived=('passed',), error=RunStoreError, refused='sensitivity result schema {found!r} is not {schema!r}', malformed='sensitivity result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="sensitivity result schema {found!r} is not {schema!r}",
+    malformed="sensitivity result is malformed: {exc}",
+)
 @dataclass
 class SensitivityResult:
     """A sensitivity analysis of a pipeline run (see ``qconsist.sensitivity``)."""

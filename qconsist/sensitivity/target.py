@@ -52,7 +52,7 @@ _SYNTAX = re.compile(r"^\s*(?P<measure>[A-Za-z0-9_-]+)\s*(?:\[(?P<output>.+)\])?
 _EXAMPLES = 'e.g. "sqnr>=40", "top1>=0.999", "accuracy-drop<=0.1", "sqnr[prob]>=45"'
 
 
-@serialized(derived=('text',))
+@serialized(derived=("text",))
 @dataclass(frozen=True)
 class Target:
     """One bound on one measure (see the module docstring); validated on creation."""

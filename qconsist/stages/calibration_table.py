@@ -77,7 +77,7 @@ class TableEntry:
         )
 
 
-@serialized(derived=('message',))
+@serialized(derived=("message",))
 @dataclass(frozen=True)
 class ScaleIssue:
     """A quantization parameter that makes the model wrong: NaN, infinite, zero or negative scale."""

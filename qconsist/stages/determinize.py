@@ -107,7 +107,11 @@ class NodeNote:
     reason: str
 
 
-@serialized(schema=SCHEMA, derived=('passed', 'max_abs'), error=InputError, refused='not a determinize result of schema {schema}: {found!r}', malformed='determinize result is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed", "max_abs"), error=InputError,
+    refused="not a determinize result of schema {schema}: {found!r}",
+    malformed="determinize result is malformed: {exc}",
+)
 @dataclass
 class DeterminizeResult:
     rewritten: list[NodeRewrite]

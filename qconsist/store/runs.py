@@ -51,7 +51,10 @@ class FileStatus:
     size: int | None = None
 
 
-@serialized(schema=VERIFY_SCHEMA, derived=('passed',), error=RunStoreError, refused='verify result schema {found!r} is not {schema!r}', malformed='verify result is malformed: {exc}')
+@serialized(
+    schema=VERIFY_SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="verify result schema {found!r} is not {schema!r}", malformed="verify result is malformed: {exc}",
+)
 @dataclass
 class VerifyResult:
     """Every file of one run directory with its status. ``passed``: nothing modified, missing or refused."""

@@ -34,7 +34,7 @@ def _count(run: str, where: str, value: Any) -> int:
     return value
 
 
-@serialized(derived=('top1_share', 'top5_share'))
+@serialized(derived=("top1_share", "top5_share"))
 @dataclass
 class Accuracy:
     """Top-1 and top-5 accuracy of a class-scores output against the labels (``qconsist.compare.accuracy``):

@@ -43,7 +43,11 @@ class OutputCheck:
         )
 
 
-@serialized(schema=SCHEMA, derived=('passed', 'max_abs', 'max_rel', 'tolerance'), error=InputError, refused='not a fidelity check (schema {found!r}, expected {schema})', malformed='fidelity check is malformed: {exc}')
+@serialized(
+    schema=SCHEMA, derived=("passed", "max_abs", "max_rel", "tolerance"), error=InputError,
+    refused="not a fidelity check (schema {found!r}, expected {schema})",
+    malformed="fidelity check is malformed: {exc}",
+)
 @dataclass
 class FidelityCheck:
     """ONNX (onnxruntime) vs the numpy Caffe reference on a seeded standard-normal input."""
