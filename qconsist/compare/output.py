@@ -54,7 +54,7 @@ def _row_differs(a: np.ndarray, b: np.ndarray, rows: int) -> np.ndarray:
     return np.full(rows, bool(mask.any()))
 
 
-@serialized(derived=('top1_agreement',), renames={"outputs_identical": "identical"})
+@serialized(derived=("top1_agreement",), renames={"outputs_identical": "identical"})
 @dataclass
 class OutputEffect:
     """What a difference does to the final outputs, over samples (rows of the batch axis)."""
