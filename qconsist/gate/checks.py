@@ -22,7 +22,9 @@ from qconsist.gpu.config import GpuConfig
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
-from qconsist.gpu.run import load_report_data
+from qconsist.gpu.latency import LatencyStats
+from qconsist.gpu.report import ConfigReport, LocateReport
+from qconsist.gpu.run import load_report
 from qconsist.environment import compare_environments
 
 log = logging.getLogger(__name__)
@@ -350,79 +352,66 @@ def check_labels(candidate: Side, policy: Policy) -> CheckResult:
                        f"{policy.labels.min_accuracy:.1%}", tolerance, measured)
 
 
-def _locate_report(locate: Any) -> dict:
-    sections = locate.sections if hasattr(locate, "sections") else dict(locate)
-    report = sections.get("locate", sections)
-    return report if isinstance(report, dict) else {}
-
-
-def recommended_gpu_config(locate: Any) -> str | None:
-    """The recommended config label of a locate run's manifest, wherever its report keeps it."""
-    rec = _locate_report(locate).get("recommendation")
-    if isinstance(rec, dict):
-        return rec.get("config")
-    return None
+def recommended_gpu_config(locate: Run) -> str | None:
+    """The recommended config label of a locate run (its manifest's locate section)."""
+    recommendation = locate.locate.recommendation
+    return recommendation.get("config") if isinstance(recommendation, dict) else None
 
 
 _PHASES = {"run-to-run": "between runs of one session", "quiet": "between fresh sessions",
            "contention": "between sessions under GPU contention"}
 
 
-def _varying_nodes(report: dict, want: Any) -> str:
+def _configs(report: LocateReport, want: GpuConfig) -> list[ConfigReport]:
+    return [c for c in report.configs if GpuConfig.parse(c.label).resolved() == want]
+
+
+def _varying_nodes(report: LocateReport, want: GpuConfig) -> str:
     """The nodes that varied under a config in a locate report, and how: "node upscore (ConvTranspose) vary
     between runs of one session; ..."."""
-    ops = {n.get("label"): n.get("op_type") for n in report.get("nodes", []) if isinstance(n, dict)}
+    ops = {n.label: n.op_type for n in report.nodes}
     found = []
-    for config in report.get("configs", []):
-        if GpuConfig.parse(config.get("label", "")).resolved() != want:
-            continue
-        for outcome in config.get("repeats", []):
-            origins = outcome.get("origins") or []
-            if not outcome.get("stable", True) and origins:
-                named = ", ".join(f"{o} ({ops[o]})" if ops.get(o) else o for o in origins)
-                found.append(f"node(s) {named} vary {_PHASES.get(outcome.get('phase'), outcome.get('phase'))}")
+    for config in _configs(report, want):
+        for outcome in config.repeats:
+            if not outcome.stable and outcome.origins:
+                named = ", ".join(f"{o} ({ops[o]})" if ops.get(o) else o for o in outcome.origins)
+                found.append(f"node(s) {named} vary {_PHASES.get(outcome.phase, outcome.phase)}")
     return "; ".join(found)
 
 
-def _overlapping_quartiles(report: dict, latency: dict, fastest_label: str | None) -> str | None:
+def _overlapping_quartiles(report: LocateReport, latency: LatencyStats, fastest_label: str) -> str | None:
     """Whether a config's latencies and the fastest config's overlap between their quartiles (its 25th
     percentile at or below the fastest's 75th): then the two medians differ by less than the timing noise of
     that measurement (a small model timed while other work ran beside it), and the ratio of medians says nothing."""
-    fastest = next((c.get("latency") or {} for c in report.get("configs", []) if c.get("label") == fastest_label), {})
-    p25, p75 = latency.get("p25_ms"), fastest.get("p75_ms")
-    if p25 is None or p75 is None or p25 > p75:
+    fastest = next((c.latency for c in report.configs if c.label == fastest_label), None)
+    if fastest is None or latency.p25_ms > fastest.p75_ms:
         return None
-    return f"its 25th percentile {p25:.3g} ms is within the fastest's quartiles (75th percentile {p75:.3g} ms)"
+    return f"its 25th percentile {latency.p25_ms:.3g} ms is within the fastest's quartiles (75th percentile {fastest.p75_ms:.3g} ms)"
 
 
-def _acceptable_pin(report: dict, pinned: str) -> tuple[bool, str]:
+def _acceptable_pin(report: LocateReport, pinned: str) -> tuple[bool, str]:
     """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of
     the fastest configuration: latency medians of configs that are equally fast move from run to run, so
     demanding the one fastest config would make the verdict flip with timing noise."""
 
-    rec = report.get("recommendation") or {}
+    rec = report.recommendation
     want = GpuConfig.parse(pinned).resolved()
-    stable = [c for c in rec.get("stable_configs", []) if GpuConfig.parse(c).resolved() == want]
-    if not stable:
+    if rec is None or not any(GpuConfig.parse(c).resolved() == want for c in rec.stable_configs):
         varied = _varying_nodes(report, want)
         if varied:
             return False, f"under the pinned {pinned} the locate report saw {varied}"
         return False, f"pinned {pinned} was not bit-stable across fresh sessions (or not measured) in the locate report"
-    fastest, max_cost = rec.get("fastest_ms"), rec.get("max_cost")
-    for config in report.get("configs", []):
-        if GpuConfig.parse(config.get("label", "")).resolved() != want:
-            continue
-        median = (config.get("latency") or {}).get("median_ms")
-        if median is None or not fastest or max_cost is None:
+    for config in _configs(report, want)[:1]:
+        if config.latency is None or not rec.fastest_ms:
             break
-        cost = median / fastest
-        if cost <= max_cost:
-            return True, f"{cost:.2f}x the fastest ({rec.get('fastest')}), accepted up to {max_cost:.2f}x"
-        overlap = _overlapping_quartiles(report, config.get("latency") or {}, rec.get("fastest"))
+        cost = config.latency.median_ms / rec.fastest_ms
+        if cost <= rec.max_cost:
+            return True, f"{cost:.2f}x the fastest ({rec.fastest}), accepted up to {rec.max_cost:.2f}x"
+        overlap = _overlapping_quartiles(report, config.latency, rec.fastest)
         if overlap:
-            return True, (f"{cost:.2f}x the fastest ({rec.get('fastest')}) by median, above the accepted {max_cost:.2f}x, "
+            return True, (f"{cost:.2f}x the fastest ({rec.fastest}) by median, above the accepted {rec.max_cost:.2f}x, "
                           f"but not measurably slower: {overlap}")
-        return False, f"pinned {pinned} is bit-stable but {cost:.2f}x the fastest ({rec.get('fastest')}), above the accepted {max_cost:.2f}x"
+        return False, f"pinned {pinned} is bit-stable but {cost:.2f}x the fastest ({rec.fastest}), above the accepted {rec.max_cost:.2f}x"
     return False, f"the locate report has no latency for pinned {pinned}"
 
 
@@ -442,8 +431,7 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
         return CheckResult("gpu.pinned", FAIL, f"locate recommends {recommended} but the model pins no GPU config; set gpu_config = \"{recommended}\"",
                            tolerance, measured)
     try:
-
-        accepted, why = _acceptable_pin(load_report_data(candidate.locate_path), candidate.pinned_gpu)
+        accepted, why = _acceptable_pin(load_report(candidate.locate_path), candidate.pinned_gpu)
     except QconsistError as exc:
         return CheckResult("gpu.pinned", FAIL, f"pinned GPU config is invalid: {exc}", tolerance, measured)
     if not accepted:

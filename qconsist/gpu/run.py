@@ -231,19 +231,12 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
     return report, path
 
 
-def load_report_data(run: Run | Path) -> dict:
-    """The JSON of the ``LocateReport`` of a complete locate run directory (``locate.json``)."""
+def load_report(run: Run | Path) -> LocateReport:
+    """The ``LocateReport`` of a complete locate run directory (``locate.json``)."""
     run = run if isinstance(run, Run) else Run.open(run)
     path = run.file(run.locate.report, "locate report")
     try:
         data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RunStoreError(f"cannot read {run.path / REPORT_FILE}: {exc}") from None
-    if not isinstance(data, dict):
-        raise RunStoreError(f"{run.path / REPORT_FILE}: not a locate report")
-    return data
-
-
-def load_report(run: Run | Path) -> LocateReport:
-    """The ``LocateReport`` of a complete locate run directory."""
-    return LocateReport.from_json(load_report_data(run))
+    return LocateReport.from_json(data)

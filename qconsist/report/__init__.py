@@ -16,7 +16,8 @@ from qconsist.report.history import history_link, render_history, write_history_
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
-from qconsist.gpu.run import load_report_data
+from qconsist.gpu.report import LocateReport
+from qconsist.gpu.run import load_report
 from qconsist.report.sensitivity import sensitivity_section
 from qconsist.report.sensitivity import state as sensitivity_state
 from qconsist.report.sensitivity import title as sensitivity_title
@@ -29,11 +30,11 @@ from qconsist.store.run import Run
 __all__ = ["render_entry_report", "render_history", "render_nightly_report", "render_paths", "write_history_page", "write_report"]
 
 
-def _locate_section(path: Path | None) -> dict[str, Any] | None:
+def _locate_section(path: Path | None) -> LocateReport | None:
     """The locate report of a locate run (verified); ``None`` when that run is gone."""
     if path is None or not path.is_dir():
         return None
-    return load_report_data(path)
+    return load_report(path)
 
 
 def _verified(run: Run) -> None:
@@ -221,7 +222,7 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
     if isinstance(repeat, dict):
         body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
     if run.kind == "locate":
-        body.append(gpu_section(load_report_data(run), "the locate report (locate.json) is unreadable"))
+        body.append(gpu_section(load_report(run), "the locate report (locate.json) is unreadable"))
     body.append("</main>")
     return name, body
 
