@@ -34,7 +34,7 @@ from qconsist.gpu.config import GpuConfig, Tf32Override, default_matrix, tf32_pa
 from qconsist.gpu.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
 from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency
 from qconsist.gpu.observe import Observer
-from qconsist.gpu.report import ConfigReport, LocateReport, sensitive_nodes
+from qconsist.gpu.report import ConfigReport, LocateReport, Tf32Pair, Tf32Section, sensitive_nodes
 from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
 from qconsist.inference.dump import FaithfulCheck
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
@@ -191,7 +191,7 @@ def explore(
             with load() as worker:
                 for outcome in repeat_phase(references, samples, repeats, "contention", progress):
                     outcomes[outcome.config].append(outcome)
-            load_summary = worker.summary.to_json() if worker.summary is not None else None
+            load_summary = worker.summary
             lap("contention")
         if on_variant is not None:
             for v in variants:
@@ -215,19 +215,19 @@ def explore(
     return reports, results, tagged, load_summary, decision
 
 
-def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> dict:
+def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> Tf32Section:
     """Per TF32 pair: whether TF32 changed anything and the origin nodes it changes."""
     pairs = []
     for c, r in zip(comparisons, results):
         if c.why != "tf32":
             continue
-        pairs.append({
-            "tf32_on": c.reference if "tf32=1" in c.reference else c.other,
-            "tf32_off": c.other if "tf32=1" in c.reference else c.reference,
-            "identical": r.identical, "first_node": r.first_node, "origins": [n.label for n in r.origins],
-            "greatest_output_difference": r.effect.greatest_abs,
-        })
-    return {"override": override.to_json(), "pairs": pairs}
+        pairs.append(Tf32Pair(
+            tf32_on=c.reference if "tf32=1" in c.reference else c.other,
+            tf32_off=c.other if "tf32=1" in c.reference else c.reference,
+            identical=r.identical, first_node=r.first_node, origins=tuple(n.label for n in r.origins),
+            greatest_output_difference=r.effect.greatest_abs,
+        ))
+    return Tf32Section(override, tuple(pairs))
 
 
 def _engine_recorder(samples: Sequence[Sample], runs: int, records: dict[str, EngineRecord], errors: dict[str, str],

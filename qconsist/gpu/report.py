@@ -20,6 +20,8 @@ from typing import Any
 from qconsist.errors import RunStoreError
 from qconsist.gpu.calibration import GpuCalibrationReport
 from qconsist.gpu.comparison import NodeDifference, PairResult
+from qconsist.gpu.config import Tf32Override
+from qconsist.gpu.contention import LoadSummary
 from qconsist.gpu.fp16 import Fp16Report
 from qconsist.gpu.decision import Recommendation
 from qconsist.inference.engines import EngineRecord
@@ -134,6 +136,28 @@ def _alternative(data: dict | None) -> "RewriteAlternative | NoAlternative | Non
     return NoAlternative(data["reason"]) if "reason" in data else RewriteAlternative.from_json(data)
 
 
+@serialized
+@dataclass(frozen=True)
+class Tf32Pair:
+    """A configuration with TF32 on against its twin with TF32 off: whether TF32 changed anything, and where."""
+
+    tf32_on: str
+    tf32_off: str
+    identical: bool
+    first_node: str | None
+    origins: tuple[str, ...]  # the origin nodes TF32 changes
+    greatest_output_difference: float
+
+
+@serialized
+@dataclass(frozen=True)
+class Tf32Section:
+    """``NVIDIA_TF32_OVERRIDE`` as seen, and per search mode the TF32 pair compared."""
+
+    override: Tf32Override
+    pairs: tuple[Tf32Pair, ...] = ()
+
+
 @serialized(
     schema=SCHEMA, derived=("passed",), error=RunStoreError,
     refused="not a locate report (schema {found!r}, expected {schema!r})",
@@ -146,10 +170,10 @@ class LocateReport:
     device: dict[str, Any]
     reference: str  # the reference configuration's label
     repeats: int
-    contention: dict[str, Any] | None  # LoadSummary.to_json() when --contention ran
+    contention: LoadSummary | None  # when --contention ran
     configs: list[ConfigReport]
     comparisons: list[PairResult]
-    tf32: dict[str, Any]
+    tf32: Tf32Section
     recommendation: Recommendation | None  # None when the configuration matrix did not run (fp16 only)
     nodes: list[SensitiveNode] = field(default_factory=list)
     calibration: GpuCalibrationReport | None = None

@@ -26,7 +26,7 @@ from qconsist.errors import ConfigError, InputError, UnsupportedModelError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
-from qconsist.gpu.report import SCHEMA, LocateReport
+from qconsist.gpu.report import SCHEMA, LocateReport, Tf32Section
 from qconsist.inference.model import ModelSource, input_specs, resolve_model
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs import open_input_set
@@ -173,7 +173,7 @@ def _fp16_report(request: LocateRequest, source: ModelSource, samples: list, pro
 def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
     return LocateReport(
         model=source.describe(), inputs=input_set.describe(), device={}, reference="", repeats=0, contention=None,
-        configs=[], comparisons=[], tf32={"override": Tf32Override.from_environment().to_json(), "pairs": []},
+        configs=[], comparisons=[], tf32=Tf32Section(Tf32Override.from_environment()),
         recommendation=None,
     )
 

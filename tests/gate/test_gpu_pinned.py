@@ -22,7 +22,7 @@ REPORT = json.loads((Path(__file__).resolve().parents[1] / "data" / "locate_h100
 
 
 # what the extract leaves out (the gate reads a whole LocateReport): empty
-_LEFT_OUT = {"model": {}, "inputs": {}, "reference": "", "repeats": 0, "contention": None, "comparisons": [], "tf32": {},
+_LEFT_OUT = {"model": {}, "inputs": {}, "reference": "", "repeats": 0, "contention": None, "comparisons": [], "tf32": {"override": {"value": None}},
              "nodes": []}
 
 

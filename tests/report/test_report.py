@@ -119,7 +119,8 @@ def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
     from qconsist.gpu.decision import ConfigOutcome, recommend
     from qconsist.gpu.latency import LatencyStats
     from qconsist.gpu.repeats import RepeatOutcome
-    from qconsist.gpu.report import ConfigReport, LocateReport, SensitiveNode
+    from qconsist.gpu.config import Tf32Override
+    from qconsist.gpu.report import ConfigReport, LocateReport, SensitiveNode, Tf32Section
     from qconsist.report.html import gpu_section
 
     measured = {"EXHAUSTIVE/tf32=1": (2.10, False), "EXHAUSTIVE/tf32=0": (2.30, True),
@@ -135,7 +136,7 @@ def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
 
     locate = LocateReport(
         model={}, inputs={}, device={}, reference="EXHAUSTIVE/tf32=1", repeats=4, contention=None,
-        configs=[config(label, median, stable) for label, (median, stable) in measured.items()], comparisons=[], tf32={},
+        configs=[config(label, median, stable) for label, (median, stable) in measured.items()], comparisons=[], tf32=Tf32Section(Tf32Override(None)),
         recommendation=recommendation,
         nodes=[SensitiveNode("conv_stage0_block0_branch2a", "Conv", "algorithm", (), 1, 1, 0.5, 0)],
     )
