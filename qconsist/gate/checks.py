@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from qconsist.calibration.repeat import RepeatResult
 from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.errors import QconsistError
@@ -142,14 +143,16 @@ def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
     if not isinstance(section, dict):
         return CheckResult("calibration.repeat", FAIL,
                            "the pipeline run has no repeated calibration; set [calibration] repeat = 2 or more", tolerance)
-    agree = section.get("agree")
-    md5s = [run.get("md5") for run in section.get("runs", []) if isinstance(run, dict)]
+    try:
+        repeat = RepeatResult.from_json(section)
+    except QconsistError as exc:
+        return CheckResult("calibration.repeat", FAIL, f"the pipeline run's repeated calibration record is damaged: {exc}", tolerance)
+    md5s = repeat.md5s
     repeats = len(md5s)
     measured = {"repeats": repeats, "distinct_md5": len(set(md5s)), "md5": md5s}
-    if agree is True:
+    if repeat.agree:
         return CheckResult("calibration.repeat", PASS, f"{repeats} calibrations gave identical quantized models", tolerance, measured)
-    differing = section.get("differences") or []
-    shown = ", ".join(sorted({str(d.get("tensor")) for d in differing if isinstance(d, dict)})[:5])
+    shown = ", ".join(sorted({d.tensor for d in repeat.differences})[:5])
     return CheckResult("calibration.repeat", FAIL,
                        f"{repeats} calibrations disagree ({measured['distinct_md5']} distinct md5)"
                        + (f"; differing tensors: {shown}" if shown else ""), tolerance, measured)

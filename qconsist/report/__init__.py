@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import os
 
+from qconsist.calibration.repeat import RepeatResult
 from qconsist.diff import DiffResult
 from qconsist.errors import InputError, QconsistError, RunStoreError
 from qconsist.explain.explorer import explorer_overlay
@@ -220,7 +221,7 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
         body.append(f"<h2>Accuracy</h2><p>{_esc(run.inference.accuracy.describe())}</p>")
     repeat = manifest.sections.get("calib_repeat")
     if isinstance(repeat, dict):
-        body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
+        body.append(f"<h2>Repeated calibration</h2><p>{_esc(RepeatResult.from_json(repeat).verdict())}</p>")
     if run.kind == "locate":
         body.append(gpu_section(load_report(run), "the locate report (locate.json) is unreadable"))
     body.append("</main>")
