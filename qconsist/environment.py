@@ -209,14 +209,11 @@ class EnvironmentChange:
     """One numerics-relevant difference: ``name`` (``onnxruntime``, ``cudnn``, an environment variable…)."""
 
     name: str
-    old: str | None
-    new: str | None
+    old: Any  # the values as the fingerprints hold them (a version string, a number, None when absent)
+    new: Any
 
     def __str__(self) -> str:
         return f"{self.name}: {self.old if self.old is not None else 'absent'} -> {self.new if self.new is not None else 'absent'}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "old": self.old, "new": self.new}
 
 
 @dataclass(frozen=True)
@@ -229,13 +226,6 @@ class EnvironmentDiff:
     @property
     def same_numerics(self) -> bool:
         return not self.numerics
-
-    def to_json(self) -> dict[str, Any]:
-        return {"numerics": [c.to_json() for c in self.numerics], "other": list(self.other)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "EnvironmentDiff":
-        return cls(tuple(EnvironmentChange(**c) for c in data.get("numerics", [])), tuple(data.get("other", [])))
 
 
 def compare_environments(a: dict, b: dict) -> EnvironmentDiff:

@@ -22,6 +22,7 @@ from qconsist.inference.session import outputs_of
 from qconsist.gpu.config import GpuConfig
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
+from qconsist.store.serde import to_jsonable
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
 from qconsist.gpu.latency import LatencyStats
 from qconsist.gpu.report import ConfigReport, LocateReport
@@ -463,7 +464,7 @@ def check_environment(candidate: Side, baseline: Side | None, policy: Policy) ->
     if baseline is None:
         return CheckResult("environment", NA, "no baseline: no environment to compare with", tolerance)
     diff = compare_environments(baseline.pipeline.manifest.environment, candidate.pipeline.manifest.environment)
-    measured = {"changed": [c.to_json() for c in diff.numerics]}
+    measured = {"changed": to_jsonable(diff.numerics)}
     if not diff.numerics:
         return CheckResult("environment", PASS, "same onnxruntime, onnx, numpy, CUDA/cuDNN, driver, GPU and numerics "
                            "variables as the baseline", tolerance, measured)

@@ -11,17 +11,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
 from qconsist.compare import ObservedGraph, OutputEffect, TensorStats, origins
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.store.serde import serialized
-
-
-def _stats(data: Sequence) -> tuple[TensorStats, ...]:
-    return tuple(s if isinstance(s, TensorStats) else TensorStats.from_json(s) for s in data)
 
 
 @serialized

@@ -130,12 +130,6 @@ class NoAlternative:
     reason: str
 
 
-def _alternative(data: dict | None) -> "RewriteAlternative | NoAlternative | None":
-    if not data:
-        return None
-    return NoAlternative(data["reason"]) if "reason" in data else RewriteAlternative.from_json(data)
-
-
 @serialized
 @dataclass(frozen=True)
 class Tf32Pair:

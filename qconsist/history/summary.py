@@ -150,24 +150,6 @@ class HistorySummary:
         return tuple(sorted({gpu for s in self.series for gpu in s.gpus}))
 
 
-_TUPLES = ("changed", "environment", "changed_stages", "origin_nodes", "reasons")
-
-
-def _night_json(night: EntryNight) -> dict[str, Any]:
-    data = dict(vars(night))
-    for name in _TUPLES:
-        data[name] = list(data[name])
-    return data
-
-
-def _night_from_json(data: dict[str, Any]) -> EntryNight:
-    values = dict(data)
-    for name in _TUPLES:
-        values[name] = tuple(values.get(name) or ())
-    values["figures"] = {k: float(v) for k, v in (values.get("figures") or {}).items()}
-    return EntryNight(**values)
-
-
 def _status(row: dict[str, Any]) -> str:
     if row["verdict"] is not None:
         return "pass" if row["verdict"]["passed"] else "fail"

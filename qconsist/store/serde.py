@@ -17,6 +17,7 @@ from __future__ import annotations
 import typing
 import types
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -199,7 +200,7 @@ def structure(cls: Any, data: Any) -> Any:
     """An instance of the dataclass ``cls`` from JSON data, every field converted to its annotated type
     (nested dataclasses, enums, paths, lists, tuples, dicts, optionals). Keys that are not fields (derived
     figures such as ``passed``) are ignored; a missing field takes its default."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.init and f.name in data:
@@ -207,6 +208,11 @@ def structure(cls: Any, data: Any) -> Any:
         elif f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise KeyError(f.name)
     return cls(**kwargs)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _convert(kind: Any, value: Any) -> Any:
