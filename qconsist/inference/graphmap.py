@@ -28,7 +28,7 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from qconsist.inference.layout import Layouts, describe
+from qconsist.inference.layout import Layouts
 from qconsist.store.serde import serialized
 
 _VALUE_PRESERVING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Cast", "Identity"}
@@ -246,13 +246,6 @@ def map_tensors(
             label=label, covers=tuple(orig.names[i] for i in covered), layout=layout,
         ))
     return result, layouts
-
-
-def layout_note(origin: TensorOrigin) -> str:
-    """How ORT holds a dumped tensor against its original, in words."""
-    if origin.how == "layout unknown":
-        return "layout unknown"
-    return describe(origin.layout) if origin.original else ""
 
 
 def structure_hash(model: onnx.ModelProto) -> str:
