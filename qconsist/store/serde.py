@@ -216,7 +216,9 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _convert(kind: Any, value: Any) -> Any:
-    if value is None or kind is Any:
+    if value is None:  # a float field written as null (not a number) is NaN; anything else null stays None
+        return math.nan if kind is float else None
+    if kind is Any:
         return value
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
