@@ -106,7 +106,7 @@ def test_report_errors(tmp_path):
     bogus.write_text('{"a": 1}')
     result = CliRunner().invoke(app, ["report", str(bogus), "-o", str(tmp_path / "r.html")])
     assert result.exit_code == 2
-    assert result.stderr == f"error: {bogus} is not a `qconsist diff --json` result (no 'tensors')\n"
+    assert result.stderr == f"error: {bogus} is not a `qconsist diff --json` or `qconsist sensitivity --json` result\n"
     missing = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(tmp_path / "r.html")])
     assert missing.exit_code == 2
     assert missing.stderr == f"error: run directory {tmp_path / 'run'} does not exist\n"
