@@ -15,6 +15,11 @@ the modules the run enters, **moves** the call sites that carry it across areas,
 moves that carry it as a path or a manifest — each hands the run back down in raw form, so the layer below
 starts over (open, verify, read a dict). It works on any version of qconsist (the classes it looks for are
 imported if they exist), so the same command measures main before and after a change.
+
+It also counts, over every call made while ``diff_runs`` runs (whatever it carries), the **upward calls**: call
+sites where code of a lower layer calls code of a higher one (``tests/test_layers.py``'s ``LAYERS``) — a callback
+or an object of the upper layer handed down. Imports never run back up (that test), so these are the only way
+the path climbs back up the layers at run time.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ except ImportError:  # qconsist before the Run handle
     Run = None  # type: ignore[assignment,misc]
 
 PACKAGE = Path(qconsist.__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.test_layers import RANK  # noqa: E402  (the one list of layers)
 AREAS = ("diff", "inference", "inputs", "store")
 
 
@@ -66,11 +73,14 @@ def trace(run_a: str, run_b: str) -> dict:
     roots = {str(Path(run_a).resolve()), str(Path(run_b).resolve())}
     moves: dict[tuple[str, str, str, str], str] = {}
     rooms: set[str] = set()
+    upward: set[tuple[str, str, str, str]] = set()
 
     def hook(frame, event, arg):
         if event != "call" or frame.f_back is None:
             return
         callee, caller = _where(frame.f_code), _where(frame.f_back.f_code)
+        if callee is not None and caller is not None and RANK[callee[0] or "__init__"] > RANK[caller[0] or "__init__"]:
+            upward.add((caller[1], frame.f_back.f_code.co_name, callee[1], frame.f_code.co_name))
         if callee is None or caller is None or callee[0] not in AREAS or caller[0] not in AREAS:
             return
         carried = _carried(frame, roots)
@@ -87,7 +97,7 @@ def trace(run_a: str, run_b: str) -> dict:
         diff_runs(run_a, run_b)
     finally:
         sys.setprofile(None)
-    return {"rooms": rooms, "moves": moves}
+    return {"rooms": rooms, "moves": moves, "upward": upward}
 
 
 def main() -> None:
@@ -101,6 +111,9 @@ def main() -> None:
           f"({', '.join(f'{p} {n}' for p, n in sorted(pairs.items())) or 'none'})")
     for (caller, caller_fn, callee, callee_fn), carried in sorted(moves.items()):
         print(f"  {caller}.{caller_fn} -> {callee}.{callee_fn}: {carried}")
+    print(f"{len(found['upward'])} upward calls (a lower layer calling a higher one)")
+    for caller, caller_fn, callee, callee_fn in sorted(found["upward"]):
+        print(f"  {caller}.{caller_fn} -> {callee}.{callee_fn}")
 
 
 if __name__ == "__main__":

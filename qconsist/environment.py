@@ -8,6 +8,7 @@ where this environment is known to give other results than expected.
 
 from __future__ import annotations
 
+import tomllib
 import ctypes
 import os
 import platform
@@ -133,21 +134,6 @@ def _loaded_libraries() -> list[str]:
         return []
 
 
-def onnxruntime_build() -> tuple[str | None, str | None]:
-    """Which onnxruntime distribution provides the imported module, and its version."""
-    gpu, cpu = _version("onnxruntime-gpu"), _version("onnxruntime")
-    if gpu and not cpu:
-        return "onnxruntime-gpu", gpu
-    if cpu and not gpu:
-        return "onnxruntime", cpu
-    if not cpu and not gpu:
-        return None, None
-    import onnxruntime
-
-    return ("onnxruntime-gpu" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime",
-            onnxruntime.__version__)
-
-
 def fingerprint() -> dict:
     """The environment of this process, as JSON-ready data."""
     import onnxruntime
@@ -223,14 +209,11 @@ class EnvironmentChange:
     """One numerics-relevant difference: ``name`` (``onnxruntime``, ``cudnn``, an environment variable…)."""
 
     name: str
-    old: str | None
-    new: str | None
+    old: Any  # the values as the fingerprints hold them (a version string, a number, None when absent)
+    new: Any
 
     def __str__(self) -> str:
         return f"{self.name}: {self.old if self.old is not None else 'absent'} -> {self.new if self.new is not None else 'absent'}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "old": self.old, "new": self.new}
 
 
 @dataclass(frozen=True)
@@ -243,13 +226,6 @@ class EnvironmentDiff:
     @property
     def same_numerics(self) -> bool:
         return not self.numerics
-
-    def to_json(self) -> dict[str, Any]:
-        return {"numerics": [c.to_json() for c in self.numerics], "other": list(self.other)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "EnvironmentDiff":
-        return cls(tuple(EnvironmentChange(**c) for c in data.get("numerics", [])), tuple(data.get("other", [])))
 
 
 def compare_environments(a: dict, b: dict) -> EnvironmentDiff:
@@ -298,8 +274,6 @@ class EnvironmentReport:
 
 def locked_versions(lock: Path | None = None) -> dict[str, str]:
     """Versions of the numerics-relevant packages in the project's uv.lock (source checkouts only)."""
-    import tomllib
-
     lock = lock or Path(__file__).resolve().parent.parent / "uv.lock"
     try:
         data = tomllib.loads(lock.read_text(encoding="utf-8"))

@@ -23,12 +23,14 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions, QuantizeResult, quantize_model
 from qconsist.store.hashing import ArtifactHashes, hash_artifact
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "qconsist.calib-repeat/1"
 
 
+@serialized
 @dataclass(frozen=True)
 class RepeatRun:
     index: int
@@ -38,14 +40,8 @@ class RepeatRun:
     inputs_digest: str
     seconds: float
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RepeatRun":
-        return cls(**{k: data[k] for k in ("index", "md5", "sha256", "content", "inputs_digest", "seconds")})
-
-
+@serialized
 @dataclass(frozen=True)
 class TensorDifference:
     """A quantized tensor whose parameters differ between the first run and run ``run``."""
@@ -70,29 +66,12 @@ class TensorDifference:
             parts.append(f"range [{self.min[0]:.6g}, {self.max[0]:.6g}] -> [{self.min[1]:.6g}, {self.max[1]:.6g}]")
         return f"run {self.run}: {self.kind} '{self.tensor}' (nodes {', '.join(self.nodes) or '-'}): " + ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run, "tensor": self.tensor, "kind": self.kind, "nodes": list(self.nodes),
-            "initializers": list(self.initializers), "scale_max_abs_diff": float(self.scale_max_abs_diff),
-            "scale_max_rel_diff": float(self.scale_max_rel_diff),
-            "zero_point_max_abs_diff": self.zero_point_max_abs_diff, "channels": self.channels,
-            "min": [None if v is None else float(v) for v in self.min],
-            "max": [None if v is None else float(v) for v in self.max],
-        }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TensorDifference":
-        def pair(values: list) -> tuple:
-            return tuple(None if v is None else float(v) for v in values)
-
-        return cls(
-            run=data["run"], tensor=data["tensor"], kind=data["kind"], nodes=tuple(data["nodes"]),
-            initializers=tuple(data["initializers"]), scale_max_abs_diff=float(data["scale_max_abs_diff"]),
-            scale_max_rel_diff=float(data["scale_max_rel_diff"]), zero_point_max_abs_diff=data["zero_point_max_abs_diff"],
-            channels=data["channels"], min=pair(data["min"]), max=pair(data["max"]),
-        )
-
-
+@serialized(
+    schema=SCHEMA, derived=("agree", "verdict"), error=InputError,
+    refused="not a repeated-calibration result (schema {found!r}, expected {schema})",
+    malformed="repeated-calibration result is malformed: {exc}",
+)
 @dataclass
 class RepeatResult:
     runs: list[RepeatRun]
@@ -124,24 +103,6 @@ class RepeatResult:
             return f"{n} calibrations disagree in bytes only: {distinct} distinct md5s, one model content (metadata or encoding differ)"
         tensors = len({d.tensor for d in self.differences})
         return f"{n} calibrations disagree: {distinct} distinct md5s, {tensors} quantized tensor(s) differ"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "agree": self.agree, "verdict": self.verdict(), "runs": [r.to_json() for r in self.runs],
-            "differences": [d.to_json() for d in self.differences],
-            "other_initializers": {str(k): v for k, v in self.other_initializers.items()}, "params": self.params,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RepeatResult":
-        if data.get("schema") != SCHEMA:
-            raise InputError(f"not a repeated-calibration result (schema {data.get('schema')!r}, expected {SCHEMA})")
-        return cls(
-            runs=[RepeatRun.from_json(r) for r in data["runs"]],
-            differences=[TensorDifference.from_json(d) for d in data["differences"]],
-            other_initializers={int(k): list(v) for k, v in data.get("other_initializers", {}).items()},
-            params=dict(data.get("params", {})),
-        )
 
 
 def _entry_difference(run: int, first: TableEntry, other: TableEntry, initializers: list[str]) -> TensorDifference:

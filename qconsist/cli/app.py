@@ -15,6 +15,8 @@ the lines themselves are logged).
 
 from __future__ import annotations
 
+import signal
+import threading
 import logging
 import os
 import sys
@@ -186,9 +188,6 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

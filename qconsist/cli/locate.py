@@ -146,10 +146,9 @@ def _render_repeats(report, console) -> None:
     console.print(table)
     if report.contention:
         load = report.contention
-        workers = load.get("workers", 1)
-        who = f"a {load['backend']} process" if workers == 1 else f"{workers} {load['backend']} processes"
-        console.print(f"contention: {who} ran {load['iterations']} convolution batches of "
-                      f"changing shapes over {load['seconds']:.1f} s during the repeats")
+        who = f"a {load.backend} process" if load.workers == 1 else f"{load.workers} {load.backend} processes"
+        console.print(f"contention: {who} ran {load.iterations} convolution batches of "
+                      f"changing shapes over {load.seconds:.1f} s during the repeats")
 
 
 def _render_comparisons(report, console) -> None:
@@ -187,13 +186,13 @@ def _render_nodes(report, console) -> None:
 
 
 def _render_tf32(report, console) -> None:
-    console.print(report.tf32["override"]["explanation"])
-    for pair in report.tf32["pairs"]:
-        if pair["identical"]:
-            console.print(f"TF32: {pair['tf32_on']} and {pair['tf32_off']} are bit-identical")
+    console.print(report.tf32.override.explanation())
+    for pair in report.tf32.pairs:
+        if pair.identical:
+            console.print(f"TF32: {pair.tf32_on} and {pair.tf32_off} are bit-identical")
         else:
-            console.print(f"use_tf32 1 -> 0 changes {len(pair['origins'])} origin node(s) ({pair['tf32_on']} vs "
-                          f"{pair['tf32_off']}): {', '.join(pair['origins']) or '-'}; first diverging node {pair['first_node']}")
+            console.print(f"use_tf32 1 -> 0 changes {len(pair.origins)} origin node(s) ({pair.tf32_on} vs "
+                          f"{pair.tf32_off}): {', '.join(pair.origins) or '-'}; first diverging node {pair.first_node}")
 
 
 def _render_latency(report, console) -> None:

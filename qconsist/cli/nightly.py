@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -65,8 +66,6 @@ def nightly(
     Exit 0: every gate passed; 1: a gate failed; 2: a model could not be judged or FILE is invalid;
     3: Ray is not installed or the cluster cannot be reached; 130: interrupted (the history stays consistent).
     """
-    from dataclasses import replace
-
     from qconsist.nightly import ExecutorOptions, load_nightly, run_nightly
     from qconsist.store.runs import default_history
 

@@ -25,7 +25,7 @@ import numpy as np
 from qconsist.compare.kinds import JudgedOutput, OutputKind
 from qconsist.compare.noise import NoiseStats
 from qconsist.compare.statistics import TensorStats, differing_mask
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized
 from qconsist.errors import InputError
 
 
@@ -54,6 +54,7 @@ def _row_differs(a: np.ndarray, b: np.ndarray, rows: int) -> np.ndarray:
     return np.full(rows, bool(mask.any()))
 
 
+@serialized(derived=("top1_agreement",), renames={"outputs_identical": "identical"})
 @dataclass
 class OutputEffect:
     """What a difference does to the final outputs, over samples (rows of the batch axis)."""
@@ -96,19 +97,6 @@ class OutputEffect:
         """Count samples whose outputs are known to be bit-identical (from their hashes)."""
         self.samples += rows
         self.top1_agree += rows
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "samples": self.samples, "differing_samples": list(self.differing_samples),
-            "greatest_abs": self.greatest_abs, "top1_agree": self.top1_agree,
-            "top1_agreement": self.top1_agreement, "identical": self.identical,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "OutputEffect":
-        identical = data.get("identical", data.get("outputs_identical", True))  # older reports: outputs_identical
-        return cls(samples=data["samples"], differing_samples=list(data.get("differing_samples", [])),
-                   greatest_abs=to_number(data["greatest_abs"]), top1_agree=data["top1_agree"], identical=bool(identical))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized
 
 HISTOGRAM_LIMIT = 8
 
@@ -76,6 +76,12 @@ def differing_mask(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (rows_a != rows_b).any(axis=1)
 
 
+def _mismatched(data: dict[str, Any]) -> dict[str, Any]:
+    """Statistics recorded before tolerances: every differing element was a mismatch."""
+    return {"mismatched": data["differing"], **data}
+
+
+@serialized(derived=("fraction", "percent"), renames={"tensor": "name", "total": "elements"}, upgrade=_mismatched)
 @dataclass
 class TensorStats:
     """Running statistics of the differences between run A's and run B's version of one tensor (B − A).
@@ -173,28 +179,6 @@ class TensorStats:
         if self.histogram:
             text += "; integer differences " + ", ".join(f"{k}: {v}" for k, v in histogram_items(self.histogram))
         return f"{where}: {text}" if where else text
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "dtype": self.dtype, "atol": self.atol, "rtol": self.rtol, "elements": self.elements,
-            "differing": self.differing, "mismatched": self.mismatched, "fraction": self.fraction,
-            "percent": self.percent, "max_abs": self.max_abs,
-            "max_abs_at": [self.max_abs_at[0], list(self.max_abs_at[1])] if self.max_abs_at else None,
-            "max_rel": self.max_rel, "max_ulp": self.max_ulp, "histogram": self.histogram,
-            "samples": list(self.samples),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TensorStats":
-        at = data.get("max_abs_at")
-        return cls(
-            name=data.get("name", data.get("tensor", "")), atol=data.get("atol"), rtol=data.get("rtol"), dtype=data.get("dtype", ""),
-            elements=data.get("elements", data.get("total", 0)), differing=data["differing"],
-            mismatched=data.get("mismatched", data["differing"]),
-            max_abs=to_number(data["max_abs"]), max_abs_at=(at[0], tuple(at[1])) if at else None,
-            max_rel=to_number(data["max_rel"]), max_ulp=data.get("max_ulp"), histogram=data.get("histogram"),
-            samples=list(data.get("samples", [])),
-        )
 
 
 def histogram_items(histogram: dict[str, int]) -> list[tuple[str, int]]:

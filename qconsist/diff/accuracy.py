@@ -23,7 +23,7 @@ from qconsist.inputs.record import SampleTable
 from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 
 
@@ -46,6 +46,7 @@ class FlippedSample:
         return f"sample {self.sample} ({self.name}{label}): class {self.class_a} -> {self.class_b}{where}{origins}"
 
 
+@serialized(derived=("change", "summary"))
 @dataclass
 class AccuracyChange:
     """Both runs' accuracy on the class-scores output ``output``, and the flipped predictions."""
@@ -85,13 +86,6 @@ class AccuracyChange:
         if not self.traced:
             return text + f" ({self.cause}; dump both runs with --dump to name the node behind them)"
         return text + f" ({self.cause})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**to_jsonable(self.__dict__), "change": self.change, "summary": self.summary()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "AccuracyChange":
-        return structure(cls, data)
 
 
 def class_scores(a: Run, b: Run) -> str | None:

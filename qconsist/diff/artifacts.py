@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from qconsist.store.hashing import initializer_digests
 from qconsist.store.run import Run
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 _QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
@@ -68,6 +68,7 @@ class InitializerChange:
     max_abs_diff: float | None = None
 
 
+@serialized
 @dataclass(frozen=True)
 class ModelChanges:
     nodes_added: tuple[str, ...] = ()
@@ -81,10 +82,8 @@ class ModelChanges:
     def quantization_parameters(self) -> tuple[InitializerChange, ...]:
         return tuple(c for c in self.initializers_changed if c.quantization_parameter)
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
 
-
+@serialized
 @dataclass
 class StageComparison:
     """One stage's artifacts in the two runs."""
@@ -99,14 +98,8 @@ class StageComparison:
     note: str = ""
     changes: ModelChanges | None = None  # for the first stage whose computation differs
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "StageComparison":
-        return structure(cls, data)
-
-
+@serialized
 @dataclass
 class ArtifactComparison:
     first_differing_stage: str | None = None
@@ -114,13 +107,6 @@ class ArtifactComparison:
 
     def stage(self, name: str) -> StageComparison | None:
         return next((s for s in self.stages if s.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ArtifactComparison":
-        return structure(cls, data)
 
 
 @dataclass(frozen=True)
@@ -131,19 +117,13 @@ class CalibrationChange:
     b: dict[str, Any]
 
 
+@serialized
 @dataclass
 class CalibrationComparison:
     compared: bool = False
     changed: list[CalibrationChange] = field(default_factory=list)
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "CalibrationComparison":
-        return structure(cls, data)
 
 
 def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:

@@ -44,7 +44,7 @@ from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 SCHEMA = "qconsist.quant-error/1"
@@ -69,6 +69,11 @@ class TensorError:
     nonfinite: int = 0
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="quant-error result schema {found!r} is not {schema!r}",
+    malformed="quant-error result is malformed: {exc}",
+)
 @dataclass
 class QuantErrorResult:
     """Per-node quantization error of a quantized model against its float model, worst first."""
@@ -96,15 +101,6 @@ class QuantErrorResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "QuantErrorResult":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"quant-error result schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return structure(cls, {k: v for k, v in data.items() if k not in ("schema", "passed")})
 
 
 # --- the run ----------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from qconsist.inputs.record import read_samples
 from qconsist.inputs.recorded import recorded_subset
 from qconsist.store.arrays import OutputArrays, blocks, merged
 from qconsist.store.run import Run
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 SCHEMA = "qconsist.diff/1"
@@ -84,6 +84,10 @@ def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChang
     return changes, []
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
+    malformed="diff result is malformed: {exc}",
+)
 @dataclass
 class DiffResult:
     """Where two runs part. ``passed`` (and truth) means identical at every level compared."""
@@ -122,15 +126,6 @@ class DiffResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DiffResult":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"diff result schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return structure(cls, data)
 
 
 def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),

@@ -24,11 +24,18 @@ from qconsist.inference.fingerprint import DTYPES, check_hash_functions
 from qconsist.inference.graphmap import GraphIndex, TensorOrigin
 from qconsist.inference.reader import LoadedDump
 from qconsist.onnxfile import read_onnx
+from qconsist.store.serde import serialized
 
 MAX_ELEMENT_NODES = 64  # element statistics for origins, the first node and up to this many others
 SAMPLES_KEPT = 1000  # sample indices listed per node (all are counted): a diff of 50,000 samples stays small
 
 
+def _counted(data: dict[str, Any]) -> dict[str, Any]:
+    """Diffs recorded before the counts: every sample and origin sample listed."""
+    return {"count": len(data["samples"]), "origin_count": len(data["origin_samples"]), **data}
+
+
+@serialized(upgrade=_counted)
 @dataclass
 class TensorDiff:
     key: str  # tensor compared (optimized or original name)
@@ -50,27 +57,6 @@ class TensorDiff:
     def beyond(self) -> bool:
         """Differs by more than the tolerance (exact mode: differs), or cannot be shown not to."""
         return self.tolerance in ("", "beyond", "unknown")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tolerance": self.tolerance,
-            "key": self.key, "label": self.label, "op_a": self.op_a, "op_b": self.op_b, "covers": self.covers,
-            "samples": self.samples, "origin": self.origin, "origin_samples": self.origin_samples,
-            "initializers_changed": self.initializers_changed, "summary": self.summary,
-            "elements": self.elements.to_json() if self.elements is not None else None,
-            "count": self.count, "origin_count": self.origin_count,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TensorDiff":
-        return cls(
-            key=data["key"], label=data["label"], op_a=data["op_a"], op_b=data["op_b"], covers=data["covers"],
-            samples=data["samples"], origin=data["origin"], origin_samples=data["origin_samples"],
-            initializers_changed=data["initializers_changed"], summary=data["summary"],
-            elements=TensorStats.from_json(data["elements"]) if data["elements"] else None,
-            tolerance=data.get("tolerance", ""), count=int(data.get("count", len(data["samples"]))),
-            origin_count=int(data.get("origin_count", len(data["origin_samples"]))),
-        )
 
 
 @dataclass

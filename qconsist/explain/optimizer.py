@@ -47,7 +47,7 @@ from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.run import Run
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ SESSIONS_PER_PROBE = 3  # the dump's optimizing session, its dumping session, th
 _RANK = {level: rank for rank, level in enumerate(OptimizationLevel)}
 
 
+@serialized(derived=("vanished",))
 @dataclass
 class Probe:
     """One re-run of the optimized configuration with some transformers switched off, against the reference."""
@@ -73,14 +74,11 @@ class Probe:
     def vanished(self) -> bool:
         return not self.target_diverges
 
-    def to_json(self) -> dict[str, Any]:
-        return {**to_jsonable(self.__dict__), "vanished": self.vanished}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Probe":
-        return structure(cls, data)
-
-
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="explain result schema {found!r} is not {schema!r}", malformed="explain result is malformed: {exc}",
+)
 @dataclass
 class OptimizerExplanation:
     """Which transformers make the optimized run diverge from the reference run. ``passed`` (and truth):
@@ -117,15 +115,6 @@ class OptimizerExplanation:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "OptimizerExplanation":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"explain result schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return structure(cls, data)
 
 
 def _inference_options(run: Run) -> ExecutionOptions:

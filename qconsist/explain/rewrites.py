@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import onnx
 
 from qconsist.errors import RunStoreError
 from qconsist.inference.graphmap import TensorOrigin, node_names, op_name
 from qconsist.onnxfile import read_onnx
-from qconsist.store.serde import structure
+from qconsist.store.serde import serialized
 
 
+@serialized
 @dataclass(frozen=True)
 class NodeRef:
     name: str
@@ -28,10 +28,8 @@ class NodeRef:
     def __str__(self) -> str:
         return f"{self.name} ({self.op_type})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "op_type": self.op_type}
 
-
+@serialized(derived=("summary",))
 @dataclass
 class GraphRewrites:
     """Nodes only ``before`` has (``removed``) and only ``after`` has (``added``), in graph order."""
@@ -57,15 +55,6 @@ class GraphRewrites:
         parts += [f"+{count} {op}" for op, count in sorted(added.items(), key=lambda kv: (-kv[1], kv[0]))]
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "nodes_before": self.nodes_before,
-                "nodes_after": self.nodes_after, "removed": [n.to_json() for n in self.removed],
-                "added": [n.to_json() for n in self.added], "summary": self.summary()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GraphRewrites":
-        return structure(cls, data)
-
 
 def _signatures(model: onnx.ModelProto) -> list[tuple[tuple, NodeRef]]:
     names = node_names(model.graph)
@@ -86,6 +75,7 @@ def graph_rewrites(before: onnx.ModelProto, after: onnx.ModelProto, before_label
     return GraphRewrites(before_label, after_label, len(sig_before), len(sig_after), removed, added)
 
 
+@serialized
 @dataclass(frozen=True)
 class ProducingNode:
     """The node of an optimized graph that computes a tensor users know, and the original nodes it covers."""
@@ -97,13 +87,6 @@ class ProducingNode:
     def __str__(self) -> str:
         covered = f" computing {', '.join(self.covers)}" if self.covers else ""
         return f"{self.node} ({self.op_type}){covered}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "op_type": self.op_type, "covers": list(self.covers)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ProducingNode":
-        return structure(cls, data)
 
 
 def producing_node(tensors: list[TensorOrigin], key: str) -> ProducingNode | None:

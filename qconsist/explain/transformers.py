@@ -12,16 +12,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from qconsist.inference.session import ExecutionOptions, optimizer_log
-from qconsist.store.serde import structure
+from qconsist.store.serde import serialized
 
 _LEVEL = re.compile(r"Graph transformer step \d+ of \d+ for level (\d+) started")
 _APPLYING = re.compile(r"Applying graph transformer (\S+) on step \d+")
 _MODIFIED = re.compile(r"GraphTransformer (\S+) modified: (\d+)")
 
 
+@serialized
 @dataclass(frozen=True)
 class TransformerActivity:
     """One graph transformer as onnxruntime's log shows it: its name, the transformer level it runs at
@@ -32,10 +33,8 @@ class TransformerActivity:
     level: int
     modified: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level, "modified": self.modified}
 
-
+@serialized
 @dataclass(frozen=True)
 class TransformerLog:
     """The transformers one session applied, in the order onnxruntime first applied them."""
@@ -50,13 +49,6 @@ class TransformerLog:
     def modifying(self) -> list[str]:
         """The transformers that changed the graph: the only ones that can change results."""
         return [t.name for t in self.transformers if t.modified]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"transformers": [t.to_json() for t in self.transformers]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TransformerLog":
-        return structure(cls, data)
 
 
 def parse_transformer_log(text: str) -> TransformerLog:

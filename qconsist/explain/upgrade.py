@@ -23,13 +23,13 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from packaging.version import InvalidVersion, Version
 
 import qconsist
 from qconsist.diff import DiffResult, diff_runs
-from qconsist.errors import ConfigError, InputError, QconsistError, UnavailableError
+from qconsist.errors import ConfigError, InputError, QconsistError, RunStoreError, UnavailableError
 from qconsist.explain.rewrites import GraphRewrites, graph_rewrites, load_graph
 from qconsist.inference.model import ModelSource
 from qconsist.inference.reader import load_dump
@@ -37,7 +37,7 @@ from qconsist.store.run import Run
 from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs import InputSet
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 SCHEMA = "qconsist.upgrade/1"
@@ -45,6 +45,7 @@ PROJECT = Path(qconsist.__file__).resolve().parent.parent
 STAMP = ".qconsist-env.json"
 
 
+@serialized
 @dataclass(frozen=True)
 class UpgradeEnvironment:
     """A second environment: the lock with onnxruntime at ``onnxruntime``."""
@@ -58,13 +59,6 @@ class UpgradeEnvironment:
     @property
     def qconsist(self) -> Path:
         return self.path / "bin" / "qconsist"
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "UpgradeEnvironment":
-        return structure(cls, data)
 
 
 def _version(text: str) -> str:
@@ -155,6 +149,10 @@ def upgrade_environment(onnxruntime: str, folder: Path | None = None, extras: Se
     return UpgradeEnvironment(folder, version, lock_sha, True, time.perf_counter() - start)
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="upgrade result schema {found!r} is not {schema!r}", malformed="upgrade result is malformed: {exc}",
+)
 @dataclass
 class UpgradeResult:
     """The same model and inputs in this environment (A) and the upgraded one (B). ``passed`` (and truth):
@@ -173,13 +171,6 @@ class UpgradeResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "UpgradeResult":
-        return structure(cls, data)
 
 
 def upgrade_check(

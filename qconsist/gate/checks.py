@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from qconsist.calibration.repeat import RepeatResult
 from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.errors import QconsistError
@@ -22,8 +23,10 @@ from qconsist.gpu.config import GpuConfig
 from qconsist.gpu.decision import acceptance
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
+from qconsist.store.serde import to_jsonable
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
-from qconsist.gpu.run import load_report_data
+from qconsist.gpu.report import ConfigReport, LocateReport
+from qconsist.gpu.run import load_report
 from qconsist.environment import compare_environments
 
 log = logging.getLogger(__name__)
@@ -141,14 +144,16 @@ def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
     if not isinstance(section, dict):
         return CheckResult("calibration.repeat", FAIL,
                            "the pipeline run has no repeated calibration; set [calibration] repeat = 2 or more", tolerance)
-    agree = section.get("agree")
-    md5s = [run.get("md5") for run in section.get("runs", []) if isinstance(run, dict)]
+    try:
+        repeat = RepeatResult.from_json(section)
+    except QconsistError as exc:
+        return CheckResult("calibration.repeat", FAIL, f"the pipeline run's repeated calibration record is damaged: {exc}", tolerance)
+    md5s = repeat.md5s
     repeats = len(md5s)
     measured = {"repeats": repeats, "distinct_md5": len(set(md5s)), "md5": md5s}
-    if agree is True:
+    if repeat.agree:
         return CheckResult("calibration.repeat", PASS, f"{repeats} calibrations gave identical quantized models", tolerance, measured)
-    differing = section.get("differences") or []
-    shown = ", ".join(sorted({str(d.get("tensor")) for d in differing if isinstance(d, dict)})[:5])
+    shown = ", ".join(sorted({d.tensor for d in repeat.differences})[:5])
     return CheckResult("calibration.repeat", FAIL,
                        f"{repeats} calibrations disagree ({measured['distinct_md5']} distinct md5)"
                        + (f"; differing tensors: {shown}" if shown else ""), tolerance, measured)
@@ -351,63 +356,51 @@ def check_labels(candidate: Side, policy: Policy) -> CheckResult:
                        f"{policy.labels.min_accuracy:.1%}", tolerance, measured)
 
 
-def _locate_report(locate: Any) -> dict:
-    sections = locate.sections if hasattr(locate, "sections") else dict(locate)
-    report = sections.get("locate", sections)
-    return report if isinstance(report, dict) else {}
-
-
-def recommended_gpu_config(locate: Any) -> str | None:
-    """The recommended config label of a locate run's manifest, wherever its report keeps it."""
-    rec = _locate_report(locate).get("recommendation")
-    if isinstance(rec, dict):
-        return rec.get("config")
-    return None
+def recommended_gpu_config(locate: Run) -> str | None:
+    """The recommended config label of a locate run (its manifest's locate section)."""
+    recommendation = locate.locate.recommendation
+    return recommendation.get("config") if isinstance(recommendation, dict) else None
 
 
 _PHASES = {"run-to-run": "between runs of one session", "quiet": "between fresh sessions",
            "contention": "between sessions under GPU contention"}
 
 
-def _varying_nodes(report: dict, want: Any) -> str:
+def _configs(report: LocateReport, want: GpuConfig) -> list[ConfigReport]:
+    return [c for c in report.configs if GpuConfig.parse(c.label).resolved() == want]
+
+
+def _varying_nodes(report: LocateReport, want: GpuConfig) -> str:
     """The nodes that varied under a config in a locate report, and how: "node upscore (ConvTranspose) vary
     between runs of one session; ..."."""
-    ops = {n.get("label"): n.get("op_type") for n in report.get("nodes", []) if isinstance(n, dict)}
+    ops = {n.label: n.op_type for n in report.nodes}
     found = []
-    for config in report.get("configs", []):
-        if GpuConfig.parse(config.get("label", "")).resolved() != want:
-            continue
-        for outcome in config.get("repeats", []):
-            origins = outcome.get("origins") or []
-            if not outcome.get("stable", True) and origins:
-                named = ", ".join(f"{o} ({ops[o]})" if ops.get(o) else o for o in origins)
-                found.append(f"node(s) {named} vary {_PHASES.get(outcome.get('phase'), outcome.get('phase'))}")
+    for config in _configs(report, want):
+        for outcome in config.repeats:
+            if not outcome.stable and outcome.origins:
+                named = ", ".join(f"{o} ({ops[o]})" if ops.get(o) else o for o in outcome.origins)
+                found.append(f"node(s) {named} vary {_PHASES.get(outcome.phase, outcome.phase)}")
     return "; ".join(found)
 
 
-def _acceptable_pin(report: dict, pinned: str) -> tuple[bool, str]:
+def _acceptable_pin(report: LocateReport, pinned: str) -> tuple[bool, str]:
     """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of
     the fastest configuration: latency medians of configs that are equally fast move from run to run, so
     demanding the one fastest config would make the verdict flip with timing noise."""
 
-    rec = report.get("recommendation") or {}
+    rec = report.recommendation
     want = GpuConfig.parse(pinned).resolved()
-    stable = [c for c in rec.get("stable_configs", []) if GpuConfig.parse(c).resolved() == want]
-    if not stable:
+    if rec is None or not any(GpuConfig.parse(c).resolved() == want for c in rec.stable_configs):
         varied = _varying_nodes(report, want)
         if varied:
             return False, f"under the pinned {pinned} the locate report saw {varied}"
         return False, f"pinned {pinned} was not bit-stable across fresh sessions (or not measured) in the locate report"
-    fastest, max_cost = rec.get("fastest_ms"), rec.get("max_cost")
-    quickest = next((c.get("latency") or {} for c in report.get("configs", []) if c.get("label") == rec.get("fastest")), {})
-    for config in report.get("configs", []):
-        if GpuConfig.parse(config.get("label", "")).resolved() != want:
-            continue
-        latency = config.get("latency") or {}
-        if latency.get("median_ms") is None or not fastest or max_cost is None:
+    quickest = next((c.latency for c in report.configs if c.label == rec.fastest), None)
+    for config in _configs(report, want)[:1]:
+        if config.latency is None or not rec.fastest_ms:
             break
-        accepted, why = acceptance(latency["median_ms"], fastest, max_cost, str(rec.get("fastest")),
-                                   latency.get("p25_ms"), quickest.get("p75_ms"))
+        accepted, why = acceptance(config.latency.median_ms, rec.fastest_ms, rec.max_cost, str(rec.fastest),
+                                   config.latency.p25_ms, quickest.p75_ms if quickest is not None else None)
         return accepted, why if accepted else f"pinned {pinned} is bit-stable but {why}"
     return False, f"the locate report has no latency for pinned {pinned}"
 
@@ -428,8 +421,7 @@ def check_gpu(candidate: Side, policy: Policy) -> CheckResult:
         return CheckResult("gpu.pinned", FAIL, f"locate recommends {recommended} but the model pins no GPU config; set gpu_config = \"{recommended}\"",
                            tolerance, measured)
     try:
-
-        accepted, why = _acceptable_pin(load_report_data(candidate.locate_path), candidate.pinned_gpu)
+        accepted, why = _acceptable_pin(load_report(candidate.locate_path), candidate.pinned_gpu)
     except QconsistError as exc:
         return CheckResult("gpu.pinned", FAIL, f"pinned GPU config is invalid: {exc}", tolerance, measured)
     if not accepted:
@@ -458,7 +450,7 @@ def check_environment(candidate: Side, baseline: Side | None, policy: Policy) ->
     if baseline is None:
         return CheckResult("environment", NA, "no baseline: no environment to compare with", tolerance)
     diff = compare_environments(baseline.pipeline.manifest.environment, candidate.pipeline.manifest.environment)
-    measured = {"changed": [c.to_json() for c in diff.numerics]}
+    measured = {"changed": to_jsonable(diff.numerics)}
     if not diff.numerics:
         return CheckResult("environment", PASS, "same onnxruntime, onnx, numpy, CUDA/cuDNN, driver, GPU and numerics "
                            "variables as the baseline", tolerance, measured)

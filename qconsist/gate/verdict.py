@@ -13,6 +13,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from qconsist.errors import RunStoreError
+from qconsist.store.serde import serialized
 
 GATE_SCHEMA = "qconsist.gate/1"
 
@@ -62,6 +63,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
+@serialized(
+    schema=GATE_SCHEMA, derived=("passed", "reasons"), error=RunStoreError,
+    refused="not a gate verdict of schema {schema!r} (found {found!r})",
+    malformed="gate verdict is malformed: {exc!r}",
+)
 @dataclass
 class GateVerdict:
     """Pass or fail, with every reason. ``bool(verdict)`` is ``verdict.passed``."""
@@ -101,40 +107,6 @@ class GateVerdict:
         if self.passed:
             return f"PASS {self.model}: {len(self.checks)} checks, none failed"
         return f"FAIL {self.model}: {failed} of {len(self.checks)} checks failed"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": GATE_SCHEMA,
-            "passed": self.passed,
-            "model": self.model,
-            "candidate": self.candidate,
-            "baseline": self.baseline,
-            "created": self.created,
-            "changed_stages": list(self.changed_stages),
-            "first_diverging_node": self.first_diverging_node,
-            "origin_nodes": list(self.origin_nodes),
-            "reasons": self.reasons,
-            "policy": self.policy,
-            "checks": [check.to_json() for check in self.checks],
-            "diff": self.diff,
-            "same_run": self.same_run,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> "GateVerdict":
-        if not isinstance(data, dict) or data.get("schema") != GATE_SCHEMA:
-            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise RunStoreError(f"not a gate verdict of schema {GATE_SCHEMA!r} (found {found!r})")
-        try:
-            return cls(
-                model=data["model"], candidate=data["candidate"], baseline=data.get("baseline"),
-                policy=dict(data["policy"]), checks=[CheckResult.from_json(c) for c in data["checks"]],
-                created=data.get("created", ""), changed_stages=list(data.get("changed_stages", [])),
-                first_diverging_node=data.get("first_diverging_node"), origin_nodes=list(data.get("origin_nodes", [])),
-                diff=data.get("diff"), same_run=bool(data.get("same_run", False)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RunStoreError(f"gate verdict is malformed: {exc!r}") from None
 
     def to_markdown(self) -> str:
         head = "✅ PASS" if self.passed else "❌ FAIL"

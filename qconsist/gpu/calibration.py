@@ -20,7 +20,7 @@ from typing import Sequence
 from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_quantized
 from qconsist.onnxfile import read_onnx
 from qconsist.stages.calibration_table import build_table
-from qconsist.errors import ConfigError
+from qconsist.errors import ConfigError, InputError
 from qconsist.gpu.config import GpuConfig
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs.inputset import InputSet
@@ -28,12 +28,14 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.store.hashing import hash_artifact
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "qconsist.gpu-calibration/1"
 
 
+@serialized(derived=("repeat.agree", "repeat.md5s", "repeat.verdict"))
 @dataclass(frozen=True)
 class ModeResult:
     """N calibrations on the CUDA EP in one configuration, and how the first compares with the CPU's."""
@@ -43,19 +45,12 @@ class ModeResult:
     matches_cpu: bool
     cpu_differences: tuple[dict, ...]  # TensorDifference.to_json of the first GPU run vs the CPU run
 
-    def to_json(self) -> dict:
-        return {
-            "config": self.config, "agree": self.repeat.agree, "md5s": self.repeat.md5s,
-            "verdict": self.repeat.verdict(), "repeat": self.repeat.to_json(), "matches_cpu": self.matches_cpu,
-            "cpu_differences": list(self.cpu_differences),
-        }
 
-    @classmethod
-    def from_json(cls, data: dict) -> "ModeResult":
-        return cls(data["config"], RepeatResult.from_json(data["repeat"]), bool(data["matches_cpu"]),
-                   tuple(data.get("cpu_differences", ())))
-
-
+@serialized(
+    schema=SCHEMA, derived=("passed", "verdict"), error=InputError,
+    refused="not a GPU calibration report (schema {found!r}, expected {schema})",
+    malformed="GPU calibration report is malformed: {exc}",
+)
 @dataclass
 class GpuCalibrationReport:
     runs: int
@@ -86,17 +81,6 @@ class GpuCalibrationReport:
             "the CPU calibration differs from every GPU one" if self.cpu_md5 not in self.gpu_md5s
             else "the CPU calibration matches some GPU ones")
         return f"{gpu}; {cpu}"
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed, "verdict": self.verdict(), "runs": self.runs,
-            "cpu_md5": self.cpu_md5, "modes": [m.to_json() for m in self.modes], "params": self.params,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "GpuCalibrationReport":
-        return cls(runs=data["runs"], cpu_md5=data["cpu_md5"], modes=[ModeResult.from_json(m) for m in data["modes"]],
-                   params=dict(data.get("params", {})))
 
 
 @ort_logged()  # one capture for all its sessions and runs

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
-from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect, TensorStats, origins
+from qconsist.compare import ObservedGraph, OutputEffect, TensorStats, origins
 from qconsist.inference.fingerprint import tensor_hash
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 
-def _stats(data: Sequence) -> tuple[TensorStats, ...]:
-    return tuple(s if isinstance(s, TensorStats) else TensorStats.from_json(s) for s in data)
-
-
+@serialized
 @dataclass(frozen=True)
 class NodeDifference:
     """A node of the graph that ran whose output differed between the two sides."""
@@ -36,17 +33,6 @@ class NodeDifference:
     tensors: tuple[TensorStats, ...]  # its differing outputs, over every sample
     int8_downstream: int = 0  # for origins: int8/uint8 values changed in the nodes that depend on it
     origin_tensors: tuple[TensorStats, ...] = ()  # for origins: the same statistics over its origin samples only
-
-    def to_json(self) -> dict:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "NodeDifference":
-        return cls(
-            node=data["node"], label=data["label"], op_type=data["op_type"], origin=data["origin"],
-            origin_samples=tuple(data["origin_samples"]), tensors=_stats(data["tensors"]),
-            int8_downstream=data.get("int8_downstream", 0), origin_tensors=_stats(data.get("origin_tensors", ())),
-        )
 
     @property
     def greatest_abs(self) -> float:
@@ -69,6 +55,7 @@ class NodeDifference:
                 sum(t.elements for t in tensors))
 
 
+@serialized
 @dataclass(frozen=True)
 class PairResult:
     """Everything one comparison found. ``identical`` when no observed tensor differed in any sample."""
@@ -86,13 +73,6 @@ class PairResult:
     @property
     def origins(self) -> tuple[NodeDifference, ...]:
         return tuple(n for n in self.nodes if n.origin)
-
-    def to_json(self) -> dict:
-        return to_jsonable(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "PairResult":
-        return structure(cls, data)
 
 
 def _is_int8(stats: TensorStats) -> bool:
@@ -168,7 +148,3 @@ class PairComparison:
             tensors_compared=len(self._compared) or len(self._names), identical=not self._stats, first_node=first,
             nodes=tuple(nodes), int8_changed=sum(int8_by_tensor.values()), effect=self._effect,
         )
-
-
-def graph_from_nodes(nodes: Sequence[ObservedNode], outputs: Sequence[str]) -> ObservedGraph:
-    return ObservedGraph(tuple(nodes), tuple(outputs))

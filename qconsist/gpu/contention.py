@@ -11,25 +11,28 @@ stopped, ``done <iterations>``, so the report can say how much work competed.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
 
 from qconsist.errors import UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
 SHAPES_SEED = 20261121
 
 
+@serialized
 @dataclass(frozen=True)
 class LoadSummary:
     backend: str
@@ -37,13 +40,6 @@ class LoadSummary:
     seconds: float
     pid: int  # the first worker's
     workers: int = 1
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "LoadSummary":
-        return cls(**data)
 
 
 class GpuLoad:
@@ -172,7 +168,6 @@ def _conv_model(channels: int, out: int, kernel: int, rng: np.random.Generator) 
 
 
 def _ort_worker(rng: np.random.Generator) -> int:
-
     options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "EXHAUSTIVE"})
     iterations = 0
     while not _Stop.flag:
@@ -188,8 +183,6 @@ def _ort_worker(rng: np.random.Generator) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Keep the GPU busy with convolutions of changing shapes.")
     parser.add_argument("--seed", type=int, default=SHAPES_SEED)
     parser.add_argument("--backend", choices=("auto", "torch", "onnxruntime"), default="auto")

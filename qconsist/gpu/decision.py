@@ -11,9 +11,10 @@ and for the gate's check of a pinned configuration alike.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from qconsist.errors import ConfigError
+from qconsist.store.serde import serialized
 
 DEFAULT_MAX_COST = 1.05
 
@@ -33,6 +34,7 @@ class ConfigOutcome:
             raise ConfigError(f"config {self.label}: median latency must be > 0 ms, got {self.median_ms!r}")
 
 
+@serialized(derived=("accepted",))
 @dataclass(frozen=True)
 class Recommendation:
     """``config`` is None when no configuration was bit-stable."""
@@ -57,20 +59,6 @@ class Recommendation:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["stable_configs"] = list(self.stable_configs)
-        data["notes"] = list(self.notes)
-        data["accepted"] = self.accepted
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Recommendation":
-        values = {k: v for k, v in data.items() if k != "accepted"}
-        values["stable_configs"] = tuple(values["stable_configs"])
-        values["notes"] = tuple(values["notes"])
-        return cls(**values)
 
 
 def acceptance(median_ms: float, fastest_ms: float, max_cost: float, fastest: str, p25_ms: float | None = None,

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
@@ -40,7 +40,7 @@ from qconsist.inference.session import ExecutionOptions, OptimizationLevel, ort_
 from qconsist.compare import OutputEffect
 from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized
 from qconsist.store.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class Fp16Options:
             raise ConfigError(f"fp16 overflow limit must be in (0, {FLOAT16_MAX}], got {self.overflow_limit!r}")
 
 
+@serialized
 @dataclass(frozen=True)
 class Finding:
     """One node output: where it is and what was seen (in the earliest sample showing it)."""
@@ -73,14 +74,8 @@ class Finding:
     max_abs_fp32: float = 0.0
     covers: tuple[str, ...] = ()  # the model's nodes this (possibly fused) node computes
 
-    def to_json(self) -> dict:
-        return {**asdict(self), "covers": list(self.covers)}
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Finding":
-        return cls(**{**data, "covers": tuple(data.get("covers", ()))})
-
-
+@serialized
 @dataclass(frozen=True)
 class NodeError:
     label: str
@@ -88,10 +83,19 @@ class NodeError:
     max_abs: float
     max_rel: float
 
-    def to_json(self) -> dict:
-        return asdict(self)
+
+def _effect(data: dict[str, Any]) -> dict[str, Any]:
+    """Reports recorded before the output effect: its figures from the flat keys."""
+    if "effect" in data:
+        return data
+    return {**data, "effect": {"samples": data["samples"], "greatest_abs": data["output_greatest_abs"], "top1_agree": data["top1_agree"]}}
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed", "output_greatest_abs", "top1_agree", "stored_as_float16", "note"),
+    error=InputError, refused="not an fp16 report (schema {found!r}, expected {schema})",
+    malformed="fp16 report is malformed: {exc}", upgrade=_effect,
+)
 @dataclass
 class Fp16Report:
     model: str
@@ -135,35 +139,6 @@ class Fp16Report:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed, "model": self.model, "execution": self.execution,
-            "samples": self.samples, "truncated_constants": self.truncated_constants,
-            "first_nonfinite": self.first_nonfinite.to_json() if self.first_nonfinite is not None else None,
-            "first_overflow": self.first_overflow.to_json() if self.first_overflow is not None else None,
-            "nonfinite_tensors": self.nonfinite_tensors, "overflow_tensors": self.overflow_tensors,
-            "worst_nodes": [n.to_json() for n in self.worst_nodes],
-            "effect": self.effect.to_json(), "output_greatest_abs": self.output_greatest_abs, "top1_agree": self.top1_agree,
-            "float16_tensors": self.float16_tensors, "float_tensors": self.float_tensors,
-            "stored_as_float16": self.stored_as_float16, "note": self.note(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Fp16Report":
-        if data.get("schema") != SCHEMA:
-            raise InputError(f"not an fp16 report (schema {data.get('schema')!r}, expected {SCHEMA})")
-        return cls(
-            model=data["model"], execution=data["execution"], samples=data["samples"],
-            truncated_constants=data["truncated_constants"],
-            first_nonfinite=Finding.from_json(data["first_nonfinite"]) if data["first_nonfinite"] else None,
-            first_overflow=Finding.from_json(data["first_overflow"]) if data["first_overflow"] else None,
-            nonfinite_tensors=data["nonfinite_tensors"], overflow_tensors=data["overflow_tensors"],
-            worst_nodes=[NodeError(**n) for n in data["worst_nodes"]],
-            effect=OutputEffect.from_json(data["effect"]) if "effect" in data else OutputEffect(
-                samples=data["samples"], greatest_abs=to_number(data["output_greatest_abs"]), top1_agree=data["top1_agree"]),
-            float16_tensors=data["float16_tensors"], float_tensors=data["float_tensors"],
-        )
 
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from qconsist.errors import ConfigError
 from qconsist.inference.session import ort_logged
+from qconsist.store.serde import serialized
 
 Sample = dict[str, np.ndarray]
 
@@ -32,6 +33,7 @@ class LatencyOptions:
             raise ConfigError(f"latency runs must be an integer >= 3 (a median needs several), got {self.runs!r}")
 
 
+@serialized(derived=("spread",))
 @dataclass(frozen=True)
 class LatencyStats:
     """Milliseconds. ``spread`` is the interquartile range relative to the median."""
@@ -49,13 +51,6 @@ class LatencyStats:
     @property
     def spread(self) -> float:
         return (self.p75_ms - self.p25_ms) / self.median_ms if self.median_ms > 0 else 0.0
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "spread": self.spread}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "LatencyStats":
-        return cls(**{k: v for k, v in data.items() if k != "spread"})
 
 
 def summarise(times_ms: Sequence[float], session_ms: float, first_run_ms: float, warmup: int) -> LatencyStats:

@@ -33,11 +33,12 @@ import numpy as np
 
 from qconsist.errors import ConfigError, QconsistError
 from qconsist.gpu.comparison import PairResult
+from qconsist.gpu.contention import LoadSummary
 from qconsist.gpu.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
 from qconsist.gpu.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
 from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency
 from qconsist.gpu.observe import Observer
-from qconsist.gpu.report import ConfigReport, LocateReport, sensitive_nodes
+from qconsist.gpu.report import ConfigReport, LocateReport, Tf32Pair, Tf32Section, sensitive_nodes
 from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
 from qconsist.inference.dump import FaithfulCheck
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
@@ -140,7 +141,7 @@ class _Exploration:
         self.outcomes: dict[str, list[RepeatOutcome]] = {v.label: [] for v in variants}
         self.results: list[PairResult] = []
         self.timings: dict[str, tuple[LatencyStats, dict]] = {}
-        self.load_summary: dict | None = None
+        self.load_summary: LoadSummary | None = None
 
     def add(self, outcomes: Iterable[RepeatOutcome]) -> None:
         for outcome in outcomes:
@@ -215,7 +216,7 @@ class Contention:
     def run(self, state: _Exploration) -> None:
         with self.load() as worker:
             state.add(repeat_phase(state.references, state.samples, state.repeats, "contention", state.progress))
-        state.load_summary = worker.summary.to_json() if worker.summary is not None else None
+        state.load_summary = worker.summary
 
 
 @dataclass(frozen=True)
@@ -313,19 +314,19 @@ def explore(
     return reports, state.results, tagged, state.load_summary, decision
 
 
-def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> dict:
+def tf32_section(override: Tf32Override, comparisons: Sequence[Comparison], results: Sequence[PairResult]) -> Tf32Section:
     """Per TF32 pair: whether TF32 changed anything and the origin nodes it changes."""
     pairs = []
     for c, r in zip(comparisons, results):
         if c.why != "tf32":
             continue
-        pairs.append({
-            "tf32_on": c.reference if "tf32=1" in c.reference else c.other,
-            "tf32_off": c.other if "tf32=1" in c.reference else c.reference,
-            "identical": r.identical, "first_node": r.first_node, "origins": [n.label for n in r.origins],
-            "greatest_output_difference": r.effect.greatest_abs,
-        })
-    return {"override": override.to_json(), "pairs": pairs}
+        pairs.append(Tf32Pair(
+            tf32_on=c.reference if "tf32=1" in c.reference else c.other,
+            tf32_off=c.other if "tf32=1" in c.reference else c.reference,
+            identical=r.identical, first_node=r.first_node, origins=tuple(n.label for n in r.origins),
+            greatest_output_difference=r.effect.greatest_abs,
+        ))
+    return Tf32Section(override, tuple(pairs))
 
 
 def _engine_recorder(samples: Sequence[Sample], runs: int, records: dict[str, EngineRecord], errors: dict[str, str],

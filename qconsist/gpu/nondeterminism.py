@@ -10,7 +10,7 @@ the cuDNN algorithm search and the session option ``use_deterministic_compute``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +23,7 @@ from qconsist.inference.session import ConvAlgoSearch
 from qconsist.onnxfile import read_onnx
 from qconsist.stages.rewrites.emit import attributes_of
 from qconsist.stages.rewrites.subpixel import overlaps
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.nondeterminism/1"
 ORT = "https://github.com/microsoft/onnxruntime/blob/main/onnxruntime"
@@ -285,6 +286,11 @@ class Finding:
     fix: str
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=InputError,
+    refused="not a non-determinism report of schema {schema}: {found!r}",
+    malformed="non-determinism report is malformed: {exc}",
+)
 @dataclass
 class NondeterminismReport:
     findings: list[Finding]
@@ -300,24 +306,6 @@ class NondeterminismReport:
 
     def nodes(self, kind: str | None = None) -> list[str]:
         return [f.node for f in self.findings if kind is None or f.kind == kind]
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed,
-            "settings": {"conv_algo_search": self.settings.conv_algo_search.value,
-                         "use_deterministic_compute": self.settings.use_deterministic_compute,
-                         "use_tf32": self.settings.use_tf32},
-            "findings": [asdict(f) for f in self.findings],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "NondeterminismReport":
-        if data.get("schema") != SCHEMA:
-            raise InputError(f"not a non-determinism report of schema {SCHEMA}: {data.get('schema')!r}")
-        settings = data["settings"]
-        return cls([Finding(**f) for f in data["findings"]],
-                   CudaSettings(ConvAlgoSearch(settings["conv_algo_search"]), settings["use_deterministic_compute"],
-                                settings.get("use_tf32", True)))
 
 
 def _views(model: onnx.ModelProto):

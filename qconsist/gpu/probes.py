@@ -9,7 +9,7 @@ fingerprint hash), so one distinct output over all runs and sessions means bit-s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.inference.fingerprint import tensor_hash
 from qconsist.inference.session import ExecutionOptions, create_session
+from qconsist.store.serde import serialized
 
 Probe = Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]
 
@@ -127,6 +128,7 @@ PROBES: dict[str, Probe] = {
 }
 
 
+@serialized(derived=("stable",))
 @dataclass
 class Stability:
     """Distinct outputs of one probe under one execution setting, over ``sessions`` × ``runs``."""
@@ -141,10 +143,6 @@ class Stability:
     @property
     def stable(self) -> bool:
         return self.error is None and self.distinct == 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "sessions": self.sessions, "runs": self.runs, "distinct": self.distinct,
-                "distinct_per_session": list(self.distinct_per_session), "stable": self.stable, "error": self.error}
 
 
 def measure_stability(model: onnx.ModelProto, feeds: dict[str, np.ndarray], options: ExecutionOptions, setting: str,

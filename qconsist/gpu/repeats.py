@@ -25,6 +25,7 @@ from qconsist.errors import ConfigError
 from qconsist.gpu.comparison import PairComparison, PairResult
 from qconsist.gpu.observe import Observation, Observer
 from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class ReferenceRuns:
         return cls(dict(observers), sessions, hashes)
 
 
+@serialized(derived=("stable", "origins"))
 @dataclass(frozen=True)
 class RepeatOutcome:
     """K fresh sessions of one config in one phase (``quiet`` or ``contention``), or K runs of its reference
@@ -77,21 +79,6 @@ class RepeatOutcome:
             for node in result.origins:
                 seen.setdefault(node.label)
         return list(seen)
-
-    def to_json(self) -> dict:
-        return {
-            "config": self.config, "phase": self.phase, "sessions": self.sessions, "stable": self.stable,
-            "differing_sessions": list(self.differing_sessions), "origins": self.origins,
-            "comparisons": [c.to_json() for c in self.comparisons],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "RepeatOutcome":
-        return cls(
-            config=data["config"], phase=data["phase"], sessions=data["sessions"],
-            differing_sessions=tuple(data["differing_sessions"]),
-            comparisons=tuple(PairResult.from_json(c) for c in data["comparisons"]),
-        )
 
 
 def _same(hashes: Mapping[str, int], observation: Observation) -> bool:

@@ -20,16 +20,19 @@ from typing import Any
 from qconsist.errors import RunStoreError
 from qconsist.gpu.calibration import GpuCalibrationReport
 from qconsist.gpu.comparison import NodeDifference, PairResult
+from qconsist.gpu.config import Tf32Override
+from qconsist.gpu.contention import LoadSummary
 from qconsist.gpu.fp16 import Fp16Report
 from qconsist.gpu.decision import Recommendation
 from qconsist.inference.engines import EngineRecord
 from qconsist.gpu.latency import LatencyStats
 from qconsist.gpu.repeats import RepeatOutcome
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.locate/1"
 
 
+@serialized(derived=("stable",))
 @dataclass(frozen=True)
 class ConfigReport:
     label: str
@@ -45,22 +48,8 @@ class ConfigReport:
     def repeat(self, phase: str) -> RepeatOutcome | None:
         return next((r for r in self.repeats if r.phase == phase), None)
 
-    def to_json(self) -> dict:
-        return {
-            "label": self.label, "settings": self.settings, "stable": self.stable,
-            "latency": self.latency.to_json() if self.latency is not None else None, "faithful": self.faithful,
-            "repeats": [r.to_json() for r in self.repeats],
-        }
 
-    @classmethod
-    def from_json(cls, data: dict) -> "ConfigReport":
-        return cls(
-            label=data["label"], settings=data["settings"],
-            latency=LatencyStats.from_json(data["latency"]) if data.get("latency") else None,
-            faithful=data["faithful"], repeats=tuple(RepeatOutcome.from_json(r) for r in data["repeats"]),
-        )
-
-
+@serialized
 @dataclass(frozen=True)
 class SensitiveNode:
     """An origin node: where outputs first change, between sessions (repeat) or configurations (algorithm)."""
@@ -74,13 +63,6 @@ class SensitiveNode:
     greatest_abs: float  # in its origin samples
     int8_downstream: int
     samples: int = 0  # samples in which it is an origin
-
-    def to_json(self) -> dict:
-        return {**self.__dict__, "between": list(self.between)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "SensitiveNode":
-        return cls(**{**data, "between": tuple(data["between"]), "greatest_abs": to_number(data["greatest_abs"])})
 
 
 def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode]:
@@ -111,6 +93,7 @@ def sensitive_nodes(results: list[tuple[str, PairResult]]) -> list[SensitiveNode
     return found
 
 
+@serialized(derived=("cost_vs_original", "stable_configs"))
 @dataclass(frozen=True)
 class RewriteAlternative:
     """The model with its unstable nodes rewritten, measured under the same configurations."""
@@ -138,43 +121,42 @@ class RewriteAlternative:
     def stable_configs(self) -> tuple[str, ...]:
         return tuple(c.label for c in self.configs if c.stable)
 
-    def to_json(self) -> dict:
-        return {
-            "rewritten": list(self.rewritten), "refused": list(self.refused), "check_max_abs": self.check_max_abs,
-            "outputs_max_abs": self.outputs_max_abs, "top1_agree": self.top1_agree, "samples": self.samples,
-            "configs": [c.to_json() for c in self.configs],
-            "recommendation": self.recommendation.to_json() if self.recommendation else None,
-            "original_fastest": self.original_fastest, "original_fastest_ms": self.original_fastest_ms,
-            "cost_vs_original": self.cost_vs_original, "stable_configs": list(self.stable_configs),
-        }
 
-    @classmethod
-    def from_json(cls, data: dict) -> "RewriteAlternative":
-        return cls(
-            rewritten=tuple(data["rewritten"]), refused=tuple(data["refused"]), check_max_abs=data["check_max_abs"],
-            outputs_max_abs=to_number(data["outputs_max_abs"]), top1_agree=data["top1_agree"], samples=data["samples"],
-            configs=tuple(ConfigReport.from_json(c) for c in data["configs"]),
-            recommendation=Recommendation.from_json(data["recommendation"]) if data.get("recommendation") else None,
-            original_fastest=data["original_fastest"], original_fastest_ms=data["original_fastest_ms"],
-        )
-
-
+@serialized
 @dataclass(frozen=True)
 class NoAlternative:
     """Why no rewrite was measured although a rewritable-looking node varied."""
 
     reason: str
 
-    def to_json(self) -> dict:
-        return {"reason": self.reason}
+
+@serialized
+@dataclass(frozen=True)
+class Tf32Pair:
+    """A configuration with TF32 on against its twin with TF32 off: whether TF32 changed anything, and where."""
+
+    tf32_on: str
+    tf32_off: str
+    identical: bool
+    first_node: str | None
+    origins: tuple[str, ...]  # the origin nodes TF32 changes
+    greatest_output_difference: float
 
 
-def _alternative(data: dict | None) -> "RewriteAlternative | NoAlternative | None":
-    if not data:
-        return None
-    return NoAlternative(data["reason"]) if "reason" in data else RewriteAlternative.from_json(data)
+@serialized
+@dataclass(frozen=True)
+class Tf32Section:
+    """``NVIDIA_TF32_OVERRIDE`` as seen, and per search mode the TF32 pair compared."""
+
+    override: Tf32Override
+    pairs: tuple[Tf32Pair, ...] = ()
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="not a locate report (schema {found!r}, expected {schema!r})",
+    malformed="locate report is missing or has an invalid field: {exc}",
+)
 @dataclass
 class LocateReport:
     model: dict[str, Any]
@@ -182,10 +164,10 @@ class LocateReport:
     device: dict[str, Any]
     reference: str  # the reference configuration's label
     repeats: int
-    contention: dict[str, Any] | None  # LoadSummary.to_json() when --contention ran
+    contention: LoadSummary | None  # when --contention ran
     configs: list[ConfigReport]
     comparisons: list[PairResult]
-    tf32: dict[str, Any]
+    tf32: Tf32Section
     recommendation: Recommendation | None  # None when the configuration matrix did not run (fp16 only)
     nodes: list[SensitiveNode] = field(default_factory=list)
     calibration: GpuCalibrationReport | None = None
@@ -214,37 +196,3 @@ class LocateReport:
             if cfg.label == label:
                 return cfg
         raise KeyError(label)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed, "model": self.model, "inputs": self.inputs,
-            "device": self.device, "reference": self.reference, "repeats": self.repeats,
-            "contention": self.contention, "configs": [c.to_json() for c in self.configs],
-            "comparisons": [c.to_json() for c in self.comparisons], "tf32": self.tf32,
-            "recommendation": self.recommendation.to_json() if self.recommendation is not None else None, "nodes": [n.to_json() for n in self.nodes],
-            "calibration": self.calibration.to_json() if self.calibration is not None else None,
-            "fp16": self.fp16.to_json() if self.fp16 is not None else None, "seconds": self.seconds, "kinds": list(self.kinds),
-            "engines": [e.to_json() for e in self.engines], "engine_errors": dict(self.engine_errors),
-            "alternative": self.alternative.to_json() if self.alternative is not None else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> "LocateReport":
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise RunStoreError(f"not a locate report (schema {found!r}, expected {SCHEMA!r})")
-        try:
-            return cls(
-                model=data["model"], inputs=data["inputs"], device=data["device"], reference=data["reference"],
-                repeats=data["repeats"], contention=data["contention"],
-                configs=[ConfigReport.from_json(c) for c in data["configs"]],
-                comparisons=[PairResult.from_json(c) for c in data["comparisons"]], tf32=data["tf32"],
-                recommendation=Recommendation.from_json(data["recommendation"]) if data["recommendation"] else None,
-                nodes=[SensitiveNode.from_json(n) for n in data["nodes"]],
-                calibration=GpuCalibrationReport.from_json(data["calibration"]) if data.get("calibration") else None,
-                fp16=Fp16Report.from_json(data["fp16"]) if data.get("fp16") else None, seconds=data.get("seconds", 0.0), kinds=list(data.get("kinds", [])),
-                engines=[EngineRecord.from_json(e) for e in data.get("engines") or []],
-                engine_errors=dict(data.get("engine_errors") or {}), alternative=_alternative(data.get("alternative")),
-            )
-        except (KeyError, TypeError) as exc:
-            raise RunStoreError(f"locate report is missing or has an invalid field: {exc}") from None

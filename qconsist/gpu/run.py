@@ -26,7 +26,7 @@ from qconsist.errors import ConfigError, UnsupportedModelError
 from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
 from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
 from qconsist.gpu.locate import LocateOptions, locate
-from qconsist.gpu.report import SCHEMA, LocateReport
+from qconsist.gpu.report import SCHEMA, LocateReport, Tf32Section
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
@@ -153,7 +153,7 @@ def _fp16_report(request: LocateRequest, source: ModelSource, samples: list, pro
 def _empty_report(source: ModelSource, input_set: InputSet) -> LocateReport:
     return LocateReport(
         model=source.describe(), inputs=input_set.describe(), device={}, reference="", repeats=0, contention=None,
-        configs=[], comparisons=[], tf32={"override": Tf32Override.from_environment().to_json(), "pairs": []},
+        configs=[], comparisons=[], tf32=Tf32Section(Tf32Override.from_environment()),
         recommendation=None,
     )
 
@@ -211,19 +211,12 @@ def run_locate(request: LocateRequest, runs_dir: Path, command: Sequence[str] = 
     return report, path
 
 
-def load_report_data(run: Run | Path) -> dict:
-    """The JSON of the ``LocateReport`` of a complete locate run directory (``locate.json``)."""
+def load_report(run: Run | Path) -> LocateReport:
+    """The ``LocateReport`` of a complete locate run directory (``locate.json``)."""
     run = run if isinstance(run, Run) else Run.open(run)
     path = run.file(run.locate.report, "locate report")
     try:
         data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RunStoreError(f"cannot read {run.path / REPORT_FILE}: {exc}") from None
-    if not isinstance(data, dict):
-        raise RunStoreError(f"{run.path / REPORT_FILE}: not a locate report")
-    return data
-
-
-def load_report(run: Run | Path) -> LocateReport:
-    """The ``LocateReport`` of a complete locate run directory."""
-    return LocateReport.from_json(load_report_data(run))
+    return LocateReport.from_json(data)

@@ -18,6 +18,7 @@ from qconsist.errors import ConfigError, InputError, RunStoreError
 from qconsist.history.db import History
 from qconsist.history.figures import order
 from qconsist.history.timeline import model_timeline
+from qconsist.store.serde import serialized
 
 SUMMARY_SCHEMA = "qconsist.history-summary/1"
 NO_GPU = "none (CPU)"
@@ -118,6 +119,11 @@ class Series:
         return start
 
 
+@serialized(
+    schema=SUMMARY_SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="not a history summary of schema {schema!r} (found {found!r})",
+    malformed="history summary is malformed: {exc!r}",
+)
 @dataclass(frozen=True)
 class HistorySummary:
     """A history's nights and its series, filtered as asked. ``passed``: every series' latest night passed."""
@@ -142,45 +148,6 @@ class HistorySummary:
     @property
     def gpu_types(self) -> tuple[str, ...]:
         return tuple(sorted({gpu for s in self.series for gpu in s.gpus}))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SUMMARY_SCHEMA, "source": self.source, "passed": self.passed, "filters": dict(self.filters),
-            "figures": list(self.figures), "nights": [vars(n) for n in self.nights],
-            "series": [{"key": s.key, "model": s.model, "nights": [_night_json(n) for n in s.nights]} for s in self.series],
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> "HistorySummary":
-        if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
-            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise RunStoreError(f"not a history summary of schema {SUMMARY_SCHEMA!r} (found {found!r})")
-        try:
-            return cls(
-                source=data["source"], nights=tuple(Night(**n) for n in data["nights"]), figures=tuple(data["figures"]),
-                filters=dict(data.get("filters") or {}),
-                series=tuple(Series(s["key"], s["model"], tuple(_night_from_json(n) for n in s["nights"])) for s in data["series"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RunStoreError(f"history summary is malformed: {exc!r}") from None
-
-
-_TUPLES = ("changed", "environment", "changed_stages", "origin_nodes", "reasons")
-
-
-def _night_json(night: EntryNight) -> dict[str, Any]:
-    data = dict(vars(night))
-    for name in _TUPLES:
-        data[name] = list(data[name])
-    return data
-
-
-def _night_from_json(data: dict[str, Any]) -> EntryNight:
-    values = dict(data)
-    for name in _TUPLES:
-        values[name] = tuple(values.get(name) or ())
-    values["figures"] = {k: float(v) for k, v in (values.get("figures") or {}).items()}
-    return EntryNight(**values)
 
 
 def _status(row: dict[str, Any]) -> str:

@@ -3,15 +3,17 @@ with what changed in the environment at the same time (``qconsist.environment.de
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from qconsist.environment import describe_changes
 from qconsist.errors import InputError
 from qconsist.history.db import History
 from qconsist.stages.base import stage_names
+from qconsist.store.serde import serialized
 
 
+@serialized
 @dataclass(frozen=True)
 class Change:
     """Something that differs from the previous night of the same model."""
@@ -31,11 +33,6 @@ class Change:
             text = f"{self.night_id}: verdict {self.old} -> {self.new} (was {self.previous_night})"
         env = "; ".join(self.environment) if self.environment else "environment unchanged"
         return f"{text}; {env}"
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["environment"] = list(self.environment)
-        return data
 
 
 @dataclass

@@ -24,6 +24,7 @@ CuPy (``cupy-cuda13x``, extra ``gpu``) is imported when a CUDA dump starts, neve
 
 from __future__ import annotations
 
+import time
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -252,8 +253,6 @@ class DeviceDump:
     # ------------------------------------------------------------------ one step
     def run(self, step: dict[str, np.ndarray], count: int, host_columns: Sequence[int] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """Run one step: its records ``RECORD[count, tensors]`` and the whole-step arrays of ``host_columns``."""
-        import time
-
         cp = self.cp
         layout = self._layouts.get(count)
         if layout is None:

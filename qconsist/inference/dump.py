@@ -46,6 +46,7 @@ from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import read_onnx
 from qconsist.store.fingerprints import TableWriter
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class RawMode(str, Enum):
     AUTO = "auto"
 
 
+@serialized
 @dataclass(frozen=True)
 class RawSelection:
     """Which raw tensors a dump keeps: none, all, those of named nodes, or ``auto`` (those that differ
@@ -81,9 +83,6 @@ class RawSelection:
         if not names:
             raise ConfigError(f"`raw` {text!r}: give all, none, auto or a comma-separated list of node names")
         return cls(RawMode.NODES, names)
-
-    def to_json(self) -> dict:
-        return {"mode": self.mode.value, "names": list(self.names)}
 
 
 @dataclass

@@ -33,9 +33,9 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -45,6 +45,7 @@ from qconsist.errors import ConfigError, InputError, UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
 from qconsist.onnxfile import read_onnx
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ def _enum_name(text: str | None) -> str | None:
     return text.split(" (")[0].strip() if text else None
 
 
+@serialized(derived=("nondeterministic",))
 @dataclass(frozen=True)
 class ConvExecution:
     """One convolution cuDNN executed: what, with which engine (or legacy algorithm), with which notes."""
@@ -176,16 +178,6 @@ class ConvExecution:
 
     def signature(self) -> tuple:
         return (self.operation, self.w, self.strides, self.pads, self.dilations)
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "nondeterministic": self.nondeterministic}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ConvExecution":
-        values = {k: v for k, v in data.items() if k != "nondeterministic"}
-        for key in ("x", "w", "y", "pads", "strides", "dilations", "notes"):
-            values[key] = tuple(values[key])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -410,6 +402,7 @@ def _matches(node: ConvNode, execution: ConvExecution) -> bool:
 # --- the record -----------------------------------------------------------------------------------------
 
 
+@serialized(derived=("nondeterministic",))
 @dataclass(frozen=True)
 class NodeEngines:
     """One convolution node in one configuration: the kernel of each run, and what autotuning tried."""
@@ -438,18 +431,11 @@ class NodeEngines:
             text += f" (its search first executed {', '.join(self.tried)})"
         return text + (f"; {self.why}" if self.why else "")
 
-    def to_json(self) -> dict:
-        return {**asdict(self), "runs": list(self.runs), "tried": list(self.tried), "notes": list(self.notes),
-                "nondeterministic": self.nondeterministic}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "NodeEngines":
-        values = {k: v for k, v in data.items() if k != "nondeterministic"}
-        for key in ("runs", "tried", "notes"):
-            values[key] = tuple(values[key])
-        return cls(**values)
-
-
+@serialized(
+    schema=SCHEMA, derived=("outputs_stable",), error=InputError,
+    refused="not an engine record of schema {schema}: {found!r}", malformed="engine record is malformed: {exc}",
+)
 @dataclass(frozen=True)
 class EngineRecord:
     """The kernels of one configuration, recorded from cuDNN's API log in a child session."""
@@ -470,21 +456,6 @@ class EngineRecord:
 
     def node(self, label: str) -> NodeEngines | None:
         return next((n for n in self.nodes if n.label == label or n.node == label), None)
-
-    def to_json(self) -> dict:
-        return {"schema": SCHEMA, "config": self.config, "runs": self.runs, "nodes": [n.to_json() for n in self.nodes],
-                "unmatched": list(self.unmatched), "output_hashes": list(self.output_hashes),
-                "outputs_stable": self.outputs_stable, "seconds": self.seconds, "plain_seconds": self.plain_seconds,
-                "log_bytes": self.log_bytes, "cudnn_version": self.cudnn_version}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "EngineRecord":
-        if data.get("schema") != SCHEMA:
-            raise InputError(f"not an engine record of schema {SCHEMA}: {data.get('schema')!r}")
-        return cls(config=data["config"], runs=data["runs"], nodes=tuple(NodeEngines.from_json(n) for n in data["nodes"]),
-                   unmatched=tuple(data["unmatched"]), output_hashes=tuple(data["output_hashes"]),
-                   seconds=data["seconds"], plain_seconds=data.get("plain_seconds"), log_bytes=data["log_bytes"],
-                   cudnn_version=data.get("cudnn_version"))
 
 
 def assign(ran: Sequence[Sequence[ConvExecution]], tried: Sequence[Sequence[ConvExecution]], nodes: Sequence[ConvNode],

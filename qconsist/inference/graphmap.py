@@ -28,13 +28,15 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from qconsist.inference.layout import Layouts, describe
+from qconsist.inference.layout import Layouts
+from qconsist.store.serde import serialized
 
 _VALUE_PRESERVING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Cast", "Identity"}
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
 _MAX_FOLLOW = 4
 
 
+@serialized
 @dataclass(frozen=True)
 class TensorOrigin:
     """One dumped tensor and where it comes from in the original model."""
@@ -48,19 +50,6 @@ class TensorOrigin:
     covers: tuple[str, ...] = field(default=())  # original nodes the optimized node computes
     # with ``original``: ORT holds it as numpy.transpose(original, layout); () the original's own order
     layout: tuple[int, ...] = field(default=())
-
-    def to_json(self) -> dict:
-        return {
-            "name": self.name, "node": self.node, "op_type": self.op_type, "original": self.original,
-            "how": self.how, "label": self.label, "covers": list(self.covers), "layout": list(self.layout),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "TensorOrigin":
-        return cls(
-            name=data["name"], node=data["node"], op_type=data["op_type"], original=data["original"],
-            how=data["how"], label=data["label"], covers=tuple(data["covers"]), layout=tuple(data.get("layout", ())),
-        )
 
 
 def op_name(node: onnx.NodeProto) -> str:
@@ -257,13 +246,6 @@ def map_tensors(
             label=label, covers=tuple(orig.names[i] for i in covered), layout=layout,
         ))
     return result, layouts
-
-
-def layout_note(origin: TensorOrigin) -> str:
-    """How ORT holds a dumped tensor against its original, in words."""
-    if origin.how == "layout unknown":
-        return "layout unknown"
-    return describe(origin.layout) if origin.original else ""
 
 
 def structure_hash(model: onnx.ModelProto) -> str:

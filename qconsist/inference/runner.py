@@ -54,6 +54,7 @@ from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.run import SOURCE_KEY, Run
 from qconsist.store.rundir import RunDirectory
 from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, table_digest
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 KIND = "inference"
@@ -91,6 +92,7 @@ class RunRequest:
             raise ConfigError("`reference` is only used with `raw` auto")
 
 
+@serialized(derived=("passed",))
 @dataclass
 class InferenceResult:
     run_dir: Path
@@ -109,15 +111,6 @@ class InferenceResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_dir": str(self.run_dir), "run_id": self.run_id, "samples": self.samples,
-            "ms_per_sample": self.ms_per_sample, "outputs": self.outputs,
-            "dump": self.dump.to_json() if self.dump is not None else None, "passed": self.passed,
-            "onnxruntime_log": self.onnxruntime_log.to_json() if self.onnxruntime_log else None,
-            "accuracy": self.accuracy.to_json() if self.accuracy is not None else None,
-        }
 
 
 class _Reference:

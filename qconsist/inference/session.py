@@ -46,6 +46,7 @@ from qconsist.environment import fingerprint
 from qconsist.onnxfile import read_onnx
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 from qconsist.threads import MEASUREMENT_THREADS
 
 log = logging.getLogger(__name__)
@@ -512,6 +513,7 @@ def _write_failure(path: Path, said: str) -> str:
     return f"the write failed ({said}; {free >> 20} MiB free in {folder})"
 
 
+@serialized
 @dataclass(frozen=True)
 class DeviceInfo:
     """What ``require_provider`` found: the provider, onnxruntime's providers, the device's name."""
@@ -519,9 +521,6 @@ class DeviceInfo:
     provider: str
     providers: tuple[str, ...]
     name: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"provider": self.provider, "providers": list(self.providers), "name": self.name}
 
 
 def _device_name(spec: ProviderSpec) -> str:

@@ -7,7 +7,9 @@ centre crop → float in [0, ``pixel_range``] → channel order → subtract ``m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import re
+import warnings
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from qconsist.errors import ConfigError, InputError
+from qconsist.store.serde import serialized
 
 
 class ChannelOrder(str, Enum):
@@ -33,6 +36,7 @@ class Interpolation(str, Enum):
     BICUBIC = "bicubic"
 
 
+@serialized
 @dataclass(frozen=True)
 class Preprocess:
     resize: tuple[int, int] | None = None  # (height, width); the whole image is resized (Caffe warps)
@@ -83,14 +87,6 @@ class Preprocess:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}.{key}: invalid value {value!r} ({exc})") from None
         return cls(**kwargs)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("interpolation", "channel_order", "layout"):
-            data[key] = getattr(self, key).value
-        for key in ("resize", "crop", "mean", "std"):
-            data[key] = list(data[key]) if data[key] is not None else None
-        return data
 
     def apply(self, path: Path) -> np.ndarray:
         """Decode ``path`` (under ``MAX_IMAGE_PIXELS``, its mode converted by ``mode_rule``) and return a float32
@@ -165,9 +161,6 @@ def mode_rule(mode: str) -> str | None:
 def _open(path: Path):
     """``PIL.Image.open`` (lazy: the header only) with the pixel limit applied; PIL's own bomb warning is not
     printed (the limit is below it) and its bomb error becomes the same one-line refusal."""
-    import re
-    import warnings
-
     from PIL import Image, UnidentifiedImageError
 
     try:

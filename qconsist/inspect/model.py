@@ -20,7 +20,7 @@ import onnx
 from qconsist.errors import InputError, RunStoreError
 from qconsist.onnxfile import read_onnx
 from qconsist.store.hashing import hash_file
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.inspect.model/1"
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
@@ -34,6 +34,10 @@ class ValueSpec:
     shape: list[Any]  # ints, symbolic names, or null for an unknown dimension
 
 
+@serialized(
+    schema=SCHEMA, derived=("quantized_share",), error=RunStoreError,
+    refused="model summary schema {found!r} is not {schema!r}", malformed="model summary is malformed: {exc}",
+)
 @dataclass
 class ModelSummary:
     """What an ONNX model holds."""
@@ -61,15 +65,6 @@ class ModelSummary:
     @property
     def quantized_share(self) -> float:
         return self.quantized_nodes / self.computing_nodes if self.computing_nodes else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "quantized_share": self.quantized_share}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ModelSummary":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"model summary schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return structure(cls, {k: v for k, v in data.items() if k not in ("schema", "quantized_share")})
 
 
 def _op(node: onnx.NodeProto) -> str:

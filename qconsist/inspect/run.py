@@ -11,7 +11,7 @@ from typing import Any
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.inspect.model import ModelSummary, summarize_model
 from qconsist.store.run import Run
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.inspect.run/1"
 # what decides numerics and what a reader asks first; the manifest keeps the rest
@@ -41,6 +41,10 @@ class DumpSummary:
     bytes: int  # size of dump/
 
 
+@serialized(
+    schema=SCHEMA, error=RunStoreError, refused="run summary schema {found!r} is not {schema!r}",
+    malformed="run summary is malformed: {exc}",
+)
 @dataclass
 class RunSummary:
     """What a run directory holds."""
@@ -63,15 +67,6 @@ class RunSummary:
     bytes: int
     stage_model: ModelSummary | None = None  # with ``stage``: that stage's model
     accuracy: dict[str, Any] | None = None  # an inference run's accuracy against its labels
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunSummary":
-        if data.get("schema") != SCHEMA:
-            raise RunStoreError(f"run summary schema {data.get('schema')!r} is not {SCHEMA!r}")
-        return structure(cls, {k: v for k, v in data.items() if k != "schema"})
 
 
 def _size(folder: Path) -> tuple[int, int]:

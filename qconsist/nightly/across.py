@@ -12,13 +12,15 @@ says so: then a difference names the nodes whose results depend on the node's CP
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from qconsist.diff import diff_runs
 from qconsist.errors import QconsistError
 from qconsist.nightly.entry import EntryOutcome
+from qconsist.store.serde import serialized
 
 
+@serialized(derived=("first",))
 @dataclass(frozen=True)
 class GpuComparison:
     """One model on two GPU types: ``identical``, else the diverging nodes in topological order, the first,
@@ -48,17 +50,6 @@ class GpuComparison:
             return f"{head}: bit-identical; no node depends on the GPU type"
         return (f"{head}: {len(self.nodes)} node(s) depend on the GPU type, first {self.first}"
                 + (f" (origins: {', '.join(self.origins)})" if self.origins else ""))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "gpu_a": self.gpu_a, "gpu_b": self.gpu_b, "role": self.role, "run_a": self.run_a,
-                "run_b": self.run_b, "identical": self.identical, "nodes": list(self.nodes), "origins": list(self.origins),
-                "first": self.first, "error": self.error, "notes": list(self.notes)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GpuComparison":
-        return cls(model=data["model"], gpu_a=data["gpu_a"], gpu_b=data["gpu_b"], role=data["role"], run_a=data["run_a"],
-                   run_b=data["run_b"], identical=data["identical"], nodes=tuple(data.get("nodes") or ()),
-                   origins=tuple(data.get("origins") or ()), error=data.get("error"), notes=tuple(data.get("notes") or ()))
 
 
 def _runs(outcome: EntryOutcome) -> dict[str, str]:

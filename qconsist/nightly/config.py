@@ -49,6 +49,7 @@ from qconsist.gpu.config import GpuConfig
 from qconsist.sensitivity import SensitivityRequest, parse_targets
 from qconsist.sensitivity.analysis import DEFAULT_CANDIDATES
 from qconsist.store.runs import RUNS_DIR, default_history
+from qconsist.store.serde import serialized
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
@@ -108,6 +109,7 @@ def _sensitivity(value: Any, where: str) -> EntrySensitivity | None:
     return EntrySensitivity(request, when)
 
 
+@serialized
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
@@ -127,25 +129,14 @@ class ModelEntry:
             return ((self.name, None),)
         return tuple((f"{self.name}@{gpu}", gpu) for gpu in self.gpus)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "policy": str(self.policy) if self.policy else None, "gpu_config": self.gpu_config,
-            "labels": self.labels, "locate": self.locate, "gpus": list(self.gpus), "cpus": self.cpus,
-            "memory_gb": self.memory_gb, "pipeline": self.pipeline.to_json(),
-            "sensitivity": self.sensitivity.to_json() if self.sensitivity is not None else None,
-        }
 
-
+@serialized
 @dataclass(frozen=True)
 class NightlyConfig:
     path: Path
     runs_dir: Path
     history: Path
     models: tuple[ModelEntry, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "runs_dir": str(self.runs_dir), "history": str(self.history),
-                "models": [m.to_json() for m in self.models]}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.run import Run
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.serde import dumps
+from qconsist.store.serde import dumps, serialized
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class RunRecord:
     path: str
 
 
+@serialized
 @dataclass(frozen=True)
 class Attempt:
     """An attempt of an entry lost with its worker (killed, out of memory, node gone): its entry run directory,
@@ -107,9 +108,6 @@ class Attempt:
     state: str  # run_state of the entry run: incomplete (started) or missing (lost before it started)
     stage: str | None
     reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
     def __str__(self) -> str:
         where = f" during {self.stage}" if self.stage else (" before it started" if self.state == "missing" else "")

@@ -37,7 +37,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from qconsist.environment import NUMERIC_ENV_VARS, fingerprint
 from qconsist.errors import ConfigError
@@ -54,7 +54,7 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.serde import dumps
+from qconsist.store.serde import dumps, serialized
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,10 @@ NIGHT_KIND = "nightly"
 RESULT_SCHEMA = "qconsist.nightly/1"
 
 
+@serialized(
+    schema=RESULT_SCHEMA, derived=("passed", "summary", "retries"), error=ConfigError,
+    refused="not a nightly result of schema {schema!r}", malformed="nightly result is malformed: {exc}",
+)
 @dataclass
 class NightlyResult:
     night_id: str
@@ -92,22 +96,6 @@ class NightlyResult:
     def retries(self) -> dict[str, list[str]]:
         """The entries that needed retries, and why each earlier attempt was lost."""
         return {e.model: [str(a) for a in e.attempts] for e in self.entries if e.attempts}
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": RESULT_SCHEMA, "night_id": self.night_id, "path": str(self.path), "config": self.config,
-            "history": self.history, "executor": self.executor, "passed": self.passed, "summary": self.summary(),
-            "retries": self.retries(), "entries": [e.to_json() for e in self.entries],
-            "across_gpus": [c.to_json() for c in self.across_gpus],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "NightlyResult":
-        if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
-            raise ConfigError(f"not a nightly result of schema {RESULT_SCHEMA!r}")
-        return cls(night_id=data["night_id"], path=Path(data["path"]), config=data["config"], history=data.get("history", ""),
-                   entries=[EntryOutcome.from_json(e) for e in data["entries"]], executor=data.get("executor", "local"),
-                   across_gpus=[GpuComparison.from_json(c) for c in data.get("across_gpus") or []])
 
 
 def _record(history: History, night_id: str, task: EntryTask, outcome: EntryOutcome) -> None:

@@ -27,6 +27,7 @@ from qconsist.stages.optimize import OptimizeOptions
 from qconsist.store.runs import RUNS_DIR
 from qconsist.stages.quantize import CalibrationMethodChoice, CalibrationOptions, DistributionScenario, QuantizeOptions
 from qconsist.tomlfile import Table, guard, read_toml
+from qconsist.store.serde import serialized
 
 MAX_REPEAT = 100
 
@@ -54,6 +55,7 @@ class ModelConfig:
         return data
 
 
+@serialized
 @dataclass(frozen=True)
 class DataConfig:
     """An input set and the slice of it to use (``count`` None: everything from ``offset``)."""
@@ -61,9 +63,6 @@ class DataConfig:
     data: str
     offset: int = 0
     count: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"data": self.data, "offset": self.offset, "count": self.count}
 
 
 @dataclass(frozen=True)

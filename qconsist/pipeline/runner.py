@@ -43,7 +43,6 @@ from qconsist.store.manifest import Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.serde import loads
 from qconsist.models import fetch_model
 from qconsist.store.scratch import scratch_dir
 
@@ -235,14 +234,6 @@ def run_pipeline(
         issues=[i.to_json() for i in issues], repeat=repeat, onnxruntime_log=ort_log if ort_log.lines else None,
         failures=failures,
     )
-
-
-def load_result(path: Path) -> PipelineResult:
-    """A ``PipelineResult`` from a saved ``to_json`` file."""
-    try:
-        return PipelineResult.from_json(loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read pipeline result {path}: {exc}") from None
 
 
 def repeat_from_pipeline(config: PipelineConfig, n: int, progress: Progress = NULL_PROGRESS) -> RepeatResult:

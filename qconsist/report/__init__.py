@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
 import os
 
+from qconsist.calibration.repeat import RepeatResult
 from qconsist.diff import DiffResult
 from qconsist.errors import InputError, QconsistError, RunStoreError
 from qconsist.explain.explorer import explorer_overlay
@@ -15,7 +17,8 @@ from qconsist.report.history import history_link, render_history, write_history_
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
-from qconsist.gpu.run import load_report_data
+from qconsist.gpu.report import LocateReport
+from qconsist.gpu.run import load_report
 from qconsist.report.sensitivity import sensitivity_section
 from qconsist.report.sensitivity import state as sensitivity_state
 from qconsist.report.sensitivity import title as sensitivity_title
@@ -28,11 +31,11 @@ from qconsist.store.run import Run
 __all__ = ["render_entry_report", "render_history", "render_nightly_report", "render_paths", "write_history_page", "write_report"]
 
 
-def _locate_section(path: Path | None) -> dict[str, Any] | None:
+def _locate_section(path: Path | None) -> LocateReport | None:
     """The locate report of a locate run (verified); ``None`` when that run is gone."""
     if path is None or not path.is_dir():
         return None
-    return load_report_data(path)
+    return load_report(path)
 
 
 def _verified(run: Run) -> None:
@@ -148,8 +151,6 @@ def _across_result(comparison: dict[str, Any]) -> str:
 
 
 def _esc(text: Any) -> str:
-    from html import escape
-
     return escape(str(text))
 
 
@@ -220,9 +221,9 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
         body.append(f"<h2>Accuracy</h2><p>{_esc(run.inference.accuracy.describe())}</p>")
     repeat = manifest.sections.get("calib_repeat")
     if isinstance(repeat, dict):
-        body.append(f"<h2>Repeated calibration</h2><p>{_esc(repeat.get('verdict') or ('agree' if repeat.get('agree') else 'disagree'))}</p>")
+        body.append(f"<h2>Repeated calibration</h2><p>{_esc(RepeatResult.from_json(repeat).verdict())}</p>")
     if run.kind == "locate":
-        body.append(gpu_section(load_report_data(run), "the locate report (locate.json) is unreadable"))
+        body.append(gpu_section(load_report(run), "the locate report (locate.json) is unreadable"))
     body.append("</main>")
     return name, body
 

@@ -13,6 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Iterable
 
+from qconsist.gpu.report import LocateReport
 from qconsist.report.svg import NodePoint, divergence_svg
 from qconsist.store.atomic import write_atomic
 
@@ -167,27 +168,24 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
     return "\n".join(out)
 
 
-def gpu_section(locate: dict[str, Any] | None, skipped: str | None) -> str:
+def gpu_section(locate: LocateReport | None, skipped: str | None) -> str:
     title = "<h2>GPU configuration matrix</h2>"
     if not locate:
         return title + f"<p class=\"muted\">Not measured: {escape(skipped or 'no locate report')}.</p>"
-    configs = locate.get("configs") or []
-    recommendation = locate.get("recommendation") or {}
-    rec = recommendation.get("config")
+    recommendation = locate.recommendation
+    rec = recommendation.config if recommendation is not None else None
     rows = []
-    for cfg in configs:
-        label = cfg.get("label")
-        latency = cfg.get("latency") or {}
-        star = " ★ recommended" if label == rec else ""
-        rows.append(f"<tr><td><code>{escape(str(label))}</code>{star}</td><td>{_fmt(latency.get('median_ms'))}</td>"
-                    f"<td>{_fmt(latency.get('spread'))}</td><td>{_fmt(cfg.get('stable'))}</td></tr>")
+    for cfg in locate.configs:
+        latency = cfg.latency
+        star = " ★ recommended" if cfg.label == rec else ""
+        rows.append(f"<tr><td><code>{escape(str(cfg.label))}</code>{star}</td><td>{_fmt(latency and latency.median_ms)}</td>"
+                    f"<td>{_fmt(latency and latency.spread)}</td><td>{_fmt(cfg.stable)}</td></tr>")
     table = ("<table><tr><th>config</th><th>median ms</th><th>spread (IQR / median)</th><th>bit-stable</th></tr>"
              + "".join(rows) + "</table>" if rows else "<p class=\"muted\">The locate report lists no configurations.</p>")
-    cost = recommendation.get("cost")
+    cost = recommendation.cost if recommendation is not None else None
     text = f"<p>Recommended: <code>{escape(str(rec))}</code>" + (f", cost {_fmt(cost)}× the fastest" if cost else "") + "</p>" if rec else ""
-    nodes = locate.get("nodes") or []
-    if nodes:
-        text += "<p>Sensitive nodes: " + ", ".join(f"<code>{escape(str(n.get('label')))}</code> ({escape(str(n.get('why')))})" for n in nodes[:20]) + "</p>"
+    if locate.nodes:
+        text += "<p>Sensitive nodes: " + ", ".join(f"<code>{escape(n.label)}</code> ({escape(n.why)})" for n in locate.nodes[:20]) + "</p>"
     return title + table + text
 
 
@@ -197,7 +195,7 @@ def verdict_state(verdict: dict[str, Any] | None) -> str:
     return "pass" if verdict.get("passed") else "fail"
 
 
-def entry_body(name: str, stages: list[dict[str, Any]], verdict: dict[str, Any] | None, locate: dict[str, Any] | None,
+def entry_body(name: str, stages: list[dict[str, Any]], verdict: dict[str, Any] | None, locate: LocateReport | None,
                skipped: str | None, heading: str = "h1") -> list[str]:
     body = []
     if heading == "h2":

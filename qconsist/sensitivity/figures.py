@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from qconsist.compare import compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
 from qconsist.compare.output import top1
 from qconsist.sensitivity.target import Measure, Target
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 
 @dataclass
@@ -34,6 +34,7 @@ class OutputFigures:
     identical_samples: int = 0
 
 
+@serialized(derived=("accuracy_drop", "worst_sqnr_db"))
 @dataclass
 class Figures:
     """A quantized model's outputs against the float model's on the probe inputs."""
@@ -100,13 +101,6 @@ class Figures:
         if self.accuracy is not None:
             parts.append(f"accuracy {self.accuracy:.1%} (float {self.float_accuracy:.1%})")
         return ", ".join(parts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**to_jsonable(self.__dict__), "accuracy_drop": self.accuracy_drop, "worst_sqnr_db": self.worst_sqnr_db}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Figures":
-        return structure(cls, data)
 
 
 def standing(figures: Figures, targets: Sequence[Target], baseline: Figures) -> tuple[float, float, float]:

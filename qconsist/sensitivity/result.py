@@ -11,7 +11,7 @@ from typing import Any
 from qconsist.errors import RunStoreError
 from qconsist.sensitivity.figures import Figures
 from qconsist.sensitivity.target import Target
-from qconsist.store.serde import structure, to_jsonable
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.sensitivity/1"
 
@@ -105,6 +105,7 @@ class Verification:
     seconds: float = 0.0
 
 
+@serialized(derived=("ratio", "float_ratio"))
 @dataclass
 class Latency:
     """Median latency of the float, all-quantized and proposed models on the chosen EP, timed side by side
@@ -127,13 +128,6 @@ class Latency:
     def float_ratio(self) -> float:
         return self.float_ms / self.quantized_ms if self.quantized_ms > 0 else float("nan")
 
-    def to_json(self) -> dict[str, Any]:
-        return {**to_jsonable(self.__dict__), "ratio": self.ratio, "float_ratio": self.float_ratio}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Latency":
-        return structure(cls, data)
-
 
 @dataclass
 class Cost:
@@ -147,6 +141,11 @@ class Cost:
     probe_parts: dict[str, float] = field(default_factory=dict)  # median seconds per probe: quantize, session, inference
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="sensitivity result schema {found!r} is not {schema!r}",
+    malformed="sensitivity result is malformed: {exc}",
+)
 @dataclass
 class SensitivityResult:
     """A sensitivity analysis of a pipeline run (see ``qconsist.sensitivity``)."""
@@ -187,13 +186,3 @@ class SensitivityResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **to_jsonable(self.__dict__), "passed": self.passed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SensitivityResult":
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise RunStoreError(f"sensitivity result schema {data.get('schema') if isinstance(data, dict) else None!r} "
-                                f"is not {SCHEMA!r}")
-        return structure(cls, {k: v for k, v in data.items() if k not in ("schema", "passed")})

@@ -23,10 +23,11 @@ import re
 from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Sequence
+from typing import Sequence
 
 from qconsist.compare.kinds import JudgedOutput, OutputKind
 from qconsist.errors import ConfigError
+from qconsist.store.serde import serialized
 
 
 class Measure(str, Enum):
@@ -51,6 +52,7 @@ _SYNTAX = re.compile(r"^\s*(?P<measure>[A-Za-z0-9_-]+)\s*(?:\[(?P<output>.+)\])?
 _EXAMPLES = 'e.g. "sqnr>=40", "top1>=0.999", "accuracy-drop<=0.1", "sqnr[prob]>=45"'
 
 
+@serialized(derived=("text",))
 @dataclass(frozen=True)
 class Target:
     """One bound on one measure (see the module docstring); validated on creation."""
@@ -124,13 +126,6 @@ class Target:
         if self.measure is Measure.ACCURACY_DROP and not labelled:
             raise ConfigError(f"target {self.text} needs labelled inputs: give --labels FILE (sample name -> class), "
                               "or use top1>=X (agreement with the float model)")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "measure": self.measure.value, "bound": self.bound, "output": self.output}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Target":
-        return cls(Measure(data["measure"]), float(data["bound"]), data.get("output"))
 
 
 def parse_targets(texts: Sequence[str]) -> tuple[Target, ...]:

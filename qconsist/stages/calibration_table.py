@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qconsist.store.serde import to_number
+from qconsist.store.serde import serialized, to_number
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -27,15 +27,6 @@ def quantized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     QLinear* / integer operators (``QLinearConv``, ``ConvInteger``, ``DynamicQuantizeLinear``…)."""
     return [n for n in model.graph.node if n.op_type in _QDQ or n.op_type.startswith("QLinear")
             or n.op_type.endswith("Integer") or n.op_type == "DynamicQuantizeLinear"]
-
-
-def _values(array: np.ndarray, integer: bool) -> Any:
-    flat = array.reshape(-1)
-    if integer:
-        items = [int(v) for v in flat]
-    else:
-        items = [float(v) for v in flat]
-    return items[0] if array.ndim == 0 or (array.size == 1 and array.ndim <= 1 and array.shape == ()) else items
 
 
 @dataclass(frozen=True)
@@ -86,6 +77,7 @@ class TableEntry:
         )
 
 
+@serialized(derived=("message",))
 @dataclass(frozen=True)
 class ScaleIssue:
     """A quantization parameter that makes the model wrong: NaN, infinite, zero or negative scale."""
@@ -103,12 +95,6 @@ class ScaleIssue:
             f"tensor '{self.tensor}' (consumed by {where}) has {words} scale in "
             f"'{self.scale_initializer}' ({self.channels} value(s))"
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tensor": self.tensor, "nodes": list(self.nodes), "scale_initializer": self.scale_initializer,
-            "problem": self.problem, "channels": self.channels, "message": self.message(),
-        }
 
 
 @dataclass

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import contextlib
 import io
 import logging
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,7 @@ from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ SUPPORTED_LAYERS = frozenset({
 })
 
 
+@serialized
 @dataclass(frozen=True)
 class ConvertOptions:
     """``opset``: a Caffe model's converted opset (``None``: ``DEFAULT_OPSET``); an ONNX entry's opset upgrade
@@ -79,10 +83,8 @@ class ConvertOptions:
     def caffe_opset(self) -> int:
         return DEFAULT_OPSET if self.opset is None else self.opset
 
-    def to_json(self) -> dict:
-        return asdict(self)
 
-
+@serialized
 @dataclass
 class ConvertResult:
     path: Path
@@ -99,20 +101,6 @@ class ConvertResult:
 
     def __bool__(self) -> bool:
         return self.passed
-
-    def to_json(self) -> dict:
-        return {
-            "path": str(self.path), "opset": self.opset, "ir_version": self.ir_version,
-            "seconds": self.seconds, "convert_seconds": self.convert_seconds, "repairs": list(self.repairs),
-            "check": self.check.to_json() if self.check is not None else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ConvertResult":
-        check = FidelityCheck.from_json(data["check"]) if data.get("check") else None
-        return cls(path=Path(data["path"]), opset=data["opset"], ir_version=data["ir_version"],
-                   seconds=data["seconds"], repairs=list(data["repairs"]), check=check,
-                   convert_seconds=data.get("convert_seconds", 0.0))
 
 
 def ir_version_for(opset: int) -> int:
@@ -157,7 +145,6 @@ def _check_layer(layer, shapes: dict, saved: dict) -> None:
 
 
 def _check_pooling(layer, bottom) -> None:
-
     param = layer.pooling_param
     if param.pool == 2:
         raise _refuse(layer, "STOCHASTIC pooling has no ONNX equivalent")
@@ -179,7 +166,6 @@ def _check_pooling(layer, bottom) -> None:
 
 
 def _check_blobs(layer, saved) -> None:
-
     needed = _BLOBS[layer.type]
     bias = {"Convolution": layer.convolution_param.bias_term, "Deconvolution": layer.convolution_param.bias_term,
             "InnerProduct": layer.inner_product_param.bias_term, "Scale": layer.scale_param.bias_term}.get(layer.type, False)
@@ -351,8 +337,6 @@ def refuse_quantized(path: Path, model: onnx.ModelProto) -> None:
 
 def check_onnx_entry(path: Path) -> onnx.ModelProto:
     """An ONNX model a pipeline starts from: readable, passes ``onnx.checker``, loads in onnxruntime."""
-    import re
-
     import onnxruntime as ort
 
 
@@ -448,9 +432,6 @@ class ConvertStage:
         return options
 
     def run(self, source: Path | None, target: Path, options: ConvertOptions, context):  # -> StageRecord
-        import shutil
-
-
         files = context.model_files
         start = time.perf_counter()
         result = None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from qconsist.compare import compare_outputs
 from qconsist.inference.session import outputs_of
 from qconsist.stages.base import StageRecord
 from qconsist.store.hashing import hash_artifact
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ SCHEMA = "qconsist.determinize/1"
 MIN_OPSET = 13  # Unsqueeze / Squeeze with axes as an input, DepthToSpace's CRD mode
 
 
+@serialized
 @dataclass(frozen=True)
 class DeterminizeOptions:
     conv_transpose: bool = True  # rewrite overlapping ConvTranspose
@@ -83,10 +85,8 @@ class DeterminizeOptions:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ConfigError(f"determinize.{name} must be a number >= 0, got {value!r}")
 
-    def to_json(self) -> dict:
-        return asdict(self)
 
-
+@serialized
 @dataclass
 class NodeRewrite:
     name: str
@@ -98,20 +98,6 @@ class NodeRewrite:
     folded: list[str] = field(default_factory=list)  # nodes folded into the rewrite (a crop's Slice)
     check: OutputCheck | None = None
 
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["new_nodes"] = [list(pair) for pair in self.new_nodes]
-        data["check"] = {**asdict(self.check), "index": list(self.check.index)} if self.check is not None else None
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> "NodeRewrite":
-        check = data["check"]
-        return cls(name=data["name"], op_type=data["op_type"], form=data["form"], attributes=data["attributes"],
-                   new_nodes=[tuple(pair) for pair in data["new_nodes"]], details=data["details"],  # type: ignore[misc]
-                   folded=list(data["folded"]),
-                   check=OutputCheck(**{**check, "index": tuple(check["index"])}) if check else None)
-
 
 @dataclass
 class NodeNote:
@@ -122,6 +108,11 @@ class NodeNote:
     reason: str
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed", "max_abs"), error=InputError,
+    refused="not a determinize result of schema {schema}: {found!r}",
+    malformed="determinize result is malformed: {exc}",
+)
 @dataclass
 class DeterminizeResult:
     rewritten: list[NodeRewrite]
@@ -145,28 +136,6 @@ class DeterminizeResult:
     def max_abs(self) -> float:
         checks = [r.check for r in self.rewritten if r.check] + self.outputs
         return max((c.max_abs for c in checks), default=0.0)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed, "max_abs": self.max_abs, "seconds": self.seconds,
-            "check_seconds": self.check_seconds, "options": self.options.to_json(), "input_shapes": self.input_shapes,
-            "path": str(self.path) if self.path else None,
-            "rewritten": [r.to_json() for r in self.rewritten],
-            "left_alone": [asdict(n) for n in self.left_alone], "refused": [asdict(n) for n in self.refused],
-            "outputs": [{**asdict(o), "index": list(o.index)} for o in self.outputs],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "DeterminizeResult":
-        if data.get("schema") != SCHEMA:
-            raise InputError(f"not a determinize result of schema {SCHEMA}: {data.get('schema')!r}")
-        return cls(
-            rewritten=[NodeRewrite.from_json(r) for r in data["rewritten"]],
-            left_alone=[NodeNote(**n) for n in data["left_alone"]], refused=[NodeNote(**n) for n in data["refused"]],
-            outputs=[OutputCheck(**{**o, "index": tuple(o["index"])}) for o in data["outputs"]],
-            options=DeterminizeOptions(**data["options"]), seconds=data["seconds"], check_seconds=data["check_seconds"],
-            input_shapes=data["input_shapes"], path=Path(data["path"]) if data["path"] else None,
-        )
 
 
 # --- the model as the rewrites see it ---------------------------------------------------------------------

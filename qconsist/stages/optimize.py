@@ -36,6 +36,7 @@ from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.hashing import hash_artifact
 from qconsist.store.scratch import scratch_dir
+from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
 
 
+@serialized
 @dataclass(frozen=True)
 class OptimizeOptions:
     method: OptimizeMethod = OptimizeMethod.PRE_PROCESS
@@ -77,12 +79,6 @@ class OptimizeOptions:
         if self.method is OptimizeMethod.PRE_PROCESS and self.level is not OptimizationLevel.BASIC:
             raise ConfigError("optimize.level applies to method \"session\" only (quant_pre_process uses ORT's basic level)")
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "method": self.method.value, "level": self.level.value, "skip_optimization": self.skip_optimization,
-            "symbolic_shape": self.symbolic_shape, "atol": self.atol, "rtol": self.rtol,
-        }
-
     def tool_params(self) -> dict[str, Any]:
         """The exact arguments given to ORT's tool, for the manifest."""
         if self.method is OptimizeMethod.SESSION:
@@ -102,6 +98,7 @@ class OptimizeOptions:
         }
 
 
+@serialized
 @dataclass
 class OptimizeResult:
     path: Path
@@ -110,13 +107,6 @@ class OptimizeResult:
     nodes_before: int
     nodes_after: int
     check: OutputComparison | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path), "seconds": self.seconds, "params": self.params,
-            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
-            "check": self.check.to_json() if self.check is not None else None,
-        }
 
 
 def _pre_process(source: Path, target: Path, options: OptimizeOptions) -> None:

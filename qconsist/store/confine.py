@@ -30,9 +30,6 @@ from qconsist.errors import RunStoreError
 
 MAX_FILE_BYTES = 64 << 30  # 64 GiB: a 256-sample raw dump of a large model stays below it
 MAX_MANIFEST_BYTES = 256 << 20
-_NPY_MAGIC = b"\x93NUMPY"
-
-
 def max_file_bytes() -> int:
     value = os.environ.get("QCONSIST_MAX_FILE_BYTES")
     try:

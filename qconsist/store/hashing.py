@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,32 +21,25 @@ from onnx import numpy_helper
 
 from qconsist.errors import InputError
 from qconsist.onnxfile import read_onnx
+from qconsist.store.serde import serialized
 
 _CHUNK = 1 << 20
 
 
+@serialized
 @dataclass(frozen=True)
 class FileHashes:
     md5: str
     sha256: str
     size: int
 
-    def to_json(self) -> dict:
-        return asdict(self)
 
-
+@serialized
 @dataclass(frozen=True)
 class TensorDigest:
     sha256: str
     dtype: str
     shape: tuple[int, ...]
-
-    def to_json(self) -> dict:
-        return {"sha256": self.sha256, "dtype": self.dtype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "TensorDigest":
-        return cls(sha256=data["sha256"], dtype=data["dtype"], shape=tuple(data["shape"]))
 
 
 def hash_file(path: Path) -> FileHashes:
@@ -123,6 +116,7 @@ def content_hash(model: onnx.ModelProto) -> str:
     return hashlib.sha256(canon.SerializeToString(deterministic=True)).hexdigest()
 
 
+@serialized
 @dataclass(frozen=True)
 class ArtifactHashes:
     """Everything qconsist records about one model artifact."""
@@ -133,27 +127,6 @@ class ArtifactHashes:
     size: int
     content: str
     initializers: dict[str, TensorDigest]
-
-    def to_json(self) -> dict:
-        return {
-            "path": self.path,
-            "md5": self.md5,
-            "sha256": self.sha256,
-            "size": self.size,
-            "content": self.content,
-            "initializers": {k: v.to_json() for k, v in self.initializers.items()},
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ArtifactHashes":
-        return cls(
-            path=data["path"],
-            md5=data["md5"],
-            sha256=data["sha256"],
-            size=data["size"],
-            content=data["content"],
-            initializers={k: TensorDigest.from_json(v) for k, v in data["initializers"].items()},
-        )
 
 
 def hash_artifact(path: Path, relative_to: Path | None = None, model: onnx.ModelProto | None = None) -> ArtifactHashes:

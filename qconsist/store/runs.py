@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from qconsist.store.confine import check_relative, confined
 from qconsist.store.rundir import RUNNING_NAME, being_written, run_state
 from qconsist.store.run import Run
 from qconsist.store.verify import COST, check_digest, file_sha256
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.runs/1"
 VERIFY_SCHEMA = "qconsist.verify/1"
@@ -64,6 +65,10 @@ class FileStatus:
     size: int | None = None
 
 
+@serialized(
+    schema=VERIFY_SCHEMA, derived=("passed",), error=RunStoreError,
+    refused="verify result schema {found!r} is not {schema!r}", malformed="verify result is malformed: {exc}",
+)
 @dataclass
 class VerifyResult:
     """Every file of one run directory with its status. ``passed``: nothing modified, missing or refused."""
@@ -94,21 +99,6 @@ class VerifyResult:
             first = self.problems[0]
             return first.detail
         return f"run {self.run}: {sum(f.status == 'ok' for f in self.files)} file(s) verified"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": VERIFY_SCHEMA, "run": self.run, "state": self.state, "passed": self.passed, "error": self.error,
-            "seconds": self.seconds, "bytes": self.bytes,
-            "files": [{"path": f.path, "status": f.status, "detail": f.detail, "size": f.size} for f in self.files],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "VerifyResult":
-        if data.get("schema") != VERIFY_SCHEMA:
-            raise RunStoreError(f"verify result schema {data.get('schema')!r} is not {VERIFY_SCHEMA!r}")
-        return cls(run=data["run"], state=data["state"], error=data.get("error", ""), seconds=data.get("seconds", 0.0),
-                   bytes=data.get("bytes", 0), files=[FileStatus(f["path"], f["status"], f.get("detail", ""), f.get("size"))
-                                                      for f in data.get("files", [])])
 
 
 def _status(run_dir: Path, relative: str, record: dict[str, Any]) -> FileStatus:
@@ -176,6 +166,7 @@ def _size(path: Path) -> int:
     return total
 
 
+@serialized
 @dataclass
 class RunInfo:
     """One run directory of a runs directory."""
@@ -191,9 +182,6 @@ class RunInfo:
     baseline: bool = False  # named by the history as a model's baseline
     running: bool = False  # RUNNING.json names a live process on this host
     detail: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = None) -> tuple[RunInfo, VerifyResult | None]:
@@ -250,13 +238,11 @@ def _children(runs_root: Path) -> list[Path]:
     return sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
 
 
+@serialized(schema=SCHEMA)
 @dataclass
 class RunsListing:
     runs_dir: str
     runs: list[RunInfo] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "runs_dir": self.runs_dir, "runs": [r.to_json() for r in self.runs]}
 
 
 def list_runs_dir(runs_root: Path, baselines: set[str] = frozenset(), verify: bool = True) -> RunsListing:
@@ -272,6 +258,7 @@ def list_runs_dir(runs_root: Path, baselines: set[str] = frozenset(), verify: bo
     return listing
 
 
+@serialized(schema=SCHEMA)
 @dataclass
 class Removal:
     """What ``rm`` removed, and what it kept and why."""
@@ -280,9 +267,6 @@ class Removal:
     kept: dict[str, str] = field(default_factory=dict)
     freed: int = 0
     dry_run: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
 
 
 def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, older_than: float | None = None,

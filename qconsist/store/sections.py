@@ -17,7 +17,7 @@ from qconsist.errors import RunStoreError
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import LEGACY_FORMAT as LEGACY_OUTPUTS
 from qconsist.store.fingerprints import RECORD
-from qconsist.store.serde import encode, structure, to_jsonable
+from qconsist.store.serde import encode, serialized, structure
 
 
 def _typed(cls: Any, run: str, section: str, data: dict[str, Any]) -> Any:
@@ -34,6 +34,7 @@ def _count(run: str, where: str, value: Any) -> int:
     return value
 
 
+@serialized(derived=("top1_share", "top5_share"))
 @dataclass
 class Accuracy:
     """Top-1 and top-5 accuracy of a class-scores output against the labels (``qconsist.compare.accuracy``):
@@ -64,15 +65,8 @@ class Accuracy:
             text += f", top-5 {100 * self.top5_share:.2f}%"
         return f"{text} ({self.labelled} labelled samples, output {self.output})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"output": self.output, "classes": self.classes, "labelled": self.labelled, "top1": self.top1,
-                "top5": self.top5, "top1_share": self.top1_share, "top5_share": self.top5_share}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Accuracy":
-        return structure(cls, data)
-
-
+@serialized
 @dataclass
 class InferenceSection:
     """``sections.inference`` of an inference run."""
@@ -107,10 +101,8 @@ class InferenceSection:
                                 f"{len(names)} outputs (a damaged manifest)")
         return section
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self.__dict__)
 
-
+@serialized
 @dataclass
 class DumpSummary:
     """What a ``--dump`` recorded (the manifest's ``sections.dump``): the faithfulness verdict against
@@ -155,13 +147,6 @@ class DumpSummary:
         if distinct is not None and (not isinstance(distinct, int) or isinstance(distinct, bool)):
             raise RunStoreError(f"run {run}: the manifest's dump.production_distinct is {distinct!r}, not a count")
         return section
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable({k: v for k, v in self.__dict__.items()})
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DumpSummary":
-        return structure(cls, data)
 
 
 @dataclass

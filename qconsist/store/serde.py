@@ -6,20 +6,91 @@
   (RFC 6901), in a top-level ``"nonfinite"`` object (``{"/max_abs": "inf"}``); ``loads`` puts the values
   back. So every number in the file is a number, a reader that ignores the map sees ``null`` (never a
   fake finite value), and a round trip is exact.
+* A result type is declared once with ``@serialized``: its dataclass fields are its JSON form, plus the schema
+  it is written under, the derived figures written beside the fields (``passed``, a summary), and the keys of
+  older records renamed on reading. ``to_json``/``from_json`` are generated from the declaration
+  (``unstructure``/``structure``); a type writes its own only where its JSON form is not its fields.
 """
 
 from __future__ import annotations
 
+import typing
+import types
 import dataclasses
+import functools
 import json
 import math
+from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 NONFINITE = "nonfinite"
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """How a result type is written and read: declared once, by ``@serialized``."""
+
+    schema: str | None = None  # written first as "schema"; a record of another schema is refused
+    derived: tuple[str, ...] = ()  # properties or no-argument methods ("part.name" for a part's) written after
+    # the fields, ignored on reading
+    renames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # key in older records -> field
+    upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # older records -> this form, before reading
+    error: type[Exception] = TypeError  # what a refused or malformed record raises
+    refused: str = "not a {schema} record (schema {found!r})"  # {schema}, {found}
+    malformed: str = "{schema} record is malformed: {exc}"  # {schema}, {exc}
+
+
+def serialized(cls: type[T] | None = None, **form: Any) -> Any:
+    """Declare a dataclass's JSON form (``Form``'s fields as keywords) and give it the generated ``to_json``
+    and ``from_json``, unless it defines its own."""
+
+    def declare(kind: type[T]) -> type[T]:
+        kind.__serde__ = Form(**form)  # type: ignore[attr-defined]
+        if "to_json" not in kind.__dict__:
+            kind.to_json = unstructure  # type: ignore[attr-defined]
+        if "from_json" not in kind.__dict__:
+            kind.from_json = classmethod(_read)  # type: ignore[attr-defined]
+        return kind
+
+    return declare(cls) if cls is not None else declare
+
+
+def unstructure(value: Any) -> dict[str, Any]:
+    """The JSON data of a dataclass: its schema (when declared), its fields, then its derived figures."""
+    form: Form = getattr(value, "__serde__", None) or Form()
+    data: dict[str, Any] = {"schema": form.schema} if form.schema else {}
+    for f in dataclasses.fields(value):
+        data[f.name] = to_jsonable(getattr(value, f.name))
+    for path in form.derived:  # "name", or "part.name" for a figure of a part (written as "name")
+        figure = value
+        for name in path.split("."):
+            figure = getattr(figure, name)
+        data[path.rsplit(".", 1)[-1]] = to_jsonable(figure() if callable(figure) else figure)
+    return data
+
+
+def _read(cls: type[T], data: Any) -> T:
+    form: Form = cls.__serde__  # type: ignore[attr-defined]
+    if form.schema is not None and (not isinstance(data, dict) or data.get("schema") != form.schema):
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise form.error(form.refused.format(schema=form.schema, found=found))
+    if not isinstance(data, Mapping):
+        raise form.error(form.malformed.format(schema=form.schema or cls.__name__,
+                                               exc=f"expected an object, got {type(data).__name__}"))
+    data = {form.renames.get(k, k): v for k, v in data.items() if form.renames.get(k, k) not in data or k not in form.renames}
+    if form.upgrade is not None:
+        data = form.upgrade(data)
+    if form.schema is None:
+        return structure(cls, data)
+    try:
+        return structure(cls, data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise form.error(form.malformed.format(schema=form.schema, exc=exc)) from None
 
 
 def to_jsonable(value: Any) -> Any:
@@ -129,21 +200,25 @@ def structure(cls: Any, data: Any) -> Any:
     """An instance of the dataclass ``cls`` from JSON data, every field converted to its annotated type
     (nested dataclasses, enums, paths, lists, tuples, dicts, optionals). Keys that are not fields (derived
     figures such as ``passed``) are ignored; a missing field takes its default."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.init and f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        elif f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise KeyError(f.name)
     return cls(**kwargs)
 
 
-def _convert(kind: Any, value: Any) -> Any:
-    import types
-    import typing
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
-    if value is None or kind is Any:
+
+def _convert(kind: Any, value: Any) -> Any:
+    if value is None:  # a float field written as null (not a number) is NaN; anything else null stays None
+        return math.nan if kind is float else None
+    if kind is Any:
         return value
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
@@ -153,7 +228,7 @@ def _convert(kind: Any, value: Any) -> Any:
                 return _convert(option, value)
             except (TypeError, ValueError, KeyError, AttributeError):
                 continue
-        return value
+        raise TypeError(f"{value!r} is none of {', '.join(getattr(a, '__name__', str(a)) for a in options)}")
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         from_json = getattr(kind, "from_json", None)
         return from_json(value) if from_json is not None else structure(kind, value)
@@ -170,7 +245,9 @@ def _convert(kind: Any, value: Any) -> Any:
             return tuple(_convert(args[0], v) for v in value)
         return tuple(_convert(a, v) for a, v in zip(args, value)) if args else tuple(value)
     if origin is dict:
-        return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
+        if not args:
+            return dict(value)
+        return {(int(k) if args[0] is int else k): _convert(args[1], v) for k, v in value.items()}
     if kind in (int, str, bool):
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"expected {kind.__name__}, got {value!r}")

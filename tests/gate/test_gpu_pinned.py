@@ -21,10 +21,16 @@ from qconsist.store.rundir import RunDirectory
 REPORT = json.loads((Path(__file__).resolve().parents[1] / "data" / "locate_h100_open_nsfw_qdq.json").read_text())
 
 
+# what the extract leaves out (the gate reads a whole LocateReport): empty
+_LEFT_OUT = {"model": {}, "inputs": {}, "reference": "", "repeats": 0, "contention": None, "comparisons": [], "tf32": {"override": {"value": None}},
+             "nodes": []}
+
+
 def _locate_run(tmp_path, report: dict) -> Path:
     """A locate run as ``run_locate`` writes it: the report in locate.json, its summary in the manifest."""
     run = RunDirectory.create(tmp_path / "runs", "locate", kind="locate")
-    (run.path / "locate.json").write_text(json.dumps(report))
+    whole = {**_LEFT_OUT, **report, "configs": [{"faithful": {}, "repeats": [], **c} for c in report["configs"]]}
+    (run.path / "locate.json").write_text(json.dumps(whole))
     run.finish(Manifest(kind="locate", sections={"locate": {"recommendation": report["recommendation"]}}))
     return run.path
 
@@ -98,6 +104,14 @@ def test_unstable_pin_fails(tmp_path):
     assert result.message.startswith("pinned EXHAUSTIVE/tf32=1 was not bit-stable across fresh sessions")
 
 
+def _upscore_differs(label: str) -> dict:
+    """A comparison of two sessions of ``label`` in which ``upscore`` is the origin (as ``PairResult.to_json``)."""
+    node = {"node": "upscore", "label": "upscore", "op_type": "ConvTranspose", "origin": True, "origin_samples": [0],
+            "tensors": []}
+    return {"reference": label, "other": label, "samples": 1, "tensors_compared": 1, "identical": False,
+            "first_node": "upscore", "nodes": [node], "int8_changed": 0, "effect": {"samples": 1}}
+
+
 def _varying(report: dict, label: str) -> dict:
     """The report, with the ConvTranspose ``upscore`` varying under ``label`` between runs of one session and
     between fresh sessions, as locate records it on the FCN head."""
@@ -105,9 +119,9 @@ def _varying(report: dict, label: str) -> dict:
     for config in report["configs"]:
         if config["label"] == label:
             runs = {"config": label, "phase": "run-to-run", "sessions": 3, "stable": False, "differing_sessions": [1, 2],
-                    "origins": ["upscore"], "comparisons": []}
+                    "origins": ["upscore"], "comparisons": [_upscore_differs(label)]}
             quiet = {"config": label, "phase": "quiet", "sessions": 4, "stable": False, "differing_sessions": [1],
-                     "origins": ["upscore"], "comparisons": []}
+                     "origins": ["upscore"], "comparisons": [_upscore_differs(label)]}
             config = dict(config, stable=False, repeats=[runs, quiet])
         configs.append(config)
     nodes = [{"label": "upscore", "op_type": "ConvTranspose", "why": "run-to-run", "between": [], "differing": 1,

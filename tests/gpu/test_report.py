@@ -10,7 +10,7 @@ from rich.console import Console
 from qconsist.cli.locate import render
 from qconsist.errors import RunStoreError
 from qconsist.gpu.config import Tf32Override
-from qconsist.gpu.report import SCHEMA, LocateReport, sensitive_nodes
+from qconsist.gpu.report import SCHEMA, LocateReport, Tf32Section, sensitive_nodes
 from qconsist.store.serde import dumps, encode, loads
 
 
@@ -20,7 +20,7 @@ def report(cpu_threads_exploration) -> LocateReport:
     return LocateReport(
         model={"name": "open_nsfw", "path": "quantize/model.onnx"}, inputs={"count": 2}, device={"name": "CPU"},
         reference="threads=1", repeats=2, contention=None, configs=e["reports"], comparisons=e["results"],
-        tf32={"override": Tf32Override(None).to_json(), "pairs": []}, recommendation=e["decision"],
+        tf32=Tf32Section(Tf32Override(None)), recommendation=e["decision"],
         nodes=sensitive_nodes(e["tagged"]),
     )
 

@@ -116,8 +116,12 @@ def test_report_errors(tmp_path):
 
 
 def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
-    """The GPU part of a report, from a locate report's JSON shape with D's own decision logic."""
+    """The GPU part of a report, from a locate report with D's own decision logic."""
     from qconsist.gpu.decision import ConfigOutcome, recommend
+    from qconsist.gpu.latency import LatencyStats
+    from qconsist.gpu.repeats import RepeatOutcome
+    from qconsist.gpu.config import Tf32Override
+    from qconsist.gpu.report import ConfigReport, LocateReport, SensitiveNode, Tf32Section
     from qconsist.report.html import gpu_section
 
     measured = {"EXHAUSTIVE/tf32=1": (2.10, False), "EXHAUSTIVE/tf32=0": (2.30, True),
@@ -125,12 +129,18 @@ def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
     outcomes = [ConfigOutcome(label, stable, median, label.startswith("EXHAUSTIVE"), False)
                 for label, (median, stable) in measured.items()]
     recommendation = recommend(outcomes, max_cost=1.15)
-    locate = {
-        "configs": [{"label": label, "stable": stable, "latency": {"median_ms": median, "spread": 0.02}}
-                    for label, (median, stable) in measured.items()],
-        "recommendation": recommendation.to_json(),
-        "nodes": [{"label": "conv_stage0_block0_branch2a", "why": "algorithm"}],
-    }
+
+    def config(label: str, median: float, stable: bool) -> ConfigReport:
+        latency = LatencyStats(0.0, median, 5, 30, median, median * 0.99, median * 1.01, median, median)
+        repeat = RepeatOutcome(label, "quiet", 4, () if stable else (1,), ())
+        return ConfigReport(label, {}, latency, {}, (repeat,))
+
+    locate = LocateReport(
+        model={}, inputs={}, device={}, reference="EXHAUSTIVE/tf32=1", repeats=4, contention=None,
+        configs=[config(label, median, stable) for label, (median, stable) in measured.items()], comparisons=[], tf32=Tf32Section(Tf32Override(None)),
+        recommendation=recommendation,
+        nodes=[SensitiveNode("conv_stage0_block0_branch2a", "Conv", "algorithm", (), 1, 1, 0.5, 0)],
+    )
     html = gpu_section(locate, None)
     assert html.count("<tr>") == 5
     assert f"<code>{recommendation.config}</code> ★ recommended" in html

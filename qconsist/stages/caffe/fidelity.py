@@ -7,7 +7,8 @@ Tolerance per output: ``atol + rtol * peak``, ``peak`` the greatest magnitude of
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from qconsist.stages.caffe import reference
 from qconsist.stages.caffe.geometry import input_shapes
 from qconsist.compare import TensorStats
 from qconsist.inference.session import MEASUREMENT, create_session
+from qconsist.errors import InputError
+from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.convert-check/1"
 DEFAULT_RTOL = 1e-4
@@ -40,6 +43,11 @@ class OutputCheck:
         )
 
 
+@serialized(
+    schema=SCHEMA, derived=("passed", "max_abs", "max_rel", "tolerance"), error=InputError,
+    refused="not a fidelity check (schema {found!r}, expected {schema})",
+    malformed="fidelity check is malformed: {exc}",
+)
 @dataclass
 class FidelityCheck:
     """ONNX (onnxruntime) vs the numpy Caffe reference on a seeded standard-normal input."""
@@ -70,21 +78,6 @@ class FidelityCheck:
     def tolerance(self) -> float:
         """The tightest output tolerance (absolute)."""
         return min((o.tolerance for o in self.outputs), default=self.atol)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "passed": self.passed, "max_abs": self.max_abs, "max_rel": self.max_rel,
-            "tolerance": self.tolerance,
-            "rtol": self.rtol, "atol": self.atol, "seed": self.seed, "seconds": self.seconds,
-            "input_shapes": self.input_shapes,
-            "outputs": [{**asdict(o), "index": list(o.index)} for o in self.outputs],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "FidelityCheck":
-        outputs = [OutputCheck(**{**o, "index": tuple(o["index"])}) for o in data["outputs"]]
-        return cls(outputs=outputs, seed=data["seed"], rtol=data["rtol"], atol=data["atol"],
-                   seconds=data.get("seconds", 0.0), input_shapes=data.get("input_shapes", {}))
 
 
 def compare(name: str, actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> OutputCheck:
@@ -128,8 +121,6 @@ def run_onnx(session, net, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def check_fidelity(model: Path | bytes, net, weights, *, seed: int = DEFAULT_SEED, rtol: float = DEFAULT_RTOL,
                    atol: float = DEFAULT_ATOL, inputs: dict[str, np.ndarray] | None = None) -> FidelityCheck:
-    import time
-
     start = time.perf_counter()
     inputs = inputs if inputs is not None else seeded_inputs(net, seed)
     expected = reference.forward(net, weights, inputs, dtype=np.float32)
