@@ -2,7 +2,7 @@
 
     python benchmarks/explorer_screenshot.py RUN_A RUN_B OUT.png [--measure status] [--port 8097]
 
-Writes the overlay (qconsist.explain.explorer), starts Model Explorer's server on 127.0.0.1 with the model and
+Writes the overlay (qconsist.report.explorer), starts Model Explorer's server on 127.0.0.1 with the model and
 the node data, takes a screenshot with Debian's chromium (headless, loopback only, driven through its DevTools pipe once the
 graph is drawn), stops the server. The
 layers are flattened and the first diverging node selected through Model Explorer's URL state.
@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from qconsist.diff import diff_runs
-from qconsist.explain.explorer import explorer_overlay
+from qconsist.report.explorer import explorer_overlay
 
 
 class _DevTools:

@@ -161,7 +161,7 @@ def diff(
         base = load_policy(policy).diff
     result = diff_runs(run_a, run_b, base.with_overrides(atol, rtol))
     if explorer is not None:
-        from qconsist.explain.explorer import explorer_overlay
+        from qconsist.report.explorer import explorer_overlay
 
         overlay = explorer_overlay(result)
         paths = overlay.write(explorer)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace: bool, deterministic: bool):
-    from qconsist.gpu.config import default_matrix, parse_matrix, parse_search
+    from qconsist.locate.config import default_matrix, parse_matrix, parse_search
 
     if specs:
         if searches or tf32 is not None or workspace or deterministic:
@@ -31,7 +31,7 @@ def _configs(specs: list[str], searches: list[str], tf32: bool | None, workspace
 
 def _samples(**members):  # -> InputOptions
     """The inputs group, its ``count`` checked first against what locate reads (up to 256 samples)."""
-    from qconsist.gpu.run import check_count
+    from qconsist.locate.run import check_count
 
     check_count(members["count"])
     return opt.INPUTS.build(**members)
@@ -73,9 +73,9 @@ def locate_command(
     Exit 1: none, or fp16 found NaN/Inf/overflow, or GPU calibrations disagree.
     Exit 2: error. Exit 3: no usable CUDA GPU.
     """
-    from qconsist.gpu.latency import LatencyOptions
-    from qconsist.gpu.locate import LocateOptions
-    from qconsist.gpu.run import LocateRequest, run_locate
+    from qconsist.locate.latency import LatencyOptions
+    from qconsist.locate.explore import LocateOptions
+    from qconsist.locate.run import LocateRequest, run_locate
 
     if ep != "cuda" and precision != "fp16":
         raise ConfigError("the configuration matrix runs on the CUDA execution provider: `ep` cuda (or `precision` fp16 on another EP)")

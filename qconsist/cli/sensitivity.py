@@ -123,7 +123,7 @@ def sensitivity(
     Exit 0 done (the verified proposal reaches every target), 1 the proposal does not reach a target, 2 error,
     3 the execution provider is missing.
     """
-    from qconsist.gpu.latency import LatencyOptions
+    from qconsist.locate.latency import LatencyOptions
     from qconsist.sensitivity import SensitivityRequest, parse_targets
     from qconsist.sensitivity import sensitivity as analyse
 

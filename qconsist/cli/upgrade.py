@@ -57,8 +57,8 @@ def upgrade_check(
 
     Exit 0 identical, 1 diverged, 2 error, 3 no uv or no uv.lock here.
     """
-    from qconsist.explain.upgrade import upgrade_check as check
-    from qconsist.explain.upgrade import upgrade_environment
+    from qconsist.upgrade.check import upgrade_check as check
+    from qconsist.upgrade.check import upgrade_environment
     from qconsist.inference import resolve_model
     from qconsist.pipeline.inputs import open_inputs
 

@@ -1,6 +1,6 @@
-"""Why two runs diverge: the graph transformer responsible (``explain_optimization``), the onnxruntime upgrade
-(``upgrade_check``), and the divergence drawn on the model's graph in Google's Model Explorer
-(``explorer_node_data``)."""
+"""Why two runs diverge: the graph transformer responsible (``explain_optimization``) and what onnxruntime
+rewrote (``graph_changes``). The onnxruntime upgrade check lives in ``qconsist.upgrade``, the divergence drawn on
+the model's graph in Google's Model Explorer in ``qconsist.report.explorer``."""
 
 from qconsist.explain.optimizer import OptimizerExplanation, Probe, explain_optimization
 from qconsist.explain.transformers import TransformerActivity, TransformerLog, parse_transformer_log, transformer_activity

@@ -36,7 +36,7 @@ from qconsist.errors import ConfigError, RunStoreError
 from qconsist.explain.bisect import minimal_set
 from qconsist.explain.replay import replay_inputs
 from qconsist.inputs.digest import XXH3, digest_kind
-from qconsist.explain.rewrites import (
+from qconsist.explain.graph_changes import (
     GraphRewrites, ProducingNode, graph_rewrites, load_graph, nearest_rewritten, producing_node,
 )
 from qconsist.explain.transformers import TransformerActivity, transformer_activity

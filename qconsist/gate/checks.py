@@ -19,14 +19,14 @@ from qconsist.gate.policy import DriftLimits, Policy
 from qconsist.gate.verdict import CheckResult, CheckStatus
 from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
-from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.decision import acceptance
+from qconsist.locate.config import GpuConfig
+from qconsist.locate.decision import acceptance
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.store.serde import to_jsonable
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
-from qconsist.gpu.report import ConfigReport, LocateReport
-from qconsist.gpu.run import load_report
+from qconsist.locate.report import ConfigReport, LocateReport
+from qconsist.locate.run import load_report
 from qconsist.environment import compare_environments
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ from qconsist.inputs.labels import read_labels
 from qconsist.nightly.package import is_package_path, resolve_package_path
 from qconsist.pipeline.config import PipelineConfig, parse_pipeline
 from qconsist.tomlfile import read_toml
-from qconsist.gpu.config import GpuConfig
+from qconsist.locate.config import GpuConfig
 from qconsist.sensitivity import SensitivityRequest, parse_targets
 from qconsist.sensitivity.analysis import DEFAULT_CANDIDATES
 from qconsist.store.runs import RUNS_DIR, default_history

@@ -29,8 +29,8 @@ from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import QconsistError, RunStoreError, UnavailableError
 from qconsist.gate import GateVerdict, Policy, evaluate_gate, load_policy
 from qconsist.gate.evidence import ENTRY_KIND, ENTRY_SECTION, LABELS_FILE, Side, evaluation_inputs
-from qconsist.gpu.config import GpuConfig
-from qconsist.gpu.run import MAX_SAMPLES, LocateRequest, run_locate
+from qconsist.locate.config import GpuConfig
+from qconsist.locate.run import MAX_SAMPLES, LocateRequest, run_locate
 from qconsist.inputs.options import InputOptions
 from qconsist.history.summary import gpu_label
 from qconsist.inference.model import resolve_model

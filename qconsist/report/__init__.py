@@ -11,14 +11,14 @@ import os
 from qconsist.calibration.repeat import RepeatResult
 from qconsist.diff import DiffResult
 from qconsist.errors import InputError, QconsistError, RunStoreError
-from qconsist.explain.explorer import explorer_overlay
+from qconsist.report.explorer import explorer_overlay
 from qconsist.store.serde import loads
 from qconsist.report.history import history_link, render_history, write_history_page
 from qconsist.report.html import (
     artifacts_section, banner, divergence_section, entry_body, gpu_section, page, verdict_state, write_report,
 )
-from qconsist.gpu.report import LocateReport
-from qconsist.gpu.run import load_report
+from qconsist.locate.report import LocateReport
+from qconsist.locate.run import load_report
 from qconsist.report.sensitivity import sensitivity_section
 from qconsist.report.sensitivity import state as sensitivity_state
 from qconsist.report.sensitivity import title as sensitivity_title

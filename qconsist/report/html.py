@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Iterable
 
-from qconsist.gpu.report import LocateReport
+from qconsist.locate.report import LocateReport
 from qconsist.report.svg import NodePoint, divergence_svg
 from qconsist.store.atomic import write_atomic
 

@@ -16,7 +16,7 @@ import onnx
 from qconsist.diff.quantization import QuantErrorResult, quantization_error
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, InputError, RunStoreError
-from qconsist.gpu.latency import LatencyOptions
+from qconsist.locate.latency import LatencyOptions
 from qconsist.inference.session import (
     ExecutionOptions, create_session, measurement_options, ort_logged, require_provider, run_outputs, sessions_opened,
 )

@@ -4,7 +4,7 @@ on the chosen execution provider.
 The three sessions are made first; each runs once (the CUDA EP's algorithm search) and ``warmup`` times; then
 the timed runs are interleaved — one run of each model in turn, the order rotating, each on the next sample — so
 that a machine that slows down or speeds up meanwhile weighs on every model alike. Medians of ``runs`` timed
-runs each (``qconsist.gpu.latency.summarise``); the cost is the proposed model's median over the all-quantized
+runs each (``qconsist.locate.latency.summarise``); the cost is the proposed model's median over the all-quantized
 model's.
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from qconsist.gpu.latency import LatencyOptions, summarise
+from qconsist.locate.latency import LatencyOptions, summarise
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress

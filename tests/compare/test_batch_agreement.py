@@ -48,7 +48,7 @@ def test_locate_engine_stage_check_and_gate_agree_per_sample(pair):
     from qconsist.compare import ObservedGraph, ObservedNode, compare_outputs
     from qconsist.gate.checks import _compare, _drift_result
     from qconsist.gate.policy import DriftLimits
-    from qconsist.gpu.comparison import PairComparison
+    from qconsist.locate.comparison import PairComparison
     from qconsist.inference.session import outputs_of
     from qconsist.inputs import open_input_set
 
@@ -71,7 +71,7 @@ def test_locate_engine_stage_check_and_gate_agree_per_sample(pair):
 
 
 def test_fp16_analysis_counts_samples_of_a_batch(pair):
-    from qconsist.gpu.fp16 import analyse_fp16
+    from qconsist.locate.fp16 import analyse_fp16
     from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 
     steps = [{"x": pair["x"][i:i + 4]} for i in range(0, 12, 4)]

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from qconsist.cli import app
 from qconsist.diff import diff_runs
-from qconsist.explain.explorer import explorer_overlay
+from qconsist.report.explorer import explorer_overlay
 
 from explain.qdq_models import qdq_conv_model, qdq_inputs
 

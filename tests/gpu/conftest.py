@@ -39,8 +39,8 @@ def photo_samples(nsfw_models) -> list:
 @pytest.fixture(scope="session")
 def cpu_threads_exploration(nsfw_models, photo_samples):
     """``explore`` on the QDQ model: variants threads=1 (reference) and threads=3, 2 sessions each."""
-    from qconsist.gpu.latency import LatencyOptions
-    from qconsist.gpu.locate import Comparison, Variant, explore
+    from qconsist.locate.latency import LatencyOptions
+    from qconsist.locate.explore import Comparison, Variant, explore
     from qconsist.inference.session import ExecutionOptions
 
     variants = [Variant("threads=1", ExecutionOptions(intra_op_threads=1)),

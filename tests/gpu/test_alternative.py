@@ -13,13 +13,13 @@ from fcn_models import fcn_head
 from rich.console import Console
 
 from qconsist.cli.locate import render
-from qconsist.gpu.alternative import measure_alternative, recommend_reports, wanted
-from qconsist.gpu.config import Tf32Override
-from qconsist.gpu.decision import Recommendation
+from qconsist.locate.alternative import measure_alternative, recommend_reports, wanted
+from qconsist.locate.config import Tf32Override
+from qconsist.locate.decision import Recommendation
 from qconsist.inference.engines import EngineRecord, NodeEngines
-from qconsist.gpu.latency import LatencyOptions
-from qconsist.gpu.locate import Variant, explore
-from qconsist.gpu.report import LocateReport, NoAlternative, RewriteAlternative, SensitiveNode
+from qconsist.locate.latency import LatencyOptions
+from qconsist.locate.explore import Variant, explore
+from qconsist.locate.report import LocateReport, NoAlternative, RewriteAlternative, SensitiveNode
 from qconsist.inference.session import ExecutionOptions
 from qconsist.stages.convert import convert_caffe
 from qconsist.stages.quantize import QuantizeOptions, quantize_model

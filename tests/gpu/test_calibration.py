@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import ConfigError, UnavailableError
-from qconsist.gpu.calibration import gpu_calibration
-from qconsist.gpu.config import GpuConfig
+from qconsist.locate.calibration import gpu_calibration
+from qconsist.locate.config import GpuConfig
 from qconsist.inference.session import provider_available
 from qconsist.stages.quantize import CalibrationOptions
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from qconsist.cli import app
 from qconsist.errors import RunStoreError
 from qconsist.inference.session import provider_available
-from qconsist.gpu.run import REPORT_FILE, load_report
+from qconsist.locate.run import REPORT_FILE, load_report
 from qconsist.store.rundir import open_run
 
 from .test_fp16 import build_overflow_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from qconsist.compare import ObservedGraph, ObservedNode
-from qconsist.gpu.comparison import PairComparison, PairResult
+from qconsist.locate.comparison import PairComparison, PairResult
 from qconsist.store.serde import loads, dumps
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import ConfigError
-from qconsist.gpu.config import (
+from qconsist.locate.config import (
     AlgoSearch, GpuConfig, Tf32Override, default_matrix, parse_matrix, tf32_pairs, timing_based,
 )
-from qconsist.gpu.locate import gpu_variants
+from qconsist.locate.explore import gpu_variants
 
 
 def test_default_matrix_is_search_times_tf32_with_ort_defaults_first():

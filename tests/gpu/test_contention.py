@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import UnavailableError
-from qconsist.gpu.contention import GpuLoad, _shapes, main
+from qconsist.locate.contention import GpuLoad, _shapes, main
 from qconsist.inference.session import provider_available
 
 
@@ -34,8 +34,8 @@ def test_shapes_change_and_are_seeded():
 
 def test_several_workers_are_validated_and_recorded():
     from qconsist.errors import ConfigError
-    from qconsist.gpu.contention import LoadSummary
-    from qconsist.gpu.locate import LocateOptions
+    from qconsist.locate.contention import LoadSummary
+    from qconsist.locate.explore import LocateOptions
 
     with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
         GpuLoad(workers=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import ConfigError
-from qconsist.gpu.decision import ConfigOutcome, Recommendation, recommend
+from qconsist.locate.decision import ConfigOutcome, Recommendation, recommend
 
 
 def test_recommendation_from_real_cpu_measurements(cpu_threads_exploration):
@@ -71,7 +71,7 @@ def test_invalid_inputs():
 def test_locate_and_the_gate_accept_by_one_rule():
     """``acceptance`` decides for locate's recommendation as for the gate's pin check: within max_cost by median,
     or above it but not measurably slower (its 25th percentile at or below the fastest's 75th)."""
-    from qconsist.gpu.decision import acceptance
+    from qconsist.locate.decision import acceptance
 
     assert acceptance(1.04, 1.0, 1.05, "F") == (True, "1.04x the fastest (F), accepted up to 1.05x")
     assert acceptance(1.5, 1.0, 1.05, "F", p25_ms=1.2, fastest_p75_ms=1.1) == (

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from qconsist.errors import ConfigError
-from qconsist.gpu.locate import Comparison, Variant, explore
-from qconsist.gpu.report import sensitive_nodes
+from qconsist.locate.explore import Comparison, Variant, explore
+from qconsist.locate.report import sensitive_nodes
 from qconsist.inference.session import ExecutionOptions
 
 

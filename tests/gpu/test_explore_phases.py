@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 
-from qconsist.gpu.contention import LoadSummary
-from qconsist.gpu.latency import LatencyOptions
-from qconsist.gpu.locate import Variant, explore
+from qconsist.locate.contention import LoadSummary
+from qconsist.locate.latency import LatencyOptions
+from qconsist.locate.explore import Variant, explore
 from qconsist.inference.session import ExecutionOptions
 
 

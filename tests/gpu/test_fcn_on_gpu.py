@@ -46,9 +46,9 @@ def fcn(tmp_path_factory) -> dict:
 
 
 def _locate(model: Path, samples, rewrite: bool = True):
-    from qconsist.gpu.config import GpuConfig
-    from qconsist.gpu.latency import LatencyOptions
-    from qconsist.gpu.locate import LocateOptions, locate
+    from qconsist.locate.config import GpuConfig
+    from qconsist.locate.latency import LatencyOptions
+    from qconsist.locate.explore import LocateOptions, locate
 
     options = LocateOptions(configs=tuple(GpuConfig.parse(c) for c in CONFIGS), repeats=3, session_runs=3,
                             latency=LatencyOptions(3, 20), rewrite=rewrite)
@@ -92,7 +92,7 @@ def test_engines_are_named_per_run_with_cudnns_own_note(head_float):
 
 
 def test_the_rewrite_is_offered_with_its_cost_and_is_bit_stable(head_float):
-    from qconsist.gpu.report import RewriteAlternative
+    from qconsist.locate.report import RewriteAlternative
 
     alt = head_float.alternative
     assert isinstance(alt, RewriteAlternative), alt
@@ -104,7 +104,7 @@ def test_the_rewrite_is_offered_with_its_cost_and_is_bit_stable(head_float):
 
 @pytest.mark.parametrize("name", sorted(FCN_MODELS))
 def test_the_rewritten_model_is_bit_stable_over_20_runs_in_3_fresh_sessions(fcn, name):
-    from qconsist.gpu.probes import cuda_settings, measure_stability
+    from qconsist.locate.probes import cuda_settings, measure_stability
 
     model = onnx.load(str(fcn[name]["det"]))
     feeds = fcn[name]["samples"][0]
@@ -117,7 +117,7 @@ def test_the_rewritten_model_is_bit_stable_over_20_runs_in_3_fresh_sessions(fcn,
 
 
 def test_the_quantized_head_shows_int8_changes_downstream_and_points_to_the_stage(fcn):
-    from qconsist.gpu.report import NoAlternative
+    from qconsist.locate.report import NoAlternative
 
     # whether last-bit differences cross an int8 rounding boundary is a matter of how many values are near one:
     # the 9 evaluation photos rather than 3 (on the H100, 3 photos once showed none)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.errors import ConfigError, UnsupportedModelError
-from qconsist.gpu.fp16 import FLOAT16_MAX, Fp16Options, Fp16Report, analyse_fp16, convert_to_fp16
+from qconsist.locate.fp16 import FLOAT16_MAX, Fp16Options, Fp16Report, analyse_fp16, convert_to_fp16
 
 WEIGHT = 6000.0  # below the converter's clamp (10000), large enough to push a sum of 27 values past 65504
 

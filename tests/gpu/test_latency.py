@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qconsist.errors import ConfigError
-from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency, summarise
+from qconsist.locate.latency import LatencyOptions, LatencyStats, measure_latency, summarise
 from qconsist.inference.session import ExecutionOptions, create_session
 
 

@@ -13,7 +13,7 @@ from fcn_models import FCN_MODELS
 from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.errors import InputError
-from qconsist.gpu.nondeterminism import KNOWN, CudaSettings, NondeterminismReport, find_nondeterministic_nodes
+from qconsist.locate.nondeterminism import KNOWN, CudaSettings, NondeterminismReport, find_nondeterministic_nodes
 from qconsist.inference.session import ConvAlgoSearch
 from qconsist.stages.convert import convert_caffe
 from qconsist.stages.determinize import determinize

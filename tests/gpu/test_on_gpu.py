@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tf32_exploration(nsfw_models, photo_samples):
-    from qconsist.gpu.config import GpuConfig
-    from qconsist.gpu.latency import LatencyOptions
-    from qconsist.gpu.locate import explore, gpu_variants
+    from qconsist.locate.config import GpuConfig
+    from qconsist.locate.latency import LatencyOptions
+    from qconsist.locate.explore import explore, gpu_variants
 
     configs = [GpuConfig.parse("HEURISTIC/tf32=1"), GpuConfig.parse("HEURISTIC/tf32=0")]
     variants, comparisons = gpu_variants(configs)
@@ -72,9 +72,9 @@ _OVERRIDE_SCRIPT = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from qconsist.gpu.config import GpuConfig, Tf32Override
-from qconsist.gpu.latency import LatencyOptions
-from qconsist.gpu.locate import explore, gpu_variants
+from qconsist.locate.config import GpuConfig, Tf32Override
+from qconsist.locate.latency import LatencyOptions
+from qconsist.locate.explore import explore, gpu_variants
 samples = [dict(np.load(sys.argv[2]))]
 configs = [GpuConfig.parse(s) for s in ("EXHAUSTIVE/tf32=1", "EXHAUSTIVE/tf32=0", "HEURISTIC/tf32=1", "HEURISTIC/tf32=0")]
 variants, comparisons = gpu_variants(configs)
@@ -112,7 +112,7 @@ def test_nvidia_tf32_override_zero_removes_the_tf32_rounding(nsfw_models, photo_
 
 
 def test_contention_worker_loads_the_gpu():
-    from qconsist.gpu.contention import GpuLoad
+    from qconsist.locate.contention import GpuLoad
 
     with GpuLoad() as load:
         assert load.alive()
@@ -123,8 +123,8 @@ def test_contention_worker_loads_the_gpu():
 
 
 def test_fp16_on_cuda_runs_float16_kernels(nsfw_models, photo_samples):
-    from qconsist.gpu.config import GpuConfig
-    from qconsist.gpu.fp16 import FP16_LEVEL, analyse_fp16
+    from qconsist.locate.config import GpuConfig
+    from qconsist.locate.fp16 import FP16_LEVEL, analyse_fp16
     from dataclasses import replace
 
     execution = replace(GpuConfig.parse("HEURISTIC").execution_options(), graph_optimization_level=FP16_LEVEL)
@@ -135,8 +135,8 @@ def test_fp16_on_cuda_runs_float16_kernels(nsfw_models, photo_samples):
 
 
 def test_gpu_calibration_repeats_and_cpu_comparison(nsfw_models, photo_samples):
-    from qconsist.gpu.calibration import gpu_calibration
-    from qconsist.gpu.config import GpuConfig
+    from qconsist.locate.calibration import gpu_calibration
+    from qconsist.locate.config import GpuConfig
     from qconsist.inputs.inputset import InputSet
 
     inputs = InputSet("photos[0:4]", "arrays", [f"{i}" for i in range(4)], lambda i: photo_samples[i])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from qconsist.gpu.nondeterminism import KNOWN
-from qconsist.gpu.probes import PROBES, measure_stability
+from qconsist.locate.nondeterminism import KNOWN
+from qconsist.locate.probes import PROBES, measure_stability
 from qconsist.inference.session import ExecutionOptions
 
 

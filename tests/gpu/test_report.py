@@ -9,8 +9,8 @@ from rich.console import Console
 
 from qconsist.cli.locate import render
 from qconsist.errors import RunStoreError
-from qconsist.gpu.config import Tf32Override
-from qconsist.gpu.report import SCHEMA, LocateReport, Tf32Section, sensitive_nodes
+from qconsist.locate.config import Tf32Override
+from qconsist.locate.report import SCHEMA, LocateReport, Tf32Section, sensitive_nodes
 from qconsist.store.serde import dumps, encode, loads
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from qconsist.gpu.latency import LatencyOptions
-from qconsist.gpu.locate import Variant, explore
-from qconsist.gpu.probes import scatter_nd_add_probe
-from qconsist.gpu.report import sensitive_nodes
+from qconsist.locate.latency import LatencyOptions
+from qconsist.locate.explore import Variant, explore
+from qconsist.locate.probes import scatter_nd_add_probe
+from qconsist.locate.report import sensitive_nodes
 from qconsist.inference.session import ExecutionOptions
 
 

@@ -18,7 +18,7 @@ pytestmark = [
 
 
 def test_sensitivity_on_the_cuda_ep(nsfw_run, tmp_path):
-    from qconsist.gpu.latency import LatencyOptions
+    from qconsist.locate.latency import LatencyOptions
     from qconsist.sensitivity import SensitivityRequest, Target, sensitivity
 
     execution = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False})

@@ -117,11 +117,11 @@ def test_report_errors(tmp_path):
 
 def test_gpu_matrix_section_lists_latencies_and_the_recommendation(tmp_path):
     """The GPU part of a report, from a locate report with D's own decision logic."""
-    from qconsist.gpu.decision import ConfigOutcome, recommend
-    from qconsist.gpu.latency import LatencyStats
-    from qconsist.gpu.repeats import RepeatOutcome
-    from qconsist.gpu.config import Tf32Override
-    from qconsist.gpu.report import ConfigReport, LocateReport, SensitiveNode, Tf32Section
+    from qconsist.locate.decision import ConfigOutcome, recommend
+    from qconsist.locate.latency import LatencyStats
+    from qconsist.locate.repeats import RepeatOutcome
+    from qconsist.locate.config import Tf32Override
+    from qconsist.locate.report import ConfigReport, LocateReport, SensitiveNode, Tf32Section
     from qconsist.report.html import gpu_section
 
     measured = {"EXHAUSTIVE/tf32=1": (2.10, False), "EXHAUSTIVE/tf32=0": (2.30, True),

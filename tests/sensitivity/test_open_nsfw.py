@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from qconsist.gpu.latency import LatencyOptions
+from qconsist.locate.latency import LatencyOptions
 from qconsist.sensitivity import SensitivityRequest, Target, sensitivity
 from qconsist.sensitivity.source import open_quantized_run
 

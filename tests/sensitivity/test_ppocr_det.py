@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qconsist.gpu.latency import LatencyOptions
+from qconsist.locate.latency import LatencyOptions
 from qconsist.pipeline.config import load_pipeline
 from qconsist.pipeline.runner import run_pipeline
 from qconsist.sensitivity import SensitivityRequest, Target, sensitivity

@@ -22,7 +22,7 @@ from onnx_builders import build_classifier_model, save_arrays
 from output_models import build_outlier_map_model, save_map_inputs
 from qconsist.cli import app
 from qconsist.errors import ConfigError, InputError, RunStoreError
-from qconsist.gpu.latency import LatencyOptions
+from qconsist.locate.latency import LatencyOptions
 from qconsist.inference.session import provider_available
 from qconsist.pipeline.config import load_pipeline
 from qconsist.pipeline.runner import run_pipeline

@@ -10,7 +10,7 @@ import pytest
 from qconsist.compare import TensorStats
 from qconsist.compare.output import OutputEffect
 from qconsist.errors import RunStoreError
-from qconsist.gpu.decision import ConfigOutcome, recommend
+from qconsist.locate.decision import ConfigOutcome, recommend
 from qconsist.store.serde import dumps, loads, serialized, structure
 
 

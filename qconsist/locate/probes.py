@@ -1,5 +1,5 @@
 """One small, seeded probe model per row of the table of known non-deterministic operators
-(``qconsist.gpu.nondeterminism.KNOWN``), and ``verify_row``: run a probe many times in fresh sessions under
+(``qconsist.locate.nondeterminism.KNOWN``), and ``verify_row``: run a probe many times in fresh sessions under
 each CUDA setting and count the distinct outputs — how each row of the table is verified on a GPU.
 
 A probe's inputs are fixed; a run's output is identified by the exact bytes of every output (the

@@ -2,7 +2,7 @@
 
 cuDNN's EXHAUSTIVE search picks algorithms by timing them, and timings move when the GPU is shared; the
 real case only reproduced in a job that loaded the GPU with several models. ``GpuLoad`` starts
-``python -m qconsist.gpu.contention`` in its own process. The worker runs convolutions of shapes that
+``python -m qconsist.locate.contention`` in its own process. The worker runs convolutions of shapes that
 change every iteration (batch, channels, spatial size, kernel size drawn from a seeded generator), through
 PyTorch with cuDNN's own autotuner on when PyTorch with CUDA is importable, else through ONNX Runtime's
 CUDA EP with small Conv models it builds. It prints ``ready <backend>`` after its first iteration and, when
@@ -60,7 +60,7 @@ class GpuLoad:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         for index in range(self.workers):
             self._procs.append(subprocess.Popen(
-                [sys.executable, "-m", "qconsist.gpu.contention", "--seed", str(self.seed + index)],
+                [sys.executable, "-m", "qconsist.locate.contention", "--seed", str(self.seed + index)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             ))
         for proc in self._procs:

@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from qconsist.errors import ConfigError
-from qconsist.gpu.comparison import PairComparison, PairResult
-from qconsist.gpu.observe import Observation, Observer
+from qconsist.locate.comparison import PairComparison, PairResult
+from qconsist.locate.observe import Observation, Observer
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.serde import serialized
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from qconsist.compare import compare_outputs
 from qconsist.errors import QconsistError
-from qconsist.gpu.decision import ConfigOutcome, Recommendation, recommend
-from qconsist.gpu.report import ConfigReport, NoAlternative, RewriteAlternative, SensitiveNode
+from qconsist.locate.decision import ConfigOutcome, Recommendation, recommend
+from qconsist.locate.report import ConfigReport, NoAlternative, RewriteAlternative, SensitiveNode
 from qconsist.inputs.inputset import InputSet
 from qconsist.inference.session import ort_logged, outputs_of
 from qconsist.stages.determinize import DeterminizeOptions, determinize

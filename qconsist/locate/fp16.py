@@ -2,7 +2,7 @@
 
 The conversion is onnxconverter-common's ``convert_float_to_float16`` (inputs and outputs stay float32,
 ``keep_io_types``); the constants it clamps into float16's range are counted. Both models are observed
-(every tensor of the graph that runs, ``qconsist.gpu.observe``) on the same samples and execution provider.
+(every tensor of the graph that runs, ``qconsist.locate.observe``) on the same samples and execution provider.
 Reported, in topological order:
 
 * the first node whose float16 output holds NaN or Inf while its float32 counterpart is finite;
@@ -35,7 +35,7 @@ import onnx
 
 from qconsist.errors import ConfigError, InputError, UnsupportedModelError
 from qconsist.inference.layout import to_original
-from qconsist.gpu.observe import Observer
+from qconsist.locate.observe import Observer
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, ort_logged
 from qconsist.compare import OutputEffect
 from qconsist.onnxfile import read_onnx

@@ -1,7 +1,7 @@
 """``locate``: find the nodes whose outputs vary between fresh sessions or between configurations, measure
 each configuration's latency, and recommend the fastest bit-stable configuration.
 
-``locate()`` is the CUDA entry point (the configuration matrix of ``qconsist.gpu.config``); it refuses to
+``locate()`` is the CUDA entry point (the configuration matrix of ``qconsist.locate.config``); it refuses to
 run without a usable CUDA GPU (``UnavailableError``). ``explore()`` is the engine underneath, generic over
 named execution options, so the same code measures real CPU configurations in the tests.
 
@@ -32,19 +32,19 @@ from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence
 import numpy as np
 
 from qconsist.errors import ConfigError, QconsistError
-from qconsist.gpu.comparison import PairResult
-from qconsist.gpu.contention import LoadSummary
-from qconsist.gpu.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
-from qconsist.gpu.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
-from qconsist.gpu.latency import LatencyOptions, LatencyStats, measure_latency
-from qconsist.gpu.observe import Observer
-from qconsist.gpu.report import ConfigReport, LocateReport, Tf32Pair, Tf32Section, sensitive_nodes
-from qconsist.gpu.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
+from qconsist.locate.comparison import PairResult
+from qconsist.locate.contention import LoadSummary
+from qconsist.locate.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
+from qconsist.locate.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
+from qconsist.locate.latency import LatencyOptions, LatencyStats, measure_latency
+from qconsist.locate.observe import Observer
+from qconsist.locate.report import ConfigReport, LocateReport, Tf32Pair, Tf32Section, sensitive_nodes
+from qconsist.locate.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
 from qconsist.inference.dump import FaithfulCheck
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.progress import NULL_PROGRESS, Progress
-from qconsist.gpu.contention import GpuLoad
-from qconsist.gpu.alternative import measure_alternative, recommend_reports, wanted
+from qconsist.locate.contention import GpuLoad
+from qconsist.locate.alternative import measure_alternative, recommend_reports, wanted
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import loads
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, UnsupportedModelError
-from qconsist.gpu.config import AlgoSearch, GpuConfig, Tf32Override
-from qconsist.gpu.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
-from qconsist.gpu.locate import LocateOptions, locate
-from qconsist.gpu.report import SCHEMA, LocateReport, Tf32Section
+from qconsist.locate.config import AlgoSearch, GpuConfig, Tf32Override
+from qconsist.locate.fp16 import FP16_LEVEL, Fp16Options, Fp16Report, analyse_fp16
+from qconsist.locate.explore import LocateOptions, locate
+from qconsist.locate.report import SCHEMA, LocateReport, Tf32Section
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import input_specs
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
@@ -41,7 +41,7 @@ from qconsist.store.rundir import RunDirectory
 from qconsist.pipeline.config import load_pipeline
 from qconsist.pipeline.inputs import open_data, open_inputs
 from qconsist.inputs.options import InputOptions
-from qconsist.gpu.calibration import gpu_calibration
+from qconsist.locate.calibration import gpu_calibration
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
 from qconsist.errors import RunStoreError

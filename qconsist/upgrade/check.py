@@ -30,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 import qconsist
 from qconsist.diff import DiffResult, diff_runs
 from qconsist.errors import ConfigError, InputError, QconsistError, RunStoreError, UnavailableError
-from qconsist.explain.rewrites import GraphRewrites, graph_rewrites, load_graph
+from qconsist.explain.graph_changes import GraphRewrites, graph_rewrites, load_graph
 from qconsist.inference.model import ModelSource
 from qconsist.inference.reader import load_dump
 from qconsist.store.run import Run

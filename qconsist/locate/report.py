@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qconsist.errors import RunStoreError
-from qconsist.gpu.calibration import GpuCalibrationReport
-from qconsist.gpu.comparison import NodeDifference, PairResult
-from qconsist.gpu.config import Tf32Override
-from qconsist.gpu.contention import LoadSummary
-from qconsist.gpu.fp16 import Fp16Report
-from qconsist.gpu.decision import Recommendation
+from qconsist.locate.calibration import GpuCalibrationReport
+from qconsist.locate.comparison import NodeDifference, PairResult
+from qconsist.locate.config import Tf32Override
+from qconsist.locate.contention import LoadSummary
+from qconsist.locate.fp16 import Fp16Report
+from qconsist.locate.decision import Recommendation
 from qconsist.inference.engines import EngineRecord
-from qconsist.gpu.latency import LatencyStats
-from qconsist.gpu.repeats import RepeatOutcome
+from qconsist.locate.latency import LatencyStats
+from qconsist.locate.repeats import RepeatOutcome
 from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.locate/1"

@@ -21,7 +21,7 @@ from qconsist.calibration.repeat import RepeatResult, calibrate_each, compare_qu
 from qconsist.onnxfile import read_onnx
 from qconsist.stages.calibration_table import build_table
 from qconsist.errors import ConfigError, InputError
-from qconsist.gpu.config import GpuConfig
+from qconsist.locate.config import GpuConfig
 from qconsist.inference.session import ExecutionOptions, ort_logged, require_provider
 from qconsist.inputs.inputset import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -32,7 +32,7 @@ from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "qconsist.gpu-calibration/1"
+SCHEMA = "qconsist.locate-calibration/1"
 
 
 @serialized(derived=("repeat.agree", "repeat.md5s", "repeat.verdict"))
