@@ -1,29 +1,19 @@
 """Make small real old-layout runs (per-sample outputs/<sample>.npz, 56-byte RECORD fingerprint tables) with the
-qconsist checked out where this runs: `python make_old_runs.py OUT_DIR PREFIX`."""
+qconsist checked out where this runs: `python /path/to/this/repo/tests/data/old_runs/make_old_runs.py OUT_DIR PREFIX
+[flat]`, from the old checkout. The inputs and models are tests/old_runs.py's ``old_inputs`` (this repository's),
+built with the old checkout's tests/onnx_builders.py."""
 import sys
 from pathlib import Path
-sys.path.insert(0, str(Path.cwd() / "tests"))
-import numpy as np
-from PIL import Image
-from onnx_builders import build_classifier_model
+sys.path.insert(0, str(Path.cwd() / "tests"))  # the old checkout's onnx_builders first
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # this repository's tests/old_runs.py
+from old_runs import old_inputs
 from typer.testing import CliRunner
 from qconsist.cli import app
 
 out, prefix = Path(sys.argv[1]), sys.argv[2]
 flat = len(sys.argv) > 3 and sys.argv[3] == "flat"  # before class folders (qconsist at 6fe134f)
-work = out.parent / ("work-flat" if flat else "work")
-work.mkdir(parents=True, exist_ok=True)
-model = build_classifier_model(work / "classifier.onnx")
-variant = build_classifier_model(work / "variant.onnx", fc_bias=[0.3, 0.0, 0.0, 0.0, 0.0])
-images = work / "images"
-rng = np.random.default_rng(5)
-for i in range(8):
-    folder = images if flat else images / f"class{i % 5}"
-    folder.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
-pipeline = work / "tiny.toml"
-pipeline.write_text(f'name = "tiny"\n[model]\nonnx = "{model}"\n[calibration]\ndata = "{images}"\n'
-                    '[preprocess]\nresize = [8, 8]\npixel_range = 1.0\n')
+made = old_inputs(out.parent / ("work-flat" if flat else "work"), flat)
+model, variant, images, pipeline = made["model"], made["variant"], made["images"], made["pipeline"]
 runner = CliRunner()
 for run_id, path, extra in ((f"{prefix}-a", model, ["--raw", "all"]), (f"{prefix}-b", variant, [])):
     args = ["run", str(path), "--inputs", str(images), "--pipeline", str(pipeline), "--dump", *extra,
