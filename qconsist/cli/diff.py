@@ -137,6 +137,8 @@ def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
         for side in replay.sides:
             if side.recorded:
                 console.print(f"  under {side.run}'s options the replay {side.recorded} what run {side.run} recorded")
+        for note in replay.notes:
+            console.print(f"  note: {note}")
         for command in replay.capture:
             console.print(f"  {command}")
 

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.inference.graphmap import node_names
@@ -89,6 +90,8 @@ class NodeReplay:
     reason: str = ""  # why it cannot be replayed
     capture: list[str] = field(default_factory=list)  # commands that record what is missing
     label: str = ""  # the origin as the diff names it
+    constants_differ: list[str] = field(default_factory=list)  # constants (or "node attributes") the runs' models differ in
+    notes: list[str] = field(default_factory=list)
 
     @property
     def confirmed(self) -> bool:
@@ -102,6 +105,9 @@ class NodeReplay:
             return f"{self.outcome.value}: {self.reason}"
         fed = ", ".join(self.inputs) or "no activation"
         settings = "; ".join(f"{side.run}: {' '.join(side.options.to_args())}" for side in self.sides)
+        if self.constants_differ:
+            settings += f"; each run's own model, which differ in {', '.join(self.constants_differ[:4])}"
+            settings += ", ..." if len(self.constants_differ) > 4 else ""
         if self.outcome is ReplayOutcome.CONFIRMED:
             percent = 100 * self.mismatched / self.elements if self.elements else 0.0
             return (f"{self.outcome.value}: fed identical inputs ({fed}), {what} different outputs under the "
@@ -312,9 +318,40 @@ def replay_nodes(
         side.hashes = [_digest(arrays) for arrays in per_sample]
         if index < len(recorded):
             side.recorded = _against(recorded[index], samples, list(first.outputs), per_sample)
+    result.constants_differ = _constants_differ(*isolated)
     _compare(result, produced[0], produced[1])
     result.outcome = ReplayOutcome.CONFIRMED if result.differing else ReplayOutcome.NOT_REPRODUCED
     return result
+
+
+def _constants_differ(a: IsolatedModel, b: IsolatedModel) -> list[str]:
+    """The constants (by value) and node attributes two runs' isolated nodes differ in."""
+    if a.model == b.model:
+        return []
+    ga, gb = onnx.load_from_string(a.model).graph, onnx.load_from_string(b.model).graph
+    values = [_constant_values(g) for g in (ga, gb)]
+    names = [c for c in dict.fromkeys([*a.constants, *b.constants])
+             if c not in values[0] or c not in values[1] or not _same_array(values[0][c], values[1][c])]
+    computing = [[n for n in g.node if n.op_type != "Constant"] for g in (ga, gb)]
+    if [(n.op_type, n.domain, list(n.input), list(n.output), [x.SerializeToString() for x in n.attribute])
+            for n in computing[0]] != [(n.op_type, n.domain, list(n.input), list(n.output),
+                                        [x.SerializeToString() for x in n.attribute]) for n in computing[1]]:
+        names.append("node attributes")
+    return names
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    found = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    found[node.output[0]] = numpy_helper.to_array(attribute.t)
+    return found
+
+
+def _same_array(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
 def _against(recorded: Mapping[int, Mapping[str, np.ndarray]], samples: list[int], names: list[str],

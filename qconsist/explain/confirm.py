@@ -129,6 +129,9 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
     kept = [{s: per_run[i] for s, (_, per_run) in chosen.items()} for i in range(2)]
     result = replay_nodes((a.model, b.model), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
     result.sources, result.label = sources, label
+    batches = [s.run.inference.batch_size for s in (a, b)]
+    if batches != [1, 1]:
+        result.notes.append(f"replayed one sample at a time; the runs ran batches of {batches[0]} and {batches[1]}")
     if skipped:
         log.info("replay of %s: samples %s skipped (their recorded inputs differ between the runs)", label, skipped)
     return result

@@ -188,3 +188,15 @@ def test_identical_runs_have_nothing_to_replay(level_runs):
     assert confirm_origins(result) == [] and result.replays == []
     out = CliRunner().invoke(app, ["diff", "--replay", str(level_runs["extended"]), str(level_runs["extended2"])])
     assert out.exit_code == 0 and "replay" not in out.output
+
+
+def test_runs_whose_models_give_the_nodes_other_constants_say_so():
+    """Two runs of two quantizations (here: two weight sets) replay each run's own nodes: outputs that differ under
+    one and the same options come from the constants, and the replay names them."""
+    first, second = _conv(), _conv()
+    second.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros(32, np.float32), "b"))
+    x = {0: {"x": np.random.default_rng(1).normal(0, 1, (1, 16, 24, 24)).astype(np.float32)}}
+    replay = replay_nodes((first, second), ["conv"], x, [DISABLE, DISABLE])
+    assert replay.outcome is ReplayOutcome.CONFIRMED and replay.constants_differ == ["b"]
+    assert "(A: --ep cpu --level disable; B: --ep cpu --level disable; each run's own model, which differ in b)" in replay.summary()
+    assert replay_nodes((first, _conv()), ["conv"], x, [DISABLE, DISABLE]).constants_differ == []
