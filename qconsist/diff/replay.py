@@ -71,7 +71,7 @@ class ReplaySide:
     recorded: str = ""  # against the run's own recorded outputs: "matches", "differs", or "" (not kept raw)
 
 
-@serialized(derived=("confirmed",))
+@serialized(derived=("confirmed", "summary"))
 @dataclass
 class NodeReplay:
     """The replay of one origin (or span): what was run, on what, under which options, and what came out."""

@@ -200,3 +200,13 @@ def test_runs_whose_models_give_the_nodes_other_constants_say_so():
     assert replay.outcome is ReplayOutcome.CONFIRMED and replay.constants_differ == ["b"]
     assert "(A: --ep cpu --level disable; B: --ep cpu --level disable; each run's own model, which differ in b)" in replay.summary()
     assert replay_nodes((first, _conv()), ["conv"], x, [DISABLE, DISABLE]).constants_differ == []
+
+
+def test_the_report_shows_one_line_per_replayed_origin(level_runs):
+    from qconsist.report.html import divergence_section
+    from qconsist.store.serde import encode
+
+    result = diff_runs(level_runs["disable"], level_runs["extended"])
+    (replay,) = confirm_origins(result)
+    html = divergence_section(encode(result))
+    assert f"<p>Replay of <code>conv_1</code>: {replay.summary()}</p>".replace("'", "&#x27;") in html
