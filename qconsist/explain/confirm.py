@@ -118,7 +118,7 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
     inputs = {s: dict(values) for s, (values, _) in chosen.items()}
     if set(fed) & model_inputs:
         try:
-            opened = replay_inputs(a.run, a.model)[0]
+            opened = _reopened(a, b)
         except RunStoreError as exc:
             return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label,
                               reason=f"its model input cannot be fed again: {exc}")
@@ -135,6 +135,15 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
     if skipped:
         log.info("replay of %s: samples %s skipped (their recorded inputs differ between the runs)", label, skipped)
     return result
+
+
+def _reopened(a: _Side, b: _Side):
+    """The input set of run A, opened again and checked against its digest, else run B's (the runs' digests
+    agree: ``diff`` refuses runs on different input sets)."""
+    try:
+        return replay_inputs(a.run, a.model)[0]
+    except RunStoreError:
+        return replay_inputs(b.run, b.model)[0]
 
 
 def _recorded_inputs(a: _Side, b: _Side, recorded: list[str], outputs: Sequence[str], samples: Sequence[int],
@@ -198,8 +207,11 @@ def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], la
 def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
     """Replay every origin of ``result`` (a diff of two inference runs with dumps); the replays are also put in
     ``result.replays``. Nothing to replay (no origin) gives an empty list."""
-    if result.tensors is None or not result.tensors.origins:
-        result.replays = []
+    result.replays = []
+    if result.tensors is None:
+        result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
+        return []
+    if not result.tensors.origins:
         return []
     run_a, run_b = Run.open(result.run_a), Run.open(result.run_b)
     dumps = (load_dump(run_a), load_dump(run_b))

@@ -201,3 +201,6 @@ def test_a_run_without_a_dump_cannot_be_replayed(replay_runs, tmp_path):
     replay = replay_origin(Run.open(plain), Run.open(replay_runs["disable-c"]), ["bn"], [0], label="bn")
     assert replay.outcome is ReplayOutcome.CANNOT
     assert replay.reason == "run A has no tensor dump; rerun it with --dump"
+    result = diff_runs(plain, replay_runs["disable-c"])
+    assert confirm_origins(result) == [] and result.replays == []
+    assert result.notes[-1] == "replay: the runs have no tensor comparison (both need --dump), so no origin to replay"
