@@ -296,7 +296,9 @@ def replay_nodes(
     if not samples:
         raise ConfigError("replay: no sample to replay")
     examples = dict(inputs[samples[0]])
-    isolated = [isolate(_load(m), nodes, outputs, examples) for m in models]
+    loaded = [_load(m) for m in models]
+    first_isolated = isolate(loaded[0], nodes, outputs, examples)
+    isolated = [first_isolated, first_isolated if loaded[1] is loaded[0] else isolate(loaded[1], nodes, outputs, examples)]
     first = isolated[0]
     lacking = [name for name in first.inputs if any(name not in inputs[s] for s in samples)]
     if lacking:

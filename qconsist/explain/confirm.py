@@ -94,15 +94,21 @@ def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
 
 
 def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequence[int], label: str = "",
-                  dumps: tuple[LoadedDump, LoadedDump] | None = None, limit: int = REPLAYED_SAMPLES) -> NodeReplay:
+                  dumps: tuple[LoadedDump, LoadedDump] | None = None, limit: int = REPLAYED_SAMPLES,
+                  models: dict[Path, onnx.ModelProto] | None = None) -> NodeReplay:
     """Replay ``nodes`` (original node names) on the first ``limit`` of ``samples`` whose inputs the runs
-    recorded, each run's nodes under its own options (see the module docstring)."""
+    recorded, each run's nodes under its own options (see the module docstring). ``dumps`` and ``models`` (by
+    path): what the caller has loaded already."""
     sides = [_side("A", run_a, dumps[0] if dumps else None), _side("B", run_b, dumps[1] if dumps else None)]
     reasons = [s for s in sides if isinstance(s, str)]
     if reasons:
         return NodeReplay(list(nodes), ReplayOutcome.CANNOT, reason="; ".join(reasons), label=label)
     a, b = sides  # type: ignore[misc]
-    original = read_onnx(a.model, external_data=True, what="model", error=RunStoreError)
+    models = models if models is not None else {}
+    for path in (a.model, b.model):
+        if path not in models:
+            models[path] = read_onnx(path, external_data=True, what="model", error=RunStoreError)
+    original = models[a.model]
     fed, outputs = boundary(original, nodes)
     model_inputs = {v.name for v in original.graph.input} - {i.name for i in original.graph.initializer}
     recorded = [r for r in fed if r not in model_inputs]
@@ -127,7 +133,7 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
             inputs[sample].update({name: values[name] for name in fed if name in model_inputs})
         sources.update({name: "the input set, opened again (digest checked)" for name in fed if name in model_inputs})
     kept = [{s: per_run[i] for s, (_, per_run) in chosen.items()} for i in range(2)]
-    result = replay_nodes((a.model, b.model), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
+    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
     result.sources, result.label = sources, label
     batches = [s.run.inference.batch_size for s in (a, b)]
     if batches != [1, 1]:
@@ -219,6 +225,7 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[N
     if model is None:
         raise RunStoreError(f"the model run {result.run_a} ran is gone: nothing to replay")
     original = read_onnx(model, external_data=True, what="model", error=RunStoreError)
+    models = {model: original}
     columns = [_columns(d) for d in dumps]
     observed = set(columns[0]) & set(columns[1])
     by_name = {t.name: t.original for t in dumps[0].tensors}
@@ -231,7 +238,7 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[N
             continue
         try:
             nodes = span_nodes(original, tensor, observed - {tensor})
-            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit))
+            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models))
         except QconsistError as exc:
             replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=str(exc)))
     result.replays = replays
