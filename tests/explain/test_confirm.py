@@ -204,3 +204,33 @@ def test_a_run_without_a_dump_cannot_be_replayed(replay_runs, tmp_path):
     result = diff_runs(plain, replay_runs["disable-c"])
     assert confirm_origins(result) == [] and result.replays == []
     assert result.notes[-1] == "replay: the runs have no tensor comparison (both need --dump), so no origin to replay"
+
+
+def test_a_session_config_entry_is_replayed_as_the_run_recorded_it(tmp_path):
+    """Two runs of the QDQ conv built here at level all, one with session.disable_quant_qdq=1 (no QLinearConv
+    fusion): the origin is confirmed in isolation under each run's recorded configuration entries."""
+    from explain.qdq_models import qdq_conv_model, qdq_inputs
+    from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
+    from qconsist.inputs import open_input_set
+
+    source = resolve_model(qdq_conv_model(tmp_path / "qdq.onnx"))
+    inputs = open_input_set(qdq_inputs(tmp_path / "x.npy"), None, "x")
+    runs = {}
+    for key, entries in (("fused", {}), ("unfused", {"session.disable_quant_qdq": "1"})):
+        request = RunRequest(ExecutionOptions(session_config=entries), dump=True, raw=RawSelection.parse("all"))
+        runs[key] = run_inference(source, inputs, request, tmp_path / "runs", run_id=key).run_dir
+    out = CliRunner().invoke(app, ["diff", "--replay", str(runs["fused"]), str(runs["unfused"])])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    assert "options differ: session_config: None -> {'session.disable_quant_qdq': '1'}" in lines
+    ya, yb = _raw(runs["fused"], "y"), _raw(runs["unfused"], "y")
+    differing = [s for s in range(3) if not np.array_equal(ya[s], yb[s])]
+    mismatched = sum(int((a != b).sum()) for a, b in zip(ya, yb))
+    assert (differing, mismatched) == ([0, 1], 3)
+    assert (
+        "replay conv: confirmed in isolation: fed identical inputs (x_q), its 5 nodes (x_DequantizeLinear, "
+        "w_DequantizeLinear, b_DequantizeLinear, ...) compute different outputs under the two runs' options (A: --ep cpu "
+        "--level all; B: --ep cpu --level all --session-config session.disable_quant_qdq=1): 2/2 samples differ, "
+        "mismatched elements 3 / 2304 (0.13%), greatest abs difference 1"
+    ) in lines
+    assert "  under B's options the replay matches what run B recorded" in lines
