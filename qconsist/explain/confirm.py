@@ -116,8 +116,8 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
     unobserved = [r for r, where in missing if not where]
     if unobserved:
         return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label, reason=(
-            f"{unobserved[0]} is observed in neither run (computed inside a fused kernel); replay a span that "
-            "starts at tensors the runs observe"))
+            f"{unobserved[0]} is observed in neither run's dump (computed inside a fused kernel, or held in a layout "
+            "not established); replay a span that starts at tensors the runs observe"))
     chosen, sources, skipped = _recorded_inputs(a, b, recorded, outputs, samples, limit)
     if not chosen:
         return _cannot(nodes, fed, outputs, label, a, b, recorded, outputs, samples, skipped)
@@ -139,7 +139,7 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
     if batches != [1, 1]:
         result.notes.append(f"replayed one sample at a time; the runs ran batches of {batches[0]} and {batches[1]}")
     if skipped:
-        log.info("replay of %s: samples %s skipped (their recorded inputs differ between the runs)", label, skipped)
+        result.notes.append(f"samples {', '.join(map(str, skipped[:8]))} not replayed: the runs' recorded inputs differ there")
     return result
 
 

@@ -183,6 +183,15 @@ def test_the_fused_node_alone_does_not_reproduce(replay_runs):
     assert replay.sides[0].hashes == [_digest(y) for y in _raw(replay_runs["disable-c"], "y")]
 
 
+def test_an_input_neither_run_observes_cannot_be_fed(replay_runs):
+    """Both level-all runs fold bn into conv: c exists in neither dump."""
+    replay = replay_origin(Run.open(replay_runs["nchwc-off"]), Run.open(_capture_all(replay_runs)), ["bn"], [0], "bn")
+    assert replay.outcome is ReplayOutcome.CANNOT and replay.capture == []
+    assert replay.summary() == (
+        "cannot replay: c is observed in neither run's dump (computed inside a fused kernel, or held in a layout not "
+        "established); replay a span that starts at tensors the runs observe")
+
+
 def test_span_nodes_walk_up_to_the_observed_tensors(replay_runs):
     model = onnx.load(str(replay_runs["model"]))
     assert span_nodes(model, "y", {"r"}) == ["conv", "bn"]
