@@ -22,7 +22,6 @@ Gathering the recorded inputs of two runs is ``qconsist.explain.confirm``.
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -37,10 +36,6 @@ from qconsist.inference.graphmap import node_names
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import serialized
-
-log = logging.getLogger(__name__)
-
-_SUBGRAPH_OPS = {"If", "Loop", "Scan"}
 
 
 class ReplayOutcome(str, Enum):

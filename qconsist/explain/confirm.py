@@ -13,7 +13,6 @@ what that run computed in the full model (``ReplaySide.recorded``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -31,7 +30,6 @@ from qconsist.inference.session import ExecutionOptions
 from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
 
-log = logging.getLogger(__name__)
 
 REPLAYED_SAMPLES = 8  # samples replayed per origin (its first origin samples that have recorded inputs)
 
