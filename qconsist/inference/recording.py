@@ -15,6 +15,7 @@ final outputs against production's bit for bit, and ``finish`` with the same ``D
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -124,6 +125,8 @@ class _Dump:
             "table": table,
             "outputs": self.plan.outputs,
             "mismatched_samples": mismatched,
+            "splits": [split.to_json() for split in self.plan.splits],  # how each column divides among a step's samples
+            "left_out": dict(self.plan.left_out),  # tensors not recorded, and why
         }
 
     def close(self) -> None:
@@ -182,7 +185,10 @@ def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Pat
     """The recorder a run needs: none without a plan, else a dump on the device or on the host."""
     if plan is None:
         return NoDump()
-    if on_device:
+    if on_device and not plan.device_splits:
+        logging.getLogger(__name__).warning("dump: some tensors hold their samples on another axis than the first; "
+                                            "fingerprinting on the host")
+    if on_device and plan.device_splits:
         return DeviceDump(plan, options, run_dir, samples, raw_columns, raw, differing, raw_mode is RawMode.AUTO)
     return HostDump(plan, options, run_dir, samples, raw_columns, raw, differing)
 
