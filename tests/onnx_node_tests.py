@@ -1,0 +1,122 @@
+"""ONNX's own backend node tests, run through ``qconsist run --dump`` (issue 27 item 10, issue 29 item 10).
+
+The cases come from onnx's generator (``onnx.backend.test.case.node.collect_testcases``: the models and data
+sets ``onnx.backend.test.cmd_tools generate-data`` writes as ``node/<test>/model.onnx`` + ``test_data_set_0``),
+made at test set-up. Each case's first data set is written as one ``.npz`` whose members are the model's inputs
+by name — qconsist's exact input form, fed as it is — and the case is judged:
+
+* ``ort_cannot_run``: onnxruntime itself cannot load or run it (counted, not qconsist's to judge);
+* ``not_arrays``: an input that is no array of numbers (a sequence, an optional, strings) — no file holds it,
+  and qconsist refuses such inputs in one line;
+* ``equal``: ``qconsist run --dump`` exits 0, its recorded outputs equal onnxruntime's plain outputs bit for bit
+  and the dump is faithful;
+* ``refused``: exit 2 or 3 with one ``error:`` line (the message is kept, to be counted);
+* ``failed``: anything else — exit 4, an unfaithful dump, outputs that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from typer.testing import CliRunner
+
+
+@dataclass
+class Outcome:
+    name: str
+    kind: str  # ort_cannot_run | not_arrays | equal | refused | failed
+    detail: str = ""
+
+
+def collect(folder: Path) -> list[Path]:
+    """Every node test case written to ``folder`` as ``<test>/model.onnx`` + ``<test>/feeds/000.npz`` and
+    ``<test>/expected.npz`` (onnx's expected outputs, for reference); the cases' folders."""
+    import warnings
+
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = node.collect_testcases()
+    written = []
+    for case in sorted(cases, key=lambda c: c.name):
+        target = folder / case.name
+        (target / "feeds").mkdir(parents=True, exist_ok=True)
+        (target / "model.onnx").write_bytes(case.model.SerializeToString())
+        inputs, _ = case.data_sets[0]
+        names = [i.name for i in case.model.graph.input]
+        arrays = {n: v for n, v in zip(names, inputs)}
+        if all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in arrays.values()):
+            np.savez(target / "feeds" / "000.npz", **arrays)
+        else:
+            (target / "not_arrays").write_text(", ".join(f"{n}: {type(v).__name__}" for n, v in arrays.items()))
+        written.append(target)
+    return written
+
+
+def _equal(left: np.ndarray, right: np.ndarray) -> bool:
+    return left.shape == right.shape and left.dtype == right.dtype and np.array_equal(
+        left, right, equal_nan=left.dtype.kind in "fc")
+
+
+def run_case(case: Path, runs: Path) -> Outcome:
+    """Judge one case (module docstring)."""
+    import onnxruntime as ort
+
+    from qconsist.cli import app
+
+    name = case.name
+    if (case / "not_arrays").exists():
+        return Outcome(name, "not_arrays", (case / "not_arrays").read_text())
+    feed_file = case / "feeds" / "000.npz"
+    with np.load(feed_file, allow_pickle=False) as archive:
+        feeds = {k: archive[k] for k in archive.files}
+    try:
+        session = ort.InferenceSession(str(case / "model.onnx"), providers=["CPUExecutionProvider"])
+        expected = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors
+        return Outcome(name, "ort_cannot_run", " ".join(str(exc).split())[:160])
+    result = CliRunner().invoke(app, ["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
+                                      "--runs-dir", str(runs), "--run-id", name])
+    if result.exit_code in (2, 3):
+        lines = result.stderr.strip().splitlines()
+        ok = len(lines) == 1 and lines[0].startswith("error: ")
+        return Outcome(name, "refused" if ok else "failed", result.stderr.strip()[:300])
+    if result.exit_code != 0:
+        return Outcome(name, "failed", f"exit {result.exit_code}: {result.output.strip()[-300:]}")
+    run_dir = runs / name
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if not manifest["sections"]["dump"]["faithful"]:
+        return Outcome(name, "failed", "dump not faithful")
+    outputs = manifest["sections"]["inference"]["outputs"]
+    for index, (output, want) in enumerate(zip(outputs, expected)):
+        got = np.load(run_dir / "outputs" / f"o{index}.npy", allow_pickle=False)[0]
+        if not _equal(got, np.asarray(want)):
+            return Outcome(name, "failed", f"output {output} differs from onnxruntime's")
+    return Outcome(name, "equal")
+
+
+def message_kind(detail: str) -> str:
+    """A refusal's message without the paths and numbers that differ by case, to count them by kind."""
+    text = re.sub(r"/\S+", "PATH", detail)
+    text = re.sub(r"'[^']*'", "'…'", text)
+    text = re.sub(r"\d+", "N", text)
+    return text[:110]
+
+
+def counts(outcomes: list[Outcome]) -> dict[str, Any]:
+    kinds = Counter(o.kind for o in outcomes)
+    refused = Counter(message_kind(o.detail) for o in outcomes if o.kind == "refused")
+    return {"total": len(outcomes), "ort_can_run": len(outcomes) - kinds["ort_cannot_run"] - kinds["not_arrays"],
+            **dict(kinds), "refused_by_message": dict(refused.most_common())}
+
+
+def model_inputs(case: Path) -> list[str]:
+    return [i.name for i in onnx.load(str(case / "model.onnx")).graph.input]
