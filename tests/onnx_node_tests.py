@@ -66,11 +66,26 @@ def _equal(left: np.ndarray, right: np.ndarray) -> bool:
         left, right, equal_nan=left.dtype.kind in "fc")
 
 
+_COMMAND: list[Any] = []
+
+
+def _invoke(args: list[str]) -> Any:
+    """``qconsist ARGS`` in this process; typer builds the command once (0.4 s a time otherwise)."""
+    from unittest import mock
+
+    import typer.testing
+
+    from qconsist.cli import app
+
+    if not _COMMAND:
+        _COMMAND.append(typer.main.get_command(app))
+    with mock.patch.object(typer.testing, "_get_command", lambda _: _COMMAND[0]):
+        return CliRunner().invoke(app, args)
+
+
 def run_case(case: Path, runs: Path) -> Outcome:
     """Judge one case (module docstring)."""
     import onnxruntime as ort
-
-    from qconsist.cli import app
 
     name = case.name
     if (case / "not_arrays").exists():
@@ -83,8 +98,8 @@ def run_case(case: Path, runs: Path) -> Outcome:
         expected = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors
         return Outcome(name, "ort_cannot_run", " ".join(str(exc).split())[:160])
-    result = CliRunner().invoke(app, ["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
-                                      "--runs-dir", str(runs), "--run-id", name])
+    result = _invoke(["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
+                      "--runs-dir", str(runs), "--run-id", name])
     if result.exit_code in (2, 3):
         lines = result.stderr.strip().splitlines()
         ok = len(lines) == 1 and lines[0].startswith("error: ")
