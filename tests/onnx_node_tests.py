@@ -5,9 +5,10 @@ sets ``onnx.backend.test.cmd_tools generate-data`` writes as ``node/<test>/model
 made at test set-up. Each case's first data set is written as one ``.npz`` whose members are the model's inputs
 by name — qconsist's exact input form, fed as it is — and the case is judged:
 
-* ``ort_cannot_run``: onnxruntime itself cannot load or run it (counted, not qconsist's to judge);
-* ``not_arrays``: an input that is no array of numbers (a sequence, an optional, strings) — no file holds it,
-  and qconsist refuses such inputs in one line;
+* ``ort_cannot_run``: onnxruntime itself cannot load or run it (counted; qconsist must then refuse the model in
+  one line, exit 2, the failure being the model's);
+* ``not_arrays``: an input that is no array of numbers (a sequence, an optional, strings) — no file holds it;
+  qconsist, given the arrays there are, refuses the model in one line (exit 2);
 * ``equal``: ``qconsist run --dump`` exits 0, its recorded outputs equal onnxruntime's plain outputs bit for bit
   and the dump is faithful;
 * ``refused``: exit 2 or 3 with one ``error:`` line (the message is kept, to be counted);
@@ -21,7 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -35,9 +36,9 @@ class Outcome:
     detail: str = ""
 
 
-def collect(folder: Path) -> list[Path]:
-    """Every node test case written to ``folder`` as ``<test>/model.onnx`` + ``<test>/feeds/000.npz`` and
-    ``<test>/expected.npz`` (onnx's expected outputs, for reference); the cases' folders."""
+def collect(folder: Path, wanted: Callable[[str, int], bool] = lambda name, index: True) -> list[Path]:
+    """The node test cases (those ``wanted(name, position in name order)``) written to ``folder`` as
+    ``<test>/model.onnx`` + ``<test>/feeds/000.npz`` (the first data set's arrays by input name); their folders."""
     import warnings
 
     from onnx.backend.test.case import node
@@ -46,17 +47,19 @@ def collect(folder: Path) -> list[Path]:
         warnings.simplefilter("ignore")
         cases = node.collect_testcases()
     written = []
-    for case in sorted(cases, key=lambda c: c.name):
+    for position, case in enumerate(sorted(cases, key=lambda c: c.name)):
+        if not wanted(case.name, position):
+            continue
         target = folder / case.name
         (target / "feeds").mkdir(parents=True, exist_ok=True)
         (target / "model.onnx").write_bytes(case.model.SerializeToString())
         inputs, _ = case.data_sets[0]
         names = [i.name for i in case.model.graph.input]
-        arrays = {n: v for n, v in zip(names, inputs)}
-        if all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in arrays.values()):
-            np.savez(target / "feeds" / "000.npz", **arrays)
-        else:
-            (target / "not_arrays").write_text(", ".join(f"{n}: {type(v).__name__}" for n, v in arrays.items()))
+        given = {n: np.asarray(v) if isinstance(v, np.generic) else v for n, v in zip(names, inputs)}
+        arrays = {n: v for n, v in given.items() if isinstance(v, np.ndarray) and not v.dtype.hasobject}
+        np.savez(target / "feeds" / "000.npz", **arrays)
+        if len(arrays) < len(given):  # qconsist is given the arrays there are, and must refuse the rest
+            (target / "not_arrays").write_text(", ".join(f"{n}: {type(v).__name__}" for n, v in given.items() if n not in arrays))
         written.append(target)
     return written
 
@@ -89,7 +92,13 @@ def run_case(case: Path, runs: Path) -> Outcome:
 
     name = case.name
     if (case / "not_arrays").exists():
-        return Outcome(name, "not_arrays", (case / "not_arrays").read_text())
+        result = _invoke(["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
+                          "--runs-dir", str(runs), "--run-id", name])
+        lines = result.stderr.strip().splitlines()
+        if result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "):
+            return Outcome(name, "not_arrays", lines[0][:300])
+        return Outcome(name, "failed", f"inputs {(case / 'not_arrays').read_text()}: exit {result.exit_code}: "
+                                       f"{result.output.strip()[-300:]}")
     feed_file = case / "feeds" / "000.npz"
     with np.load(feed_file, allow_pickle=False) as archive:
         feeds = {k: archive[k] for k in archive.files}
@@ -97,6 +106,13 @@ def run_case(case: Path, runs: Path) -> Outcome:
         session = ort.InferenceSession(str(case / "model.onnx"), providers=["CPUExecutionProvider"])
         expected = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors
+        # not qconsist's to judge, but its failure is the model's: one line, exit 2, never an internal error
+        result = _invoke(["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
+                          "--runs-dir", str(runs), "--run-id", name])
+        lines = result.stderr.strip().splitlines()
+        if result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("error: "):
+            return Outcome(name, "failed", f"onnxruntime cannot run it; qconsist exit {result.exit_code}: "
+                                           f"{result.output.strip()[-300:]}")
         return Outcome(name, "ort_cannot_run", " ".join(str(exc).split())[:160])
     result = _invoke(["run", str(case / "model.onnx"), "--inputs", str(case / "feeds"), "--dump",
                       "--runs-dir", str(runs), "--run-id", name])
@@ -127,9 +143,11 @@ def message_kind(detail: str) -> str:
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Outcomes by kind (``ort_can_run``: the cases whose inputs are arrays and onnxruntime runs), and the
+    refusals by message."""
     kinds = Counter(o.kind for o in outcomes)
-    refused = Counter(message_kind(o.detail) for o in outcomes if o.kind == "refused")
-    return {"total": len(outcomes), "ort_can_run": len(outcomes) - kinds["ort_cannot_run"] - kinds["not_arrays"],
+    refused = Counter(message_kind(o.detail) for o in outcomes if o.kind in ("refused", "not_arrays"))
+    return {"total": len(outcomes), "ort_can_run": kinds["equal"] + kinds["refused"] + kinds["failed"],
             **dict(kinds), "refused_by_message": dict(refused.most_common())}
 
 

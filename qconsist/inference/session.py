@@ -619,6 +619,9 @@ def graph_input_specs(path: Path) -> list[InputSpec]:
         if value.name in inits:
             continue
         tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or tensor.elem_type == onnx.TensorProto.UNDEFINED:
+            kind = value.type.WhichOneof("value") or "value of no type"
+            raise UnsupportedModelError(f"model input '{value.name}' is a {kind.replace('_type', '')}, which qconsist cannot feed")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
     return with_multiples(specs, lambda: model)
