@@ -38,7 +38,8 @@ from qconsist.stages.caffe.reference import weights_by_layer
 from qconsist.stages.caffe.repair import repair_model
 from qconsist.store.atomic import write_bytes_atomic
 from qconsist.compare import compare_outputs
-from qconsist.inference.session import create_session, onnxruntime_limits, outputs_of
+from qconsist.inference.model import with_dynamic_batch
+from qconsist.inference.session import MEASUREMENT, create_session, onnxruntime_limits, outputs_of
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
@@ -418,9 +419,6 @@ def make_batch_dynamic(entry: Path, target: Path, evaluation=None) -> tuple[dict
     through the entry against each of its samples alone through the re-stamped model, within
     ``UPGRADE_ATOL + UPGRADE_RTOL·|x|``: the graph must compute per sample. Returns what was re-stamped and the
     comparison (None without ``evaluation``)."""
-    from qconsist.inference.model import with_dynamic_batch
-    from qconsist.inference.session import MEASUREMENT
-
     model = read_onnx(target)
     initializers = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in initializers]
