@@ -55,13 +55,25 @@ def collect(folder: Path, wanted: Callable[[str, int], bool] = lambda name, inde
         (target / "model.onnx").write_bytes(case.model.SerializeToString())
         inputs, _ = case.data_sets[0]
         names = [i.name for i in case.model.graph.input]
-        given = {n: np.asarray(v) if isinstance(v, np.generic) else v for n, v in zip(names, inputs)}
-        arrays = {n: v for n, v in given.items() if isinstance(v, np.ndarray) and not v.dtype.hasobject}
+        given = {n: _array(v) for n, v in zip(names, inputs)}
+        arrays = {n: v for n, v in given.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biufc"}
         np.savez(target / "feeds" / "000.npz", **arrays)
         if len(arrays) < len(given):  # qconsist is given the arrays there are, and must refuse the rest
             (target / "not_arrays").write_text(", ".join(f"{n}: {type(v).__name__}" for n, v in given.items() if n not in arrays))
         written.append(target)
     return written
+
+
+def _array(value: Any) -> Any:
+    """A data set's input as numpy holds it: a numpy scalar or a ``TensorProto`` (how onnx gives float16 and
+    exotic types) as an array; anything else (a list for a sequence, None for an empty optional) as it is."""
+    from onnx import numpy_helper
+
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return value
 
 
 def _equal(left: np.ndarray, right: np.ndarray) -> bool:

@@ -180,6 +180,10 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     original = read_onnx(model_path, external_data=True)
     optimized = read_onnx(optimized_path, external_data=True, what="ORT's optimized graph")
     optimized, repair = reloadable(optimized, optimized_path, options)
+    produced = produced_outputs(optimized)
+    if produced:
+        onnx.save(optimized, str(optimized_path))
+        repair = "; ".join(filter(None, [repair, produced]))
     exposed, names = expose_all(optimized)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
     runtime, ranks = {}, {}
@@ -244,6 +248,33 @@ def _leave_out_unsplittable(plan: DumpPlan) -> None:
     plan.left_out.update({name: f"no batch axis: {why}" for name, why in unknown.items()})
     log.warning("dump: %d tensor(s) left out at this batch size, their batch axis cannot be established (%s)",
                 len(unknown), ", ".join(list(unknown)[:5]))
+
+
+def produced_outputs(optimized: onnx.ModelProto) -> str:
+    """Give every graph output of ORT's saved graph a node that produces it, in place: an output ORT folded into
+    a constant (a ``Shape`` of a fixed input) is an initializer no node computes, so the dump would hold no
+    column for it; its initializer is renamed and an ``Identity`` gives the output its name (the faithfulness
+    check compares it with production like any output). A graph input that is also an output is refused, in
+    one line. Returns what was changed ("" nothing)."""
+    graph = optimized.graph
+    made = {o for node in graph.node for o in node.output}
+    initializers = {init.name: init for init in graph.initializer}
+    inputs = {i.name for i in graph.input}
+    changed = []
+    for output in graph.output:
+        if output.name in made:
+            continue
+        if output.name in initializers:
+            constant = f"{output.name}__qconsist_constant"
+            initializers[output.name].name = constant
+            graph.node.append(onnx.helper.make_node("Identity", [constant], [output.name], name=f"{output.name}__qconsist_output"))
+            changed.append(output.name)
+        elif output.name in inputs:
+            raise UnsupportedModelError(f"output {output.name!r} is the model's input {output.name!r} itself: no node "
+                                        "computes it, so there is nothing to observe")
+    if not changed:
+        return ""
+    return f"output(s) {', '.join(changed)}, constants ORT folded, produced by an Identity so that they are dumped"
 
 
 def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions) -> tuple[onnx.ModelProto, str]:

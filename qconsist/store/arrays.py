@@ -9,8 +9,9 @@ it is closed. The result is a plain ``.npy`` (version 1.0) that ``numpy.load(...
 ``outputs/o<i>.npy`` for output ``i`` (the order of ``sections.inference.outputs``):
 
 * every sample of the same shape: an array of shape ``(samples, *sample shape)``; sample ``s`` is ``[s]``,
-  the sample's array as the session gave it for that sample (a batched output keeps a batch axis of 1, an
-  output without a batch axis is the step's whole output, once per sample of the step);
+  the sample's array as a step of one sample gives it (the runner divides a step's output along its own batch
+  axis, ``qconsist.inference.batch``: a batched output keeps its batch axis with the sample's extent, an output
+  without one is the step's whole output, once per sample of the step);
 * shapes that vary by sample (a detector's boxes): a flat array of every sample's elements in sample order,
   and ``outputs/o<i>.index.npy``: per sample its element offset and shape (an id into
   ``sections.inference.output_shapes``).

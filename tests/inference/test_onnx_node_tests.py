@@ -17,7 +17,8 @@ from qconsist.cli import app
 # found crashing by the audit: sequence outputs under --dump, models that do not compute per sample at batch 3
 AUDITED = {"test_if_seq", "test_sequence_insert_at_back", "test_gather_0", "test_gemm_all_attributes", "test_scan_sum",
            "test_scatternd", "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv",
-           "test_dequantizelinear", "test_quantizelinear", "test_isinf"}
+           "test_dequantizelinear", "test_quantizelinear", "test_isinf", "test_shape", "test_identity_sequence",
+           "test_cast_FLOAT16_to_FLOAT"}
 EVERY = 40
 
 
@@ -29,14 +30,17 @@ def sampled(tmp_path_factory):
 def test_sampled_node_tests_equal_onnxruntime_or_are_refused_in_one_line(sampled, tmp_path):
     outcomes = {o.name: o for o in (run_case(case, tmp_path / "runs") for case in sampled)}
     assert [o for o in outcomes.values() if o.kind == "failed"] == []
-    for name in ("test_gather_0", "test_gemm_all_attributes", "test_scan_sum", "test_scatternd",
-                 "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv"):
+    # test_shape: ORT folds the Shape of a fixed input into a constant output (it was 'y' is not in list, exit 4)
+    for name in ("test_gather_0", "test_gemm_all_attributes", "test_scan_sum", "test_scatternd", "test_shape",
+                 "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv", "test_cast_FLOAT16_to_FLOAT"):
         assert outcomes[name].kind == "equal", outcomes[name]
     assert outcomes["test_if_seq"].kind == "refused"
     assert outcomes["test_if_seq"].detail.endswith("test_if_seq/model.onnx: output 'res' is seq(tensor(float)), not "
                                                    "a tensor; qconsist records tensors")
     assert outcomes["test_sequence_insert_at_back"].detail == (
         "error: model input 'sequence' has type seq(tensor(int64)), which qconsist cannot feed")
+    assert outcomes["test_identity_sequence"].detail == (  # it was KeyError: 0, exit 4
+        "error: model input 'x' has type seq(tensor(float)), which qconsist cannot feed")
     summary = counts(list(outcomes.values()))
     assert summary["equal"] >= 0.8 * summary["ort_can_run"], json.dumps(summary, indent=1)
 
