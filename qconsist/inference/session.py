@@ -575,12 +575,13 @@ def provider_available(name: str) -> bool:
 
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
 
 
-_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
+_FED = {np.dtype(t) for t in _ORT_TYPES.values()}
 
 
 def input_specs(session: Any) -> list[InputSpec]:
