@@ -213,3 +213,8 @@ def test_onnxruntime_failing_on_the_model_is_the_models_failure(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: onnxruntime cannot run model {path} on sample 0: ")
     assert "internal error" not in result.output
+    dumped = CliRunner().invoke(app, ["run", str(path), "--inputs", str(tmp_path / "x.npy"), "--dump", "--runs-dir",
+                                      str(tmp_path / "runs")])
+    assert dumped.exit_code == 2, dumped.output
+    assert dumped.stderr.startswith("error: onnxruntime cannot run the model (its dumped graph): ")
+    assert len(dumped.stderr.splitlines()) == 1
