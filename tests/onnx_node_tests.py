@@ -56,7 +56,8 @@ def collect(folder: Path, wanted: Callable[[str, int], bool] = lambda name, inde
         inputs, _ = case.data_sets[0]
         names = [i.name for i in case.model.graph.input]
         given = {n: _array(v) for n, v in zip(names, inputs)}
-        arrays = {n: v for n, v in given.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biufc"}
+        arrays = {n: v for n, v in given.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
+                  and v.dtype.type.__module__ == "numpy"}  # float8/int4 (ml_dtypes) have no .npy form
         np.savez(target / "feeds" / "000.npz", **arrays)
         if len(arrays) < len(given):  # qconsist is given the arrays there are, and must refuse the rest
             (target / "not_arrays").write_text(", ".join(f"{n}: {type(v).__name__}" for n, v in given.items() if n not in arrays))
