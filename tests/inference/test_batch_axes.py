@@ -218,3 +218,24 @@ def test_onnxruntime_failing_on_the_model_is_the_models_failure(tmp_path):
     assert dumped.exit_code == 2, dumped.output
     assert dumped.stderr.startswith("error: onnxruntime cannot run the model (its dumped graph): ")
     assert len(dumped.stderr.splitlines()) == 1
+
+
+def test_classify_never_takes_a_coincidence_of_shapes_for_a_batch_axis():
+    """Two samples whose step interleaves them (a batch merged under another axis) are not split, though the
+    step's extent is twice a sample's; [1, 1] -> [2, 2] (an outer product of the batch) is no batch axis either."""
+    from qconsist.inference.batch import Split, classify
+
+    one, other = np.arange(12, dtype=np.float32), np.arange(12, dtype=np.float32) + 100
+    interleaved = np.stack([one, other], axis=1).reshape(-1)
+    assert classify(one, other, interleaved) == Split("unknown", why="no axis holds the samples one after the other")
+    assert classify(one, other, np.concatenate([one, other])) == Split("axis", 0, 12)
+    assert classify(np.ones((1, 1)), np.ones((1, 1)), np.ones((2, 2))) == Split(
+        "unknown", why="no axis holds the samples one after the other")
+    shape = np.array([1, 3, 8, 8], np.int64)
+    assert classify(shape, shape, np.array([2, 3, 8, 8], np.int64)) == Split("shape", positions=(0,))
+    assert classify(shape, shape, shape) == Split("shared")
+    assert classify(np.array([1, 3], np.int64), np.array([1, 4], np.int64), np.array([2, 7], np.int64)).kind == "unknown"
+    assert Split("shape", positions=(0,)).rows(np.array([4, 3, 8, 8], np.int64), 4)[3].tolist() == [1, 3, 8, 8]
+    state = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    rows = Split("axis", 1, 1).rows(state, 3)
+    assert [r.shape for r in rows] == [(2, 1, 4)] * 3 and rows[2].tolist() == state[:, 2:3].tolist()
