@@ -17,7 +17,9 @@ and every tensor is classified by what it became:
   the sample, a value that is not a tensor): it cannot be split faithfully and is never sliced as if its first
   axis were the batch. The dump reports it and leaves it out; a final output of this kind refuses the step.
 
-A step of one sample is recorded as it is, whatever the classification.
+A step of one sample is recorded as it is, whatever the classification. A model whose batch is fixed at the
+step's size cannot run the probe's steps: its tensors are split by their first axis where it has the step's size
+(``ONE``), as before the probe, and the run's record says so (``kind`` ``first``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ Sample = dict[str, np.ndarray]
 class Split:
     """How one tensor of a step is divided among its samples (module docstring)."""
 
-    kind: str  # "axis" | "shared" | "shape" | "unknown"
+    kind: str  # "axis" | "shared" | "shape" | "unknown" | "first" (nothing probed: ``ONE``)
     axis: int | None = None  # kind axis: the axis holding the samples one after the other
     size: int = 1  # kind axis: a sample's extent along it, in the probe
     positions: tuple[int, ...] = ()  # kind shape: flat positions of the entries that carry the step's size
@@ -47,6 +49,11 @@ class Split:
         if count == 1:
             return [array]
         if self.kind == "shared":
+            return [array] * count
+        if self.kind == "first":
+            array = np.asarray(array)
+            if array.ndim and array.shape[0] == count:
+                return [array[r:r + 1] for r in range(count)]
             return [array] * count
         if self.kind == "unknown":
             raise UnsupportedModelError(f"tensor {name!r} cannot be split into the samples of a step ({self.why}); "
@@ -76,7 +83,10 @@ class Split:
         return data
 
 
-ONE = Split("axis", 0, 1)  # a step's tensor before any probe: its first axis, one sample per row
+# a step's tensor where nothing was probed: its first axis where it has the step's size, else the whole tensor for
+# each sample — steps of one sample (recorded as they are), and a model whose batch is fixed at the step's size,
+# which cannot run a step of another size to be probed (it was qconsist's only rule before the probe)
+ONE = Split("first")
 
 
 def _close(left: np.ndarray, right: np.ndarray) -> bool:

@@ -123,13 +123,13 @@ class DumpPlan:
     @property
     def batched(self) -> list[bool]:
         """Per column: its first axis holds the samples, one row each (the device dump's split)."""
-        return [s.kind == "axis" and s.axis == 0 for s in self.splits]
+        return [s.kind == "first" or (s.kind == "axis" and s.axis == 0) for s in self.splits]
 
     @property
     def device_splits(self) -> bool:
         """Whether the device dump splits every column as ``splits`` says (first axis, one row a sample, or
         shared); other splits are made on the host."""
-        return all(s.kind == "shared" or (s.kind == "axis" and s.axis == 0 and s.size == 1) for s in self.splits)
+        return all(s.kind in ("shared", "first") or (s.kind == "axis" and s.axis == 0 and s.size == 1) for s in self.splits)
 
     def rows(self, arrays: list[np.ndarray], count: int) -> list[list[np.ndarray]]:
         """One step's tensors as ``count`` samples, each tensor divided as its split says (``batch``: a batched

@@ -256,7 +256,9 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     if batch != 1:
         check_batching(input_specs(production), batch, len(inputs))
     outputs = [o.name for o in production.get_outputs()]
-    probe = _probe(inputs) if batch != 1 and len(inputs) > 1 else None
+    # the probe runs steps of 1 and 2 samples: a model whose batch is fixed at the step's size cannot (``batch.ONE``)
+    free = all(axis is not None for axis in input_axes(input_specs(production)).values())
+    probe = _probe(inputs) if batch != 1 and len(inputs) > 1 and free else None
     plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
     splits = [ONE] * len(outputs)
     if plan is not None:

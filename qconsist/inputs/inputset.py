@@ -227,6 +227,9 @@ def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
         if axes[spec.name] is not None:
             continue
         first = spec.shape[0] if spec.shape else None
+        sizes = {size} | ({count % size} if count % size else set())
+        if isinstance(first, int) and first > 0 and sizes == {first}:
+            continue  # every step is the model's fixed batch (stacked on axis 0)
         if isinstance(first, int) and first > 0:
             raise ShapeMismatchError(
                 f"model input '{spec.name}' has a fixed batch dimension of {first}; `batch_size` {size} needs a "

@@ -239,3 +239,19 @@ def test_classify_never_takes_a_coincidence_of_shapes_for_a_batch_axis():
     state = np.arange(2 * 3 * 4).reshape(2, 3, 4)
     rows = Split("axis", 1, 1).rows(state, 3)
     assert [r.shape for r in rows] == [(2, 1, 4)] * 3 and rows[2].tolist() == state[:, 2:3].tolist()
+
+
+def test_a_batch_fixed_at_the_step_size_runs_unprobed_split_on_its_first_axis(tmp_path):
+    """A model fixed at batch 4 cannot run the probe's steps of 1 and 2: at --batch-size 4 its tensors are split
+    by their first axis (kind ``first``, as before the probe) and its outputs are onnxruntime's."""
+    from batch_models import fixed_batch_model
+
+    model = fixed_batch_model(tmp_path / "fixed4.onnx", batch=4)
+    x = np.random.default_rng(12).normal(size=(8, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    run = _run(model, tmp_path / "x.npy", tmp_path, "four", batch_size=4)
+    assert run.dump.faithful
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    expected = np.concatenate([session.run(None, {"x": x[:4]})[0], session.run(None, {"x": x[4:]})[0]])
+    np.testing.assert_array_equal(_outputs(run.run_dir, 0)[:, 0], expected)
+    assert set(s["kind"] for s in _index(run.run_dir)["splits"]) == {"first"}
