@@ -6,7 +6,9 @@ Sources:
 * ``package:photos:augmented:COUNT[:SEED]`` — COUNT samples made from those photographs by seeded random
   crops and flips (``qconsist.inputs.augment``), each made when read: an evaluation of any size
 * a folder (``qconsist.inputs.folder``): images, flat or one subfolder per class (labelled by it), a flat
-  image folder with a labels file, or ``.npy`` files, one sample each
+  image folder with a labels file, ``.npy`` files, one sample each, or ``.npz`` files, one sample each whose
+  members are the model's inputs by name, fed exactly as they are (no batch axis added: rank-0 scales, fixed
+  first axes, a state whose batch axis is 1)
 * a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
 * a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
 
@@ -28,11 +30,12 @@ import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs import augment
+from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import file_digest, legacy_digest, set_digest, SHA256, XXH3
 from qconsist.inputs.folder import IMAGE_SUFFIXES, scan_folder
 from qconsist.inputs.labels import Labels, read_labels
 from qconsist.inputs.loaders import (
-    Augmented, Checked, ImageFiles, NpyFiles, Offset, Picked, Stacked, check_sample, load_npy,
+    Augmented, Checked, ImageFiles, NpyFiles, NpzFiles, Offset, Picked, Stacked, check_sample, load_npy,
 )
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.package import is_package_path, resolve_package_path
@@ -69,6 +72,7 @@ class InputSet:
     offset: int = 0  # where the first sample lies in the set ``source`` names
     workers: int | None = None  # input workers of ``batches`` (None: as many as help, ``stream.resolve_workers``)
     file: Path | None = None  # the one file a stacked set is read from
+    axes: dict[str, int] | None = None  # set by ``checked``: each input's batch axis, where steps stack samples
     _infos: list[SampleInfo] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -117,7 +121,7 @@ class InputSet:
         samples' digests (``sample_infos``)."""
         check_batch_size(size)
         workers = resolve_workers(self.workers, len(self.names), getattr(self._load, "parallel", False))
-        return self._kept(steps(self._load, len(self.names), size, workers, borrowed))  # workers start now
+        return self._kept(steps(self._load, len(self.names), size, workers, borrowed, self.axes))  # workers start now
 
     def _kept(self, made: Iterator[Step]) -> Iterator[Step]:
         infos: list[SampleInfo] = []
@@ -134,7 +138,7 @@ class InputSet:
 
     def step(self, start: int, stop: int) -> Sample:
         """Samples ``start .. stop-1`` stacked on axis 0, made here."""
-        return stack([self._load(i) for i in range(start, min(stop, len(self.names)))], start)
+        return stack([self._load(i) for i in range(start, min(stop, len(self.names)))], start, self.axes)
 
     def sample_infos(self) -> list[SampleInfo]:
         """Each sample's digest (and file digest, image mode), from the last complete pass or a new one."""
@@ -183,7 +187,8 @@ class InputSet:
         if len(specs) == 1 and len(stored) == 1:
             stored = {specs[0].name: next(iter(stored.values()))}
         cast = {name: f"{stored[name]} -> {dtype}" for name, dtype in wanted.items() if name in stored and stored[name] != dtype}
-        return self._derived(_load=load, cast=cast or None)
+        axes = {name: axis for name, axis in input_axes(specs).items() if axis}
+        return self._derived(_load=load, cast=cast or None, axes=axes or None)
 
 
 def check_spatial(specs: Sequence[InputSpec], preprocess: Preprocess) -> None:
@@ -212,16 +217,29 @@ def check_batch_size(size: int) -> int:
 
 
 def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
-    """The model takes steps of ``size`` samples (and the last, smaller step): its batch dimension is free."""
+    """The model takes steps of ``size`` samples (and the last, smaller step): every input has a free batch
+    axis (``axes.input_axes``: the one its graph names)."""
     check_batch_size(size)
+    if size == 1 or count <= 1:
+        return
+    axes = input_axes(specs)
     for spec in specs:
+        if axes[spec.name] is not None:
+            continue
         first = spec.shape[0] if spec.shape else None
         sizes = {size} | ({count % size} if count % size else set())
-        if isinstance(first, int) and first > 0 and sizes != {first}:
+        if isinstance(first, int) and first > 0 and sizes == {first}:
+            continue  # every step is the model's fixed batch (stacked on axis 0)
+        if isinstance(first, int) and first > 0:
             raise ShapeMismatchError(
                 f"model input '{spec.name}' has a fixed batch dimension of {first}; `batch_size` {size} needs a "
                 "dynamic one: convert with [convert] dynamic_batch = true, or re-stamp the model with `dynamic_batch`"
             )
+        shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
+        raise ShapeMismatchError(
+            f"model input '{spec.name}' (shape {shown}) has no batch axis its graph names; `batch_size` {size} "
+            "stacks samples on it: run with `batch_size` 1"
+        )
 
 
 def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str,
@@ -294,6 +312,8 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
         found = scan_folder(path, Path(labels) if labels is not None else None)
         if found.kind == "images":
             return _image_set(str(path), found.files, preprocess, input_name, found.names, found.labels)
+        if found.kind == "steps":
+            return InputSet(str(path), "arrays", found.names, NpzFiles(found.files))
         return InputSet(str(path), "arrays", found.names, NpyFiles(found.files, input_name))
     suffix = path.suffix.lower()
     if suffix == ".npy":

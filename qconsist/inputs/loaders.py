@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from qconsist.errors import InputError, ShapeMismatchError
+from qconsist.errors import InputError, QconsistError, ShapeMismatchError
+from qconsist.store.confine import load_npz
 
 Sample = dict[str, np.ndarray]
 
@@ -71,6 +72,27 @@ class NpyFiles(Loader):
     def prepare(self, index: int) -> tuple[Sample, str | None]:
         array = load_npy(self.paths[index])
         return {self.input_name: np.ascontiguousarray(array if array.ndim and array.shape[0] == 1 else array[None])}, None
+
+    def file(self, index: int) -> Path | None:
+        return self.paths[index]
+
+
+class NpzFiles(Loader):
+    """A folder of ``.npz`` files, one sample each: its members are the model's inputs by name, fed exactly as
+    they are (nothing added or removed: a rank-0 scale stays rank 0, a state ``[2, 1, 128]`` keeps its axes)."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(paths)
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        path = self.paths[index]
+        try:
+            arrays = load_npz(path, f"input file {path}")
+        except QconsistError as exc:
+            raise InputError(exc.message) from None
+        if not arrays:
+            raise InputError(f"input file {path} holds no arrays")
+        return {name: np.array(a, order="C", copy=True) for name, a in arrays.items()}, None  # rank 0 stays rank 0
 
     def file(self, index: int) -> Path | None:
         return self.paths[index]
