@@ -125,3 +125,22 @@ def test_constants_ort_stores_in_another_shape_are_compared_by_value(reshaped_co
     assert diff.passed, [n.label for n in diff.tensors.nodes]
     assert [1, 1, 1, 32] in shapes  # the re-shaped constant is there, and compared by value
     check_findings(diff, reshaped_constants["dumps"]["all"], reshaped_constants["dumps"]["disable"], reshaped_constants["model"])
+
+
+def test_every_finding_of_open_nsfw_at_levels_all_and_disable_holds_on_raw_tensors(nsfw_run, nsfw_inputs, tmp_path_factory):
+    """The property over a real model: every origin of `diff` of open_nsfw's quantized model at level all against
+    disable has every input recorded in both runs and bit-identical, and every span identical boundary inputs."""
+    from qconsist.inference.session import input_specs
+
+    folder = tmp_path_factory.mktemp("nsfw-levels")
+    source = resolve_model(nsfw_run.path)
+    inputs = open_input_set(nsfw_inputs, None, input_specs(source.path)[0].name).subset(0, 2)
+    dumps = {level: run_inference(source, inputs, RunRequest(ExecutionOptions(graph_optimization_level=level), dump=True,
+                                                             raw=RawSelection.parse("all")), folder, run_id=level).run_dir
+             for level in ("all", "disable")}
+    result = diff_runs(dumps["all"], dumps["disable"])
+    assert result.tensors.space == "original" and result.tensors.layout_unknown == []
+    checked = check_findings(result, dumps["all"], dumps["disable"], onnx.load(str(source.path)))
+    assert checked["origin"] + checked["span"] >= 1
+    assert checked == {"origin": len(result.tensors.origins), "span": len(result.tensors.spans)}
+    assert all(n.finding == "span" and n.unobserved for n in result.tensors.nodes if n.finding and not n.inputs)
