@@ -67,3 +67,13 @@ def test_quant_error_shows_the_tensor_the_branch_reads(gated):
     assert gate.op_type == "If" and gate.added_db is not None and gate.added_db < 0
     assert gate.added_db == pytest.approx(act.sqnr_db - gate.sqnr_db)
     assert "conv" not in result.internal
+
+
+def test_inspect_counts_the_conv_the_branch_reads_as_float(gated):
+    """The Conv's output goes to a QuantizeLinear and, read by the If's branches, as a float: it does not run
+    quantized (main counted it quantized: 7 of 14, its only explicit consumer being the QuantizeLinear)."""
+    from qconsist.inspect.model import summarize_model
+
+    summary = summarize_model(resolve_model(gated["run"], "quantize").path)
+    assert (summary.quantized_nodes, summary.computing_nodes) == (6, 14)
+    assert "Conv ×1" in summary.not_quantized
