@@ -144,3 +144,12 @@ def test_every_finding_of_open_nsfw_at_levels_all_and_disable_holds_on_raw_tenso
     assert checked["origin"] + checked["span"] >= 1
     assert checked == {"origin": len(result.tensors.origins), "span": len(result.tensors.spans)}
     assert all(n.finding == "span" and n.unobserved for n in result.tensors.nodes if n.finding and not n.inputs)
+
+
+def test_the_html_report_lists_the_span_and_its_nodes(qdq_chain):
+    from qconsist.report.html import divergence_section
+
+    html = divergence_section(qdq_chain["diff"].to_json())
+    assert "No origin node among the compared tensors." in html
+    assert "<h2>Spans</h2>" in html and "<td><code>conv0</code></td>" in html
+    assert "<code>x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, conv0, c0_QuantizeLinear</code>" in html
