@@ -95,15 +95,16 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
     if not tensors.nodes:
         console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
     else:
-        origins = tensors.origins
+        origins, spans = tensors.origins, tensors.spans
         console.print(
             f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
             f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
+            + (f"; spans: {len(spans)}" if spans else "")
         )
         columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
         table = Table(*columns, *(["tolerance"] if not tolerance.exact else []))
-        for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
-            if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
+        for node in tensors.nodes[: max(_SHOWN, len(origins) + len(spans))] if len(tensors.nodes) else []:
+            if not node.finding and node is not tensors.first and len(table.rows) >= _SHOWN:
                 continue
             e = node.elements
             mismatch = f"{e.differing} / {e.elements} ({e.percent:.2f}%)" if e else "raw not kept"
@@ -113,15 +114,15 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
             elif e and e.histogram:
                 extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
             table.add_row(
-                node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
+                node.label, f"{node.op_a} / {node.op_b}", node.finding or "propagates",
                 f"{node.count}/{tensors.samples}", mismatch,
                 _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
                 *([node.tolerance] if not tolerance.exact else []),
             )
         console.print(table)
-        for node in origins:
-            why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
-            console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
+        for node in tensors.nodes:
+            if node.finding:
+                console.print(_finding(node))
         if result.capture:
             console.print("element statistics need raw tensors; capture them with:")
             for command in result.capture:
@@ -141,6 +142,19 @@ def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
             console.print(f"  note: {note}")
         for command in replay.capture:
             console.print(f"  {command}")
+
+
+def _finding(node) -> str:  # node: TensorDiff, an origin or a span
+    samples = f"samples {node.origin_samples[:8]}"
+    if node.is_span:
+        shown = ", ".join(node.unobserved[:6]) + (", ..." if len(node.unobserved) > 6 else "")
+        return (f"span ending at {node.label}: its output differs while its nearest observed inputs are identical "
+                f"({node.evidence()}; {samples}); not observed: {shown}; nodes inside: {', '.join(node.span)}")
+    if node.initializers_changed:
+        return f"origin {node.label}: outputs differ while every input it reads was compared ({node.evidence()}; {samples})"
+    if node.inputs or node.given or node.constants:
+        return f"origin {node.label}: outputs differ while every input it reads is identical ({node.evidence()}; {samples})"
+    return f"origin {node.label}: outputs differ ({samples}; recorded before qconsist kept an origin's evidence)"
 
 
 def _render_accuracy(console, change) -> None:  # change: AccuracyChange

@@ -37,6 +37,7 @@ from qconsist.compare.noise import NoiseStats
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
+from qconsist.inference.graphmap import node_reads
 from qconsist.inference.layout import to_original
 from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
@@ -121,7 +122,7 @@ def _added(errors: dict[str, TensorError], float_model: onnx.ModelProto) -> None
         if node is None or depth > 4:
             return []
         found: list[float] = []
-        for source in node.input:
+        for source in node_reads(node):  # with the outer tensors its subgraphs read
             if source in errors:
                 found.append(errors[source].sqnr_db)
             elif source and source not in graph.constants:
