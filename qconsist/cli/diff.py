@@ -172,12 +172,12 @@ def diff(
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
     policy: opt.PolicyFile = None,
-    replay: bool = typer.Option(False, "--replay", help="Confirm each origin by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with run --dump --raw) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin and span by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with run --dump --raw) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
-    With --replay, each origin is confirmed (or not) by running it alone on its recorded inputs.
+    With --replay, each origin and span is confirmed (or not) by running it alone on its recorded inputs.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
     different models or input sets).
