@@ -136,6 +136,23 @@ def test_the_recogniser_is_a_sequence_model_with_a_dynamic_width(recogniser):
     assert _session(quantized, "disable").run(None, {"x": recogniser["photos"][0]})[0].shape == (1, 40, 6625)
 
 
+def test_at_level_disable_every_tensor_of_the_recogniser_is_the_original_s(recogniser):
+    """ORT runs the original graph at level disable, but its EnsureUniqueDQForNodeUnit gives each consumer of a
+    DequantizeLinear its own copy ('.../duplicated'), and its saved graph writes default attributes (QuantizeLinear's
+    axis 1) in its own order: 100 tensors of the LayerNorm region, read through such copies, were "layout unknown"
+    and left out of every diff. The copies are recognised as the original's value."""
+    index = json.loads((recogniser["dumps"]["disable"] / "dump" / "index.json").read_text())
+    quantized = onnx.load(str(recogniser["run"].path / "quantize" / "model.onnx"))
+    hows = {}
+    for tensor in index["tensors"]:
+        hows.setdefault(tensor["how"], []).append(tensor)
+    assert sorted(hows) == ["internal", "same"] and len(hows["same"]) == len(quantized.graph.node) == 1305
+    optimized = {n.output[0]: n for n in onnx.load(str(recogniser["dumps"]["disable"] / "dump" / "optimized.onnx")).graph.node}
+    copies = [optimized[t["name"]] for t in hows["internal"]]
+    assert len(copies) == 89 and {n.op_type for n in copies} == {"DequantizeLinear"}
+    assert all(n.output[0].split("/duplicated")[0] in {t["original"] for t in hows["same"]} for n in copies)
+
+
 def test_the_recogniser_levels_all_and_disable_name_spans_confirmed_by_replay(recogniser, tmp_path):
     a, b = recogniser["dumps"]["all"], recogniser["dumps"]["disable"]
     result = diff_runs(a, b)

@@ -83,20 +83,76 @@ def unchanged_tensors(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
     inputs and outputs) makes them, from graph inputs, initializers of the same type and shape, and tensors that
     are themselves unchanged. Such a tensor holds the original's value in the original's layout, whatever the
     labels of ``layout.py`` can establish (at level disable ORT runs the original graph: every tensor)."""
+    opsets = {o.domain or "ai.onnx": o.version for o in original.opset_import}
+    defaults: dict[tuple[str, str], dict[str, object]] = {}
+
     def key(node: onnx.NodeProto) -> bytes:
-        return node.SerializeToString(deterministic=True)
+        """The node's bytes with its attributes in name order and those equal to the schema's default left out:
+        ORT saves its graph with the defaults written (QuantizeLinear's axis 1) and attributes in its own order."""
+        domain = node.domain or "ai.onnx"
+        if (node.op_type, domain) not in defaults:
+            defaults[(node.op_type, domain)] = _defaults(node.op_type, domain, opsets.get(domain))
+        default = defaults[(node.op_type, domain)]
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.ClearField("doc_string")  # "Added by EnsureUniqueDQForNodeUnit"
+        del copy.attribute[:]
+        copy.attribute.extend(sorted((a for a in node.attribute if not (a.name in default and _value(a) == default[a.name])),
+                                     key=lambda a: a.name))
+        return copy.SerializeToString(deterministic=True)
 
     original_nodes = {out: key(node) for node in original.graph.node for out in node.output if out}
     shapes = {i.name: (i.data_type, tuple(i.dims)) for i in original.graph.initializer}
     same_inits = {i.name for i in optimized.graph.initializer if shapes.get(i.name) == (i.data_type, tuple(i.dims))}
     ready = ({v.name for v in original.graph.input} & {v.name for v in optimized.graph.input}) | same_inits
+    # a copy of an original node under new names (EnsureUniqueDQForNodeUnit, which runs even at level disable,
+    # gives each consumer of a DequantizeLinear its own: '<output>/duplicated') computes the original's value
+    def body(node: onnx.NodeProto) -> bytes:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.ClearField("name")
+        copy.ClearField("output")
+        return key(copy)
+
+    bodies = {body(node): list(node.output) for node in original.graph.node if len(node.output) == 1 and node.output[0]}
+    copies: dict[str, str] = {}  # a copy's output -> the original tensor it equals
     unchanged: set[str] = set()
     for node in optimized.graph.node:  # ORT saves its graph in topological order
         outputs = [o for o in node.output if o]
-        if outputs and all(original_nodes.get(o) == key(node) for o in outputs) and all(i in ready for i in node_reads(node)):
+        reads = node_reads(node)
+        if any(i in copies for i in node.input):
+            node = _reading(node, copies)
+        if outputs and all(original_nodes.get(o) == key(node) for o in outputs) and all(i in ready or i in copies for i in reads):
             unchanged.update(outputs)
             ready.update(outputs)
+        elif len(outputs) == 1 and outputs[0] not in original_nodes and all(i in ready or i in copies for i in reads):
+            twin = bodies.get(body(node))
+            if twin:
+                copies[outputs[0]] = twin[0]
     return unchanged
+
+
+def _value(attribute: onnx.AttributeProto) -> object:
+    value = onnx.helper.get_attribute_value(attribute)
+    return list(value) if isinstance(value, (list, tuple)) or type(value).__name__.startswith("Repeated") else value
+
+
+def _defaults(op_type: str, domain: str, version: int | None) -> dict[str, object]:
+    """The attributes of ``op_type``'s schema that have a default, with it (none for an unknown op)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), "" if domain == "ai.onnx" else domain)
+    except Exception:  # noqa: BLE001 - onnx raises SchemaError for an op it does not know (a contrib op)
+        return {}
+    return {name: _value(a.default_value) for name, a in schema.attributes.items() if a.default_value.type}
+
+
+def _reading(node: onnx.NodeProto, copies: dict[str, str]) -> onnx.NodeProto:
+    """``node`` reading the original tensors its inputs are copies of."""
+    renamed = onnx.NodeProto()
+    renamed.CopyFrom(node)
+    renamed.ClearField("input")
+    renamed.input.extend(copies.get(i, i) for i in node.input)
+    return renamed
 
 
 def node_names(graph: onnx.GraphProto) -> list[str]:
