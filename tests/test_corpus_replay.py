@@ -35,7 +35,8 @@ from qconsist.explain.confirm import confirm_origins
 from qconsist.diff.replay import ReplayOutcome
 from qconsist.inputs import open_input_set
 from qconsist.models import fetch_model
-from qconsist.pipeline.config import load_pipeline
+from qconsist.errors import QconsistError
+from qconsist.pipeline.config import load_pipeline, parse_pipeline
 from qconsist.pipeline.runner import run_pipeline
 
 pytestmark = pytest.mark.slow
@@ -236,6 +237,14 @@ def test_the_voice_activity_model_is_fed_its_windows_exactly(vad):
     # speech probability: faint noise, then the voiced onset
     probability = [float(r[0][0, 0]) for r in vad["reference"]["disable"]]
     assert probability[0] < 0.05 and probability[1] < 0.05 and probability[2] > 0.9 and probability[3] > 0.9
+
+
+def test_a_pipeline_says_why_it_cannot_quantize_the_voice_activity_model(vad, tmp_path):
+    config = parse_pipeline({"model": {"source": "silero_vad"}, "calibration": {"data": str(vad["folder"] / "windows")},
+                             "quantize": {"format": "QDQ"}}, tmp_path / "vad.toml")
+    with pytest.raises(QconsistError, match=r"^quantize_static quantized nothing: the model has no operator onnxruntime "
+                                            r"quantizes \(its operators: Equal, If\)$"):
+        run_pipeline(config, runs_dir=tmp_path / "runs", run_id="vad")
 
 
 def test_the_voice_activity_model_levels_name_the_if_as_spans_confirmed_by_replay(vad, tmp_path):
