@@ -18,7 +18,7 @@ from qconsist.cli import app
 AUDITED = {"test_if_seq", "test_sequence_insert_at_back", "test_gather_0", "test_gemm_all_attributes", "test_scan_sum",
            "test_scatternd", "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv",
            "test_dequantizelinear", "test_quantizelinear", "test_isinf", "test_shape", "test_identity_sequence",
-           "test_cast_FLOAT16_to_FLOAT"}
+           "test_cast_FLOAT16_to_FLOAT", "test_isnan"}
 EVERY = 40
 
 
@@ -32,7 +32,8 @@ def test_sampled_node_tests_equal_onnxruntime_or_are_refused_in_one_line(sampled
     assert [o for o in outcomes.values() if o.kind == "failed"] == []
     # test_shape: ORT folds the Shape of a fixed input into a constant output (it was 'y' is not in list, exit 4)
     for name in ("test_gather_0", "test_gemm_all_attributes", "test_scan_sum", "test_scatternd", "test_shape",
-                 "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv", "test_cast_FLOAT16_to_FLOAT"):
+                 "test_split_equal_parts_1d_opset13", "test_affine_grid_2d", "test_qlinearconv", "test_cast_FLOAT16_to_FLOAT",
+                 "test_isnan", "test_isinf"):
         assert outcomes[name].kind == "equal", outcomes[name]
     assert outcomes["test_if_seq"].kind == "refused"
     assert outcomes["test_if_seq"].detail.endswith("test_if_seq/model.onnx: output 'res' is seq(tensor(float)), not "
