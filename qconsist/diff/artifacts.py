@@ -12,12 +12,12 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from qconsist.stages.calibration_table import quantization_parameters
 from qconsist.store.hashing import initializer_digests
 from qconsist.store.run import Run
 from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
-_QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 
 def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
@@ -31,20 +31,6 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
         for inp in node.input:
             found.setdefault(inp, []).append(node.name or f"{node.op_type}_{i}")
     return found
-
-
-def _is_qparam(model: onnx.ModelProto, name: str) -> bool:
-    """A scale or zero point: input 1 or 2 of QuantizeLinear/DequantizeLinear, or a QLinear op's
-    ``*scale`` / ``*zero_point`` input."""
-    for node in model.graph.node:
-        inputs = list(node.input)
-        if name not in inputs[1:]:
-            continue
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and inputs.index(name) in (1, 2):
-            return True
-        if node.op_type in _QPARAM_OPS and name.endswith(("scale", "zero_point")):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -144,6 +130,7 @@ def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
     inits_a = {i.name: i for i in a.graph.initializer}
     inits_b = {i.name: i for i in b.graph.initializer}
     consumers = _consumers(b)
+    qparams = quantization_parameters(b)  # from the Q/DQ and QLinear nodes' schemas, never by name
     changed = []
     for name in sorted(set(inits_a) & set(inits_b)):
         ta, tb = numpy_helper.to_array(inits_a[name]), numpy_helper.to_array(inits_b[name])
@@ -154,7 +141,7 @@ def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
             diff = abs(ta.astype("float64") - tb.astype("float64"))
             sizes = {"elements_changed": int((diff != 0).sum()), "elements": int(ta.size), "max_abs_diff": float(diff.max())}
         changed.append(InitializerChange(
-            name=name, dtype=str(tb.dtype), shape=tuple(tb.shape), quantization_parameter=_is_qparam(b, name),
+            name=name, dtype=str(tb.dtype), shape=tuple(tb.shape), quantization_parameter=name in qparams,
             consumers=tuple(consumers.get(name, [])), **sizes,
         ))
     return ModelChanges(

@@ -1,0 +1,46 @@
+"""Small ONNX models built in code for issue 27's items 6, 7, 9 and 11 (how outputs and figures are judged,
+calibration parameters read from the graph, true statements), seeded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _save(nodes, inputs, outputs, inits, path: Path, opsets=(("", 13),), ir_version: int = 7, name: str = "judge") -> Path:
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], producer_name="qconsist-tests")
+    model.ir_version = ir_version
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def batchnorm_negative_gamma(path: Path, output: str = "bn_out") -> Path:
+    """Conv → Relu → BatchNormalization whose gamma ``bn_scale`` (caffe2onnx's name for a Caffe BatchNorm's
+    scale) holds negative values, → Conv: ORT cannot fuse the BatchNorm (a Relu lies between), so it stays in the
+    quantized model (where it is excluded from quantization) with its gamma, an initializer named ``*_scale`` that is no
+    quantization parameter. ``output``: the BatchNorm's output; ``"bn"`` makes onnxruntime's quantizer name that
+    tensor's scale ``bn_scale`` too, and reuse the gamma as its scale (a real negative scale)."""
+    rng = np.random.default_rng(11)
+    gamma = np.array([0.8, -0.5, 1.2, -1.1], dtype=np.float32)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "b1"),
+        numpy_helper.from_array(gamma, "bn_scale"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "bn_bias"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "bn_mean"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, (4,)).astype(np.float32), "bn_var"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (2, 4, 3, 3)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("BatchNormalization", ["r1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], [output], name="bn"),
+        helper.make_node("Conv", [output, "w2"], ["out"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                 [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 8, 8])], inits, path)
