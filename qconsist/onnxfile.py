@@ -25,3 +25,11 @@ def read_onnx(path: str | Path, *, external_data: bool = False, what: str = "",
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError…
         reason = " ".join(str(exc).split())[:REASON_CHARS]
         raise error(f"{what + ' ' if what else ''}{path} is not a readable ONNX model: {reason}") from None
+
+
+def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
+    """A model's ai.onnx opset as onnxruntime reads it (``None``: it imports none): the domains ``""`` and
+    ``"ai.onnx"`` are one, and where a model lists it twice the last entry holds (onnxruntime keeps the last;
+    the first can be an exporter's stray ``ai.onnx`` version 1 beside the real ``""`` version 12)."""
+    found = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
+    return found[-1] if found else None

@@ -44,3 +44,19 @@ def batchnorm_negative_gamma(path: Path, output: str = "bn_out") -> Path:
     ]
     return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
                  [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 8, 8])], inits, path)
+
+
+def conv_relu(path: Path, opsets=(("", 12),), names: bool = True) -> Path:
+    """Conv → Relu → Conv → Sigmoid on a 1×3×8×8 input, seeded; ``opsets``: the model's opset_import entries in
+    order; ``names`` False: every node unnamed, as a PyTorch export's often are."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (2, 4, 3, 3)).astype(np.float32), "w2")]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1" if names else "", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1" if names else ""),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2" if names else "", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["out"], name="sigmoid" if names else ""),
+    ]
+    return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                 [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 8, 8])], inits, path, opsets=opsets)

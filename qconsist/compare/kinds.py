@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError
+from qconsist.onnxfile import ai_onnx_opset
 
 
 class OutputKind(str, Enum):
@@ -123,7 +124,7 @@ class _Graph:
             inferred = model
         self.graph = inferred.graph
         self.producer = {out: node for node in self.graph.node for out in node.output}
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.opset = ai_onnx_opset(model) or 0
         self.shapes: dict[str, list[int | str | None]] = {}
         for value in (*self.graph.input, *self.graph.value_info, *self.graph.output):
             tensor = value.type.tensor_type

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import onnx
 
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import ai_onnx_opset, read_onnx
 from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table, quantized_nodes
 from qconsist.errors import ConfigError, FidelityError, InputError, OutputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
@@ -558,11 +558,11 @@ PER_CHANNEL_QDQ_OPSET = 13  # DequantizeLinear's axis
 
 def check_opset(source: Path, model: onnx.ModelProto, options: QuantizeOptions) -> None:
     """A quantization that needs a newer opset than the model has is refused, in one line naming the setting."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = ai_onnx_opset(model)
     if options.format is QuantFormatChoice.QDQ and options.per_channel and opset is not None and opset < PER_CHANNEL_QDQ_OPSET:
         raise ConfigError(
             f"quantize.per_channel with format QDQ needs ai.onnx opset {PER_CHANNEL_QDQ_OPSET} (DequantizeLinear's axis); "
-            f"the model to quantize ({source.name}) has opset {opset}: set [convert] opset = {PER_CHANNEL_QDQ_OPSET} in the pipeline file "
+            f"the model to quantize ({source.parent.name}/{source.name}) has ai.onnx opset {opset}: set [convert] opset = {PER_CHANNEL_QDQ_OPSET} in the pipeline file "
             "(an ONNX entry is upgraded by onnx.version_converter and checked against the original)"
         )
 
