@@ -60,3 +60,29 @@ def conv_relu(path: Path, opsets=(("", 12),), names: bool = True) -> Path:
     ]
     return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
                  [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 8, 8])], inits, path, opsets=opsets)
+
+
+def identical_and_zero_branch(path: Path) -> Path:
+    """x → Mul ("scaled") → Conv → Relu ("relu", quantized), and beside it a branch left in float: "side" =
+    x·2, "small" = side·0.001, "zeros" = small·0 (all zero), reduced and added back: ``out = relu + mean(zeros)``.
+    Quantized with ``op_types = ["Conv"]``, the branch is computed in float in both models: identical tensors
+    (ORT's SQNR formula gives them the float epsilon's 300-odd dB, lower for "small" than for "side": 60 dB
+    "added"), and "zeros" has no signal (0 dB by that formula)."""
+    rng = np.random.default_rng(13)
+    inits = [numpy_helper.from_array(np.array(1.5, dtype=np.float32), "k"),
+             numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
+             numpy_helper.from_array(np.array(0.001, dtype=np.float32), "tiny"),
+             numpy_helper.from_array(np.array(0.0, dtype=np.float32), "nothing"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [
+        helper.make_node("Mul", ["input", "k"], ["scaled"], name="scale"),
+        helper.make_node("Conv", ["scaled", "w"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("Mul", ["input", "two"], ["side"], name="double"),
+        helper.make_node("Mul", ["side", "tiny"], ["small"], name="shrink"),
+        helper.make_node("Mul", ["small", "nothing"], ["zeros"], name="zero"),
+        helper.make_node("ReduceMean", ["zeros"], ["zero_mean"], name="mean", axes=[1], keepdims=1),
+        helper.make_node("Add", ["relu", "zero_mean"], ["out"], name="add"),
+    ]
+    return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                 [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])], inits, path)

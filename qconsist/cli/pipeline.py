@@ -52,10 +52,18 @@ def _judgement(entry: dict) -> str:
     """One output's figures from a recorded judgement (``OutputJudgement.to_json``)."""
     if entry.get("integer"):
         return f"{entry['label']} ({entry.get('kind') or 'undeclared'}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
-    text = (f"{entry['label']} ({entry.get('kind') or 'undeclared'}): SQNR {float(entry['sqnr_db']):.1f} dB, "
-            f"cosine {float(entry['cosine']):.5f}")
+    from qconsist.compare.statistics import IDENTICAL, MEASURED, sqnr_phrase
+
+    figure = entry.get("figure", MEASURED)
+    if figure == IDENTICAL:
+        return f"{entry['label']} ({entry.get('kind') or 'undeclared'}): identical in {entry['samples']} samples"
+    text = f"{entry['label']} ({entry.get('kind') or 'undeclared'}): {sqnr_phrase(float(entry['sqnr_db']), figure)}"
+    if figure == MEASURED:
+        text += f", cosine {float(entry['cosine']):.5f}"
     if entry.get("top1_agreement") is not None:
         text += f", top-1 agreement {entry['top1_agreement']:.0%}"
+    if entry.get("position_agreement") is not None:
+        text += f", per-position top-1 agreement {entry['position_agreement']:.1%}"
     return text
 
 

@@ -22,21 +22,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from qconsist.compare.accuracy import top1
 from qconsist.compare.kinds import JudgedOutput, OutputKind
 from qconsist.compare.noise import NoiseStats
-from qconsist.compare.statistics import TensorStats, differing_mask
+from qconsist.compare.statistics import IDENTICAL, ZERO_SIGNAL, TensorStats, differing_mask, sqnr_phrase
 from qconsist.store.serde import serialized
 from qconsist.errors import InputError
-
-
-def top1(values: np.ndarray) -> np.ndarray:
-    """The arg-max class of each sample: one per row of the batch axis (one in all for a 0-d or 1-d output)."""
-    values = np.asarray(values)
-    rows = values.shape[0] if values.ndim >= 2 else 1
-    flat = values.reshape(rows, -1)
-    if flat.dtype.kind == "f":
-        flat = np.where(np.isnan(flat), -np.inf, flat)  # a NaN is never the class
-    return flat.argmax(axis=1)
 
 
 def batch_rows(values: np.ndarray) -> int:
@@ -110,6 +101,8 @@ class OutputJudgement:
     top1_agree: int = 0
     integer: bool = False  # integer or boolean values (class indices, counts): judged by identity, not by SQNR
     identical: int = 0  # samples whose values are bit-identical
+    top1_positions: int = 0  # a map with a class axis: positions compared
+    position_agree: int = 0  # ... whose top-1 class agrees
 
     @property
     def label(self) -> str:
@@ -126,6 +119,14 @@ class OutputJudgement:
             return None
         return self.top1_agree / self.samples if self.samples else 1.0
 
+    @property
+    def position_agreement(self) -> float | None:
+        """A map whose class axis the graph establishes: the share of positions whose top-1 class agrees (a
+        sequence's per-step classes, a segmentation's per-pixel classes); None for anything else."""
+        if self.target.kind is not OutputKind.MAP or self.target.class_axis is None or self.integer:
+            return None
+        return self.position_agree / self.top1_positions if self.top1_positions else 1.0
+
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         a, b = self.target.select(reference), self.target.select(candidate)
         rows = batch_rows(a)
@@ -140,15 +141,32 @@ class OutputJudgement:
         self.noise.add(a, b)
         if self.target.kind is OutputKind.CLASS_SCORES and a.size:
             self.top1_agree += int(np.count_nonzero(top1(a) == top1(b)))
+        elif self.target.kind is OutputKind.MAP and self.target.class_axis is not None and a.size:
+            agree = top1(a, self.target.class_axis) == top1(b, self.target.class_axis)
+            self.top1_positions += int(agree.size)
+            self.position_agree += int(np.count_nonzero(agree))
+
+    @property
+    def figure(self) -> str:
+        """``identical``, ``zero-signal`` or ``measured`` (``qconsist.compare.statistics.noise_figure``)."""
+        return self.noise.figure
 
     def describe(self) -> str:
-        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"."""
+        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%";
+        "prob (class-scores): identical in 9 samples"; a reference of zeros: no SQNR, no cosine."""
         if self.integer:
             return f"{self.label} ({self.target.kind_name}, integers): {self.identical}/{self.samples} samples identical"
-        text = (f"{self.label} ({self.target.kind_name}): SQNR {self.sqnr_db:.1f} dB, cosine {self.noise.cosine:.5f}, "
-                f"greatest difference {self.noise.max_abs:.4g}")
+        if self.figure == IDENTICAL:
+            return f"{self.label} ({self.target.kind_name}): identical in {self.samples} samples"
+        if self.figure == ZERO_SIGNAL:
+            text = f"{self.label} ({self.target.kind_name}): {sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {self.noise.max_abs:.4g}"
+        else:
+            text = (f"{self.label} ({self.target.kind_name}): {sqnr_phrase(self.sqnr_db)}, cosine {self.noise.cosine:.5f}, "
+                    f"greatest difference {self.noise.max_abs:.4g}")
         if self.top1_agreement is not None:
             text += f", top-1 agreement {self.top1_agreement:.0%}"
+        if self.position_agreement is not None:
+            text += f", per-position top-1 agreement {self.position_agreement:.1%} of {self.top1_positions} positions"
         if self.noise.nonfinite:
             text += f", {self.noise.nonfinite} element(s) NaN or Inf on one side"
         return text
@@ -156,10 +174,12 @@ class OutputJudgement:
     def to_json(self) -> dict[str, Any]:
         figures = ({"sqnr_db": None, "cosine": None, "max_abs": None, "mean_abs": None} if self.integer else
                    {"sqnr_db": self.sqnr_db, "cosine": self.noise.cosine, "max_abs": self.noise.max_abs,
-                    "mean_abs": self.noise.mean_abs})
+                    "mean_abs": self.noise.mean_abs, "figure": self.figure})
         return {**self.target.to_json(), "samples": self.samples, "elements": self.noise.elements, **figures,
                 "nonfinite": self.noise.nonfinite, "identical_samples": self.identical, "integer": self.integer,
-                "top1_agreement": self.top1_agreement}
+                "top1_agreement": self.top1_agreement,
+                **({"position_agreement": self.position_agreement, "top1_positions": self.top1_positions}
+                   if self.position_agreement is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -211,7 +231,8 @@ class OutputComparison:
         """The outputs and parts whose SQNR is below ``min_sqnr_db`` (or not finite on one side), lowest first."""
         if min_sqnr_db is None:
             return []
-        low = [j for j in self.judgements if not j.integer and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
+        low = [j for j in self.judgements if not j.integer and j.figure != IDENTICAL
+               and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
         return sorted(low, key=lambda j: j.sqnr_db)
 
     @property

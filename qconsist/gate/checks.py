@@ -218,11 +218,10 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
     measured = {key: record[key] for key in ("samples", "elements", "mismatched", "max_abs_diff", "max_rel_diff",
                                              "worst_output", "worst_sample", "worst_index", "top1_agreement")}
     top1 = comparison.top1_agreement
-    figures = (
-        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
-        f"{record['worst_index']} of sample {record['worst_sample']}"
-        + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
-    )
+    where = (f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
+             f"{record['worst_index']} of sample {record['worst_sample']}" if comparison.worst is not None
+             else "the outputs are bit-identical")  # never "difference 0 at []"
+    figures = where + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
     if comparison.judged:
         measured["outputs"] = [j.to_json() for j in comparison.judgements]
         figures += "; " + "; ".join(j.describe() for j in comparison.judgements)
