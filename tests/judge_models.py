@@ -86,3 +86,25 @@ def identical_and_zero_branch(path: Path) -> Path:
     ]
     return _save(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
                  [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])], inits, path)
+
+
+def sequence_and_class(path: Path, shift: float = 0.0) -> Path:
+    """A text-recogniser-like pair of outputs from one input x (N, 8): first "seq" (N, 5, 6), a Softmax over
+    axis 2 (six classes at each of five positions: a map whose class axis the graph gives), then "prob" (N, 4),
+    a Softmax over axis 1 (class scores). ``shift``: added to the sequence weights (another model's numerics)."""
+    rng = np.random.default_rng(17)
+    w_seq = rng.normal(0, 1.0, (8, 30)).astype(np.float32)
+    w_seq += np.float32(shift) * rng.normal(0, 1.0, (8, 30)).astype(np.float32)
+    inits = [numpy_helper.from_array(w_seq, "w_seq"),
+             numpy_helper.from_array(np.array([-1, 5, 6], dtype=np.int64), "seq_shape"),
+             numpy_helper.from_array(rng.normal(0, 1.0, (8, 4)).astype(np.float32), "w_cls")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_seq"], ["seq_flat"], name="seq_fc"),
+        helper.make_node("Reshape", ["seq_flat", "seq_shape"], ["seq_logits"], name="seq_reshape"),
+        helper.make_node("Softmax", ["seq_logits"], ["seq"], name="seq_softmax", axis=2),
+        helper.make_node("MatMul", ["x", "w_cls"], ["logits"], name="cls_fc"),
+        helper.make_node("Softmax", ["logits"], ["prob"], name="cls_softmax", axis=1),
+    ]
+    return _save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                 [helper.make_tensor_value_info("seq", TensorProto.FLOAT, [1, 5, 6]),
+                  helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])], inits, path)

@@ -66,10 +66,13 @@ def _render(result) -> None:  # result: DiffResult
             console.print(f"  {change.describe()}")
     if result.outputs is not None:
         o = result.outputs
-        console.print(
-            f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
-            f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
-        )
+        from qconsist.compare.output import describe_judgement
+
+        top1 = f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else ""
+        console.print(f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
+                      f"{_num(o.greatest_abs)}{top1}")
+        for entry in result.judged:  # each output (and part) judged for what it is, B against A
+            console.print(f"  {describe_judgement(entry)}")
     for stat in result.output_stats:
         console.print(f"output {stat.name}: {stat.message()}")
     if result.accuracy is not None:

@@ -50,21 +50,9 @@ def render_result(result) -> None:  # PipelineResult
 
 def _judgement(entry: dict) -> str:
     """One output's figures from a recorded judgement (``OutputJudgement.to_json``)."""
-    if entry.get("integer"):
-        return f"{entry['label']} ({entry.get('kind') or 'undeclared'}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
-    from qconsist.compare.statistics import IDENTICAL, MEASURED, sqnr_phrase
+    from qconsist.compare.output import describe_judgement
 
-    figure = entry.get("figure", MEASURED)
-    if figure == IDENTICAL:
-        return f"{entry['label']} ({entry.get('kind') or 'undeclared'}): identical in {entry['samples']} samples"
-    text = f"{entry['label']} ({entry.get('kind') or 'undeclared'}): {sqnr_phrase(float(entry['sqnr_db']), figure)}"
-    if figure == MEASURED:
-        text += f", cosine {float(entry['cosine']):.5f}"
-    if entry.get("top1_agreement") is not None:
-        text += f", top-1 agreement {entry['top1_agreement']:.0%}"
-    if entry.get("position_agreement") is not None:
-        text += f", per-position top-1 agreement {entry['position_agreement']:.1%}"
-    return text
+    return describe_judgement(entry)
 
 
 def run(

@@ -25,7 +25,7 @@ import numpy as np
 from qconsist.compare.accuracy import top1
 from qconsist.compare.kinds import JudgedOutput, OutputKind
 from qconsist.compare.noise import NoiseStats
-from qconsist.compare.statistics import IDENTICAL, ZERO_SIGNAL, TensorStats, differing_mask, sqnr_phrase
+from qconsist.compare.statistics import IDENTICAL, MEASURED, TensorStats, differing_mask, sqnr_phrase
 from qconsist.store.serde import serialized
 from qconsist.errors import InputError
 
@@ -55,9 +55,14 @@ class OutputEffect:
     greatest_abs: float = 0.0
     top1_agree: int = 0
     identical: bool = True
+    judged: bool = False  # the outputs are judged by kind elsewhere (``OutputJudgement``): no top-1 of the first output
 
     @property
-    def top1_agreement(self) -> float:
+    def top1_agreement(self) -> float | None:
+        """The first output's per-sample top-1 agreement (locate's probes); None where the outputs are judged by
+        kind (``diff``: only a class-scores output has a top-1)."""
+        if self.judged:
+            return None
         return self.top1_agree / self.samples if self.samples else 1.0
 
     def add(self, first_sample: int, a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> None:
@@ -80,14 +85,39 @@ class OutputEffect:
                 self.greatest_abs = max(self.greatest_abs, float(delta.max()))
         self.differing_samples += [first_sample + int(i) for i in np.flatnonzero(differs)]
         self.identical = self.identical and not differs.any()
-        if np.asarray(a[0]).shape == np.asarray(b[0]).shape and np.asarray(a[0]).size:
+        if not self.judged and np.asarray(a[0]).shape == np.asarray(b[0]).shape and np.asarray(a[0]).size:
             self.top1_agree += int(np.count_nonzero(top1(a[0]) == top1(b[0])))
         self.samples += rows
 
     def add_identical(self, rows: int = 1) -> None:
         """Count samples whose outputs are known to be bit-identical (from their hashes)."""
         self.samples += rows
-        self.top1_agree += rows
+        self.top1_agree += 0 if self.judged else rows
+
+
+def describe_judgement(entry: Mapping[str, Any]) -> str:
+    """The one text of an output's judgement, from its record (``OutputJudgement.to_json``; the pipeline's,
+    the gate's and ``diff``'s): "prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153,
+    top-1 agreement 100%"; "prob (class-scores): identical in 9 samples"; a reference of zeros has no SQNR and
+    no cosine; a map whose class axis the graph gives, its per-position top-1 agreement."""
+    head = f"{entry['label']} ({entry.get('kind') or 'undeclared'}"
+    if entry.get("integer"):
+        return f"{head}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
+    figure = entry.get("figure", MEASURED)
+    if figure == IDENTICAL:
+        return f"{head}): identical in {entry['samples']} samples"
+    text = f"{head}): {sqnr_phrase(entry.get('sqnr_db'), figure)}"
+    if figure == MEASURED:
+        text += f", cosine {float(entry['cosine']):.5f}"
+    text += f", greatest difference {float(entry['max_abs']):.4g}"
+    if entry.get("top1_agreement") is not None:
+        text += f", top-1 agreement {entry['top1_agreement']:.0%}"
+    if entry.get("position_agreement") is not None:
+        text += (f", per-position top-1 agreement {entry['position_agreement']:.1%} of {entry.get('top1_positions')} "
+                 "positions")
+    if entry.get("nonfinite"):
+        text += f", {entry['nonfinite']} element(s) NaN or Inf on one side"
+    return text
 
 
 @dataclass
@@ -152,24 +182,9 @@ class OutputJudgement:
         return self.noise.figure
 
     def describe(self) -> str:
-        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%";
-        "prob (class-scores): identical in 9 samples"; a reference of zeros: no SQNR, no cosine."""
-        if self.integer:
-            return f"{self.label} ({self.target.kind_name}, integers): {self.identical}/{self.samples} samples identical"
-        if self.figure == IDENTICAL:
-            return f"{self.label} ({self.target.kind_name}): identical in {self.samples} samples"
-        if self.figure == ZERO_SIGNAL:
-            text = f"{self.label} ({self.target.kind_name}): {sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {self.noise.max_abs:.4g}"
-        else:
-            text = (f"{self.label} ({self.target.kind_name}): {sqnr_phrase(self.sqnr_db)}, cosine {self.noise.cosine:.5f}, "
-                    f"greatest difference {self.noise.max_abs:.4g}")
-        if self.top1_agreement is not None:
-            text += f", top-1 agreement {self.top1_agreement:.0%}"
-        if self.position_agreement is not None:
-            text += f", per-position top-1 agreement {self.position_agreement:.1%} of {self.top1_positions} positions"
-        if self.noise.nonfinite:
-            text += f", {self.noise.nonfinite} element(s) NaN or Inf on one side"
-        return text
+        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"
+        (``describe_judgement``)."""
+        return describe_judgement(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         figures = ({"sqnr_db": None, "cosine": None, "max_abs": None, "mean_abs": None} if self.integer else
