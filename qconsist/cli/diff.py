@@ -23,6 +23,8 @@ def _render(result) -> None:  # result: DiffResult
 
     console = stdout_console()
     console.print(f"A: {result.run_a}\nB: {result.run_b}")
+    for line in result.artifacts.differences:  # before anything else: what the runs ran differs
+        console.print(f"runs differ: {line}")
     if result.versions.numerics:
         console.print("WARNING: the runs ran with different versions of what decides the numerics "
                       "(a common cause of other results on the same model):")
@@ -32,7 +34,12 @@ def _render(result) -> None:  # result: DiffResult
         console.print(f"options differ: {line}")
     art = result.artifacts
     first = art.first_differing_stage
-    console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
+    if first is not None:
+        console.print(f"artifacts: first differing stage: {first}")
+    elif art.identical:
+        console.print("artifacts: identical")
+    else:
+        console.print("artifacts: the stages both runs hold are identical; the runs ran different models (above)")
     for stage in art.stages:
         if not stage.same_bytes and stage.same_computation:
             what = "; ".join(line[:120] for line in stage.metadata[:2]) or stage.note

@@ -90,6 +90,15 @@ class StageComparison:
 class ArtifactComparison:
     first_differing_stage: str | None = None
     stages: list[StageComparison] = field(default_factory=list)
+    # how the two runs differ before any tensor: the stage and model each ran, stages only one holds, batch sizes,
+    # a model re-stamped for another batch (``run_differences``); listed first by ``diff``
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        """Every stage both runs hold computes the same, neither holds a stage the other lacks, and both ran
+        the same model."""
+        return self.first_differing_stage is None and not any(line.startswith(_SAME_MODEL_RULE) for line in self.differences)
 
     def stage(self, name: str) -> StageComparison | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -199,6 +208,49 @@ def _stage_models(a: Run, b: Run, stage: str) -> tuple[onnx.ModelProto, onnx.Mod
     return (model_a, model_b) if model_a is not None and model_b is not None else None
 
 
+_SAME_MODEL_RULE = ("stage: ", "model: ", "stages: ")  # differences that make the runs' models differ
+
+
+def _md5(record: Any) -> str:
+    return str(record.get("md5"))[:12] if isinstance(record, dict) and record.get("md5") else "unknown md5"
+
+
+def run_differences(a: Run, b: Run) -> list[str]:
+    """Every difference between two runs that comes before any tensor, in words: the stage whose model each
+    inference run ran, the model itself (its sha256), the stages only one run holds, the batch size, and a model
+    re-stamped to take another batch size (``--dynamic-batch``: the bytes that ran are the re-stamped copy)."""
+    lines: list[str] = []
+    model_a, model_b = a.manifest.model, b.manifest.model
+    if a.kind == b.kind == "inference":
+        stage_a, stage_b = model_a.get("stage"), model_b.get("stage")
+        if stage_a != stage_b:
+            lines.append(f"stage: A ran {'the ' + stage_a + ' stage' if stage_a else 'a model file'}'s model, "
+                         f"B {'the ' + stage_b + ' stage' if stage_b else 'a model file'}'s")
+        ran_a, ran_b = model_a.get("artifact"), model_b.get("artifact")
+        sha_a = ran_a.get("sha256") if isinstance(ran_a, dict) else None
+        sha_b = ran_b.get("sha256") if isinstance(ran_b, dict) else None
+        if sha_a != sha_b:
+            lines.append(f"model: A ran {model_a.get('path', '?')} (md5 {_md5(ran_a)}), B ran {model_b.get('path', '?')} "
+                         f"(md5 {_md5(ran_b)})")
+    if a.kind == b.kind:
+        stages_a, stages_b = a.model_stages(), b.model_stages()
+        only_a = [s for s in stages_a if s not in stages_b]
+        only_b = [s for s in stages_b if s not in stages_a]
+        if only_a or only_b:
+            lines.append("stages: " + "; ".join(
+                f"only {side} holds {', '.join(names)}" for side, names in (("A", only_a), ("B", only_b)) if names))
+    if a.has_inference and b.has_inference and a.inference.batch_size != b.inference.batch_size:
+        lines.append(f"batch size: A {a.inference.batch_size}, B {b.inference.batch_size}")
+    stamp_a, stamp_b = model_a.get("dynamic_batch"), model_b.get("dynamic_batch")
+    if bool(stamp_a) != bool(stamp_b) or (stamp_a and stamp_b and stamp_a.get("sha256") != stamp_b.get("sha256")):
+        def stamped(side: str, stamp: Any) -> str:
+            if not stamp:
+                return f"{side} ran its model as it is"
+            return f"{side} ran it re-stamped to take any batch size ({stamp.get('path')}, md5 {_md5(stamp)})"
+        lines.append(f"re-stamped: {stamped('A', stamp_a)}; {stamped('B', stamp_b)}")
+    return lines
+
+
 def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
     """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
     differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
@@ -234,6 +286,7 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         if result.first_differing_stage is None and not entry.same_computation:
             result.first_differing_stage = entry.name
             entry.changes = model_changes(*models) if models is not None else None
+    result.differences = run_differences(a, b)
     return result
 
 

@@ -121,7 +121,7 @@ class DiffResult:
         else:
             outputs_ok = all(s.passed for s in self.output_stats)
         return (
-            self.artifacts.first_differing_stage is None
+            self.artifacts.identical
             and not self.calibration.changed
             and not (self.tensors and self.tensors.beyond)
             and outputs_ok
