@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError
-from qconsist.onnxfile import ai_onnx_opset
+from qconsist.onnxfile import ai_onnx_opset, node_label
 
 
 class OutputKind(str, Enum):
@@ -127,6 +127,7 @@ class _Graph:
             inferred = model
         self.graph = inferred.graph
         self.producer = {out: node for node in self.graph.node for out in node.output}
+        self.labels = {id(node): node_label(node, i) for i, node in enumerate(self.graph.node)}
         self.opset = ai_onnx_opset(model) or 0
         self.shapes: dict[str, list[int | str | None]] = {}
         for value in (*self.graph.input, *self.graph.value_info, *self.graph.output):
@@ -136,7 +137,7 @@ class _Graph:
                                            for d in tensor.shape.dim]
 
     def describe(self, node: onnx.NodeProto) -> str:
-        return f"{node.op_type} '{node.name or node.output[0]}'"
+        return f"{node.op_type} '{self.labels.get(id(node)) or node.name or node.output[0]}'"
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:

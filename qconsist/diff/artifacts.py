@@ -12,6 +12,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from qconsist.onnxfile import node_label
 from qconsist.stages.calibration_table import quantization_parameters
 from qconsist.store.hashing import initializer_digests
 from qconsist.store.run import Run
@@ -29,7 +30,7 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for i, node in enumerate(model.graph.node):
         for inp in node.input:
-            found.setdefault(inp, []).append(node.name or f"{node.op_type}_{i}")
+            found.setdefault(inp, []).append(node_label(node, i))
     return found
 
 
@@ -123,8 +124,8 @@ class CalibrationComparison:
 
 def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
     """Nodes added and removed, attributes changed, initializers changed (with their consumers)."""
-    nodes_a = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(a.graph.node)}
-    nodes_b = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(b.graph.node)}
+    nodes_a = {node_label(n, i): n for i, n in enumerate(a.graph.node)}
+    nodes_b = {node_label(n, i): n for i, n in enumerate(b.graph.node)}
     attributes = []
     for name in sorted(set(nodes_a) & set(nodes_b)):
         na, nb = nodes_a[name], nodes_b[name]

@@ -39,7 +39,7 @@ from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
 from qconsist.inference.layout import to_original
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import is_invented, read_onnx
 from qconsist.store.run import Run
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
@@ -70,6 +70,7 @@ class TensorError:
     nonfinite: int = 0
     figure: str = MEASURED  # "identical" / "zero-signal": no SQNR measured (``qconsist.compare.statistics``)
     noise_starts: bool = False  # measured, while every matched input upstream is identical: all its noise is added here
+    invented: bool = False  # ``node`` is a name qconsist invented for an unnamed node ("~Sigmoid_118")
 
     @property
     def measured(self) -> bool:
@@ -206,7 +207,7 @@ def _tensor_errors(matches: list[Match], stats: list[NoiseStats], unreadable: se
             node=labels.get(match.tensor, match.tensor), op_type=ops.get(match.tensor, "input"), tensor=match.tensor,
             observed=match.observed, how=match.described, position=match.float_column, elements=stat.elements // max(samples, 1),
             sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite, figure=stat.figure,
+            nonfinite=stat.nonfinite, figure=stat.figure, invented=is_invented(labels.get(match.tensor, "")),
         )
     _added(errors, float_model)
     return errors
@@ -222,7 +223,7 @@ def _weight_errors(quantized_model: onnx.ModelProto, float_model: onnx.ModelProt
             node=twin.consumer, op_type=twin.op_type, tensor=twin.tensor, observed=twin.stored,
             how="constant, per channel" if twin.per_channel else "constant", position=-1, elements=stat.elements,
             sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite, figure=stat.figure))
+            nonfinite=stat.nonfinite, figure=stat.figure, invented=is_invented(twin.consumer)))
     return weights
 
 

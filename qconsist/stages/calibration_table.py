@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qconsist.onnxfile import node_label
 from qconsist.store.serde import serialized, to_number
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -166,11 +167,13 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return users
 
 
-def _node_label(node: onnx.NodeProto) -> str:
-    return node.name or f"{node.op_type}({', '.join(node.output)})"
+def _labels(graph: onnx.GraphProto) -> dict[int, str]:
+    """Each node's label by ``id``: its name, or the invented one marked as such (``onnxfile.node_label``)."""
+    return {id(node): node_label(node, i) for i, node in enumerate(graph.node)}
 
 
-def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: frozenset[str] = frozenset()) -> list[str]:
+def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], labels: dict[int, str],
+                outputs: frozenset[str] = frozenset()) -> list[str]:
     """Nodes using a tensor, looking through QuantizeLinear/DequantizeLinear to the real consumers.
 
     A graph output is listed as ``<output NAME>``.
@@ -188,7 +191,7 @@ def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: fr
             if node.op_type in _QDQ:
                 pending.extend(node.output)
             else:
-                found.append(_node_label(node))
+                found.append(labels[id(node)])
     return found
 
 
@@ -201,8 +204,10 @@ def build_table(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]] |
     outputs = frozenset(o.name for o in graph.output)
     table = CalibrationTable()
 
+    labels = _labels(graph)
+
     def downstream(name: str) -> list[str]:
-        return _downstream(name, users, outputs)
+        return _downstream(name, users, labels, outputs)
 
     def add(tensor: str, kind: str, scale_name: str, zp_name: str | None, nodes: list[str], data: str | None = None) -> None:
         if tensor in table.entries or scale_name not in inits:
@@ -247,7 +252,7 @@ def build_table(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]] |
             # ORT names a QOperator tensor's parameters "<tensor>_scale" / "<tensor>_zero_point": the tensor's name
             tensor = scale_name[: -len("_scale")] if scale_name.endswith("_scale") else quantized
             users_of = users.get(scale_name, [])
-            nodes = [_node_label(n) for n in users_of if n.op_type not in _QDQ]
+            nodes = [labels[id(n)] for n in users_of if n.op_type not in _QDQ]
             nodes += [d for n in users_of if n.op_type in _QDQ for d in downstream(n.output[0])]
             base = tensor[: -len("_quantized")] if tensor.endswith("_quantized") else tensor
             kind = "activation"

@@ -36,7 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
-from qconsist.onnxfile import ai_onnx_opset, read_onnx
+from qconsist.onnxfile import ai_onnx_opset, node_label, read_onnx
 from qconsist.stages.caffe.fidelity import OutputCheck
 from qconsist.stages.rewrites import equivalence
 from qconsist.stages.rewrites.emit import Emitter, attributes_of
@@ -294,7 +294,7 @@ def determinize_model(model: onnx.ModelProto, options: DeterminizeOptions = Dete
         rewrite = _REWRITES.get(node.op_type)
         if rewrite is None:
             continue
-        name = node.name or f"{node.op_type}_{index}"
+        name = node_label(node, index)
         if node.op_type == "ConvTranspose" and not options.conv_transpose:
             left_alone.append(NodeNote(name, node.op_type, "conv_transpose rewriting is off"))
             continue

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import onnx
 
-from qconsist.onnxfile import ai_onnx_opset, read_onnx
+from qconsist.onnxfile import INVENTED_MARK, ai_onnx_opset, node_label, read_onnx
 from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table, quantized_nodes
 from qconsist.errors import ConfigError, FidelityError, InputError, OutputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
@@ -584,10 +584,22 @@ def check_selection(source: Path, options: QuantizeOptions) -> None:
         return
     missing = sorted(set(options.nodes_to_exclude) - {n.name for n in model.graph.node})
     if missing:
+        invented = {node_label(n, i): n for i, n in enumerate(model.graph.node) if not n.name}
+        unnamed = [(name, invented.get(name) or invented.get(INVENTED_MARK + name)) for name in missing]
+        explained = [f"{name!r} is the name qconsist invents for the unnamed {node.op_type} node at position "
+                     f"{list(model.graph.node).index(node)} (reports mark it {INVENTED_MARK}); onnxruntime excludes "
+                     "nodes by their names in the model only"
+                     for name, node in unnamed if node is not None]
+        if explained:
+            raise ConfigError(f"quantize.nodes_to_exclude: {'; '.join(explained)}: set [optimize] name_nodes = true "
+                              "to give the model's unnamed nodes these names (without the mark), recorded and checked")
         names = [n.name for n in model.graph.node if n.name]
         shown = ", ".join(names[:8]) + (f", … ({len(names)} in all)" if len(names) > 8 else "")
+        unnamed_count = len(invented)
         raise ConfigError(f"quantize.nodes_to_exclude: the model to quantize has no node named {', '.join(missing)} "
-                          f"(its nodes: {shown or 'none named'})")
+                          f"(its nodes: {shown or 'none named'}"
+                          + (f"; {unnamed_count} unnamed: [optimize] name_nodes = true names them" if unnamed_count else "")
+                          + ")")
 
 
 def _why_nothing(source: Path, options: QuantizeOptions) -> str:
