@@ -3,6 +3,8 @@ never from an initializer's name: a Caffe BatchNorm's gamma ``<layer>_scale`` is
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
 
@@ -10,7 +12,10 @@ from qconsist.diff.artifacts import model_changes
 from qconsist.errors import FidelityError
 from qconsist.inputs import open_input_set
 from qconsist.stages.calibration_table import build_table, quantization_parameters
+from qconsist.pipeline.config import parse_pipeline
+from qconsist.pipeline.runner import run_pipeline
 from qconsist.stages.quantize import QuantizeOptions, quantize_model
+from caffe_builder import NetBuilder
 from judge_models import batchnorm_negative_gamma
 from onnx_builders import save_arrays
 
@@ -57,3 +62,22 @@ def test_diff_names_no_batchnorm_gamma_a_quantization_parameter(tmp_path, arrays
             initializer.CopyFrom(onnx.numpy_helper.from_array(values, initializer.name))
     changed = {c.name: c.quantization_parameter for c in model_changes(a, b).initializers_changed}
     assert changed == {"bn_scale": False, "bn_out_scale": True}
+
+
+def test_a_caffe_batchnorm_with_negative_gammas_kept_in_float_runs_through_the_pipeline(tmp_path, arrays):
+    net = NetBuilder(name="bnneg", seed=3)
+    x = net.relu(net.conv(net.input((1, 3, 8, 8)), 4, kernel_size=3, pad=1))
+    x = net.scale(net.batch_norm(x), bias=True)
+    net.blobs["scale4"][0][1::2] *= -1  # gammas 1.31, -1.32, 0.75, -0.98: caffe2onnx names them scale4_scale
+    net.conv(x, 2, kernel_size=3, pad=1)
+    prototxt, caffemodel = net.write(tmp_path)
+    config = parse_pipeline({"name": "bnneg", "model": {"prototxt": str(prototxt), "caffemodel": str(caffemodel)},
+                             "calibration": {"data": str(arrays)}, "quantize": {"nodes_to_exclude": ["batchnorm3"]}},
+                            tmp_path / "pipeline.toml")
+    run = run_pipeline(config, runs_dir=tmp_path / "runs", run_id="bnneg")
+    quantized = onnx.load(str(run.path / "quantize" / "model.onnx"))
+    gamma = next(i for i in quantized.graph.initializer if i.name == "scale4_scale")
+    assert (onnx.numpy_helper.to_array(gamma) < 0).sum() == 2  # kept in float, negative, and no scale
+    table = json.loads((run.path / "manifest.json").read_text())["calibration"]
+    assert table["issues"] == [] and "scale4" not in table["table"]
+    assert all(e["scale_initializer"] != "scale4_scale" for e in table["table"].values())
