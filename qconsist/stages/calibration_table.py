@@ -172,11 +172,12 @@ def _labels(graph: onnx.GraphProto) -> dict[int, str]:
     return {id(node): node_label(node, i) for i, node in enumerate(graph.node)}
 
 
-def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], labels: dict[int, str],
-                outputs: frozenset[str] = frozenset()) -> list[str]:
+def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: frozenset[str] = frozenset(),
+                labels: dict[int, str] | None = None) -> list[str]:
     """Nodes using a tensor, looking through QuantizeLinear/DequantizeLinear to the real consumers.
 
-    A graph output is listed as ``<output NAME>``.
+    A graph output is listed as ``<output NAME>``; a node by its label in ``labels`` (``_labels``: an unnamed
+    node's invented name, marked as such).
     """
     found: list[str] = []
     pending, seen = [output], set()
@@ -191,7 +192,7 @@ def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], labels: dic
             if node.op_type in _QDQ:
                 pending.extend(node.output)
             else:
-                found.append(labels[id(node)])
+                found.append(labels[id(node)] if labels is not None else node.name or node.op_type)
     return found
 
 
@@ -207,7 +208,7 @@ def build_table(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]] |
     labels = _labels(graph)
 
     def downstream(name: str) -> list[str]:
-        return _downstream(name, users, labels, outputs)
+        return _downstream(name, users, outputs, labels)
 
     def add(tensor: str, kind: str, scale_name: str, zp_name: str | None, nodes: list[str], data: str | None = None) -> None:
         if tensor in table.entries or scale_name not in inits:
