@@ -46,6 +46,7 @@ from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, buil
 from qconsist.errors import ConfigError, FidelityError, InputError, OutputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, OutputKind, compare_outputs, judged_outputs
+from qconsist.compare.statistics import ZERO_SIGNAL, sqnr_phrase
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, measurement_options, ort_logged, outputs_of,
     require_provider,
@@ -524,9 +525,16 @@ def quantize_model(
 
 def floor_failures(comparison: OutputComparison, min_sqnr_db: float | None, against: str = "the float model") -> list[str]:
     """One line per output or part whose SQNR is below ``min_sqnr_db``, lowest first."""
-    return [f"output {j.label} ({j.target.kind_name}): SQNR {j.sqnr_db:.1f} dB against {against}, below the floor of "
+    return [f"output {j.label} ({j.target.kind_name}): {_figure(j)} against {against}, below the floor of "
             f"{min_sqnr_db:g} dB" + (f" ({j.noise.nonfinite} element(s) NaN or Inf on one side)" if j.noise.nonfinite else "")
             for j in comparison.below(min_sqnr_db)]
+
+
+def _figure(judgement) -> str:
+    """"SQNR 3.2 dB", or for a reference of zeros "zero signal (…), greatest difference 0.25" (no SQNR)."""
+    if judgement.figure == ZERO_SIGNAL:
+        return f"{sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {judgement.noise.max_abs:.4g},"
+    return sqnr_phrase(judgement.sqnr_db)
 
 
 def _why_assertion(source: Path, exc: AssertionError) -> str:

@@ -76,3 +76,17 @@ def test_the_gate_reports_identical_outputs_as_identical():
     assert result.message == ("against the baseline: the outputs are bit-identical, top-1 agreement 100.0% over 3 samples; "
                               "prob (class-scores): identical in 3 samples")
     assert comparison.below(40.0) == []
+
+
+def test_a_zero_signal_output_below_the_floor_says_so():
+    from qconsist.stages.quantize import floor_failures
+
+    comparison = compare_outputs([{"heat": np.zeros((1, 2, 3), np.float32)}], [{"heat": np.full((1, 2, 3), 0.25, np.float32)}],
+                                 None, None, [JudgedOutput("heat", OutputKind.MAP, "declared")])
+    assert floor_failures(comparison, 15.0) == [
+        "output heat (map): zero signal (the reference is all zero), greatest difference 0.25, against the float model, "
+        "below the floor of 15 dB"]
+    result = _drift_result("drift.float", "the float model", comparison, DriftLimits(min_sqnr_db=15.0))
+    assert result.message.startswith(
+        "against the float model: output heat (map) zero signal (the reference is all zero), greatest difference 0.25: "
+        "no SQNR to reach 15 dB; greatest absolute difference 0.25")
