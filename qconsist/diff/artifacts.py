@@ -94,12 +94,13 @@ class ArtifactComparison:
     # how the two runs differ before any tensor: the stage and model each ran, stages only one holds, batch sizes,
     # a model re-stamped for another batch (``run_differences``); listed first by ``diff``
     differences: list[str] = field(default_factory=list)
+    same_models: bool = True  # inference runs: both ran the same bytes; pipeline runs: both hold the same stages
 
     @property
     def identical(self) -> bool:
-        """Every stage both runs hold computes the same, neither holds a stage the other lacks, and both ran
-        the same model."""
-        return self.first_differing_stage is None and not any(line.startswith(_SAME_MODEL_RULE) for line in self.differences)
+        """Every stage both runs hold computes the same, and the runs ran the same model (inference runs) or
+        hold the same stages (pipeline runs)."""
+        return self.first_differing_stage is None and self.same_models
 
     def stage(self, name: str) -> StageComparison | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -209,18 +210,17 @@ def _stage_models(a: Run, b: Run, stage: str) -> tuple[onnx.ModelProto, onnx.Mod
     return (model_a, model_b) if model_a is not None and model_b is not None else None
 
 
-_SAME_MODEL_RULE = ("stage: ", "model: ", "stages: ")  # differences that make the runs' models differ
-
-
 def _md5(record: Any) -> str:
     return str(record.get("md5"))[:12] if isinstance(record, dict) and record.get("md5") else "unknown md5"
 
 
-def run_differences(a: Run, b: Run) -> list[str]:
+def run_differences(a: Run, b: Run) -> tuple[list[str], bool]:
     """Every difference between two runs that comes before any tensor, in words: the stage whose model each
     inference run ran, the model itself (its sha256), the stages only one run holds, the batch size, and a model
-    re-stamped to take another batch size (``--dynamic-batch``: the bytes that ran are the re-stamped copy)."""
+    re-stamped to take another batch size (``--dynamic-batch``: the bytes that ran are the re-stamped copy); and
+    whether the runs' models are the same (inference runs: the bytes each ran; pipeline runs: their stages)."""
     lines: list[str] = []
+    same = True
     model_a, model_b = a.manifest.model, b.manifest.model
     if a.kind == b.kind == "inference":
         stage_a, stage_b = model_a.get("stage"), model_b.get("stage")
@@ -231,6 +231,7 @@ def run_differences(a: Run, b: Run) -> list[str]:
         sha_a = ran_a.get("sha256") if isinstance(ran_a, dict) else None
         sha_b = ran_b.get("sha256") if isinstance(ran_b, dict) else None
         if sha_a != sha_b:
+            same = False
             lines.append(f"model: A ran {model_a.get('path', '?')} (md5 {_md5(ran_a)}), B ran {model_b.get('path', '?')} "
                          f"(md5 {_md5(ran_b)})")
     if a.kind == b.kind:
@@ -238,6 +239,7 @@ def run_differences(a: Run, b: Run) -> list[str]:
         only_a = [s for s in stages_a if s not in stages_b]
         only_b = [s for s in stages_b if s not in stages_a]
         if only_a or only_b:
+            same = same and a.kind == "inference"  # two inference runs: the model each ran decides
             lines.append("stages: " + "; ".join(
                 f"only {side} holds {', '.join(names)}" for side, names in (("A", only_a), ("B", only_b)) if names))
     if a.has_inference and b.has_inference and a.inference.batch_size != b.inference.batch_size:
@@ -249,7 +251,7 @@ def run_differences(a: Run, b: Run) -> list[str]:
                 return f"{side} ran its model as it is"
             return f"{side} ran it re-stamped to take any batch size ({stamp.get('path')}, md5 {_md5(stamp)})"
         lines.append(f"re-stamped: {stamped('A', stamp_a)}; {stamped('B', stamp_b)}")
-    return lines
+    return lines, same
 
 
 def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
@@ -287,7 +289,7 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         if result.first_differing_stage is None and not entry.same_computation:
             result.first_differing_stage = entry.name
             entry.changes = model_changes(*models) if models is not None else None
-    result.differences = run_differences(a, b)
+    result.differences, result.same_models = run_differences(a, b)
     return result
 
 

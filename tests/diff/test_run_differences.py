@@ -30,6 +30,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
                                        str(folder / "inference"), "--run-id", run_id])
         assert out.exit_code == 0, out.output
         made[run_id] = folder / "inference" / run_id
+    out = CliRunner().invoke(app, ["run", str(pipeline / "quantize" / "model.onnx"), "--inputs", str(arrays),
+                                   "--runs-dir", str(folder / "inference"), "--run-id", "file"])
+    assert out.exit_code == 0, out.output
+    made["file"] = folder / "inference" / "file"
     made["pipeline"] = pipeline
     return made
 
@@ -61,6 +65,18 @@ def test_a_batch_size_and_a_restamped_model_are_named(runs, monkeypatch):
         "runs differ: batch size: A 1, B 2",
         "runs differ: re-stamped: A ran its model as it is; B ran it re-stamped to take any batch size "
         f"(model/model.onnx, md5 {stamp['md5'][:12]})",
+        "artifacts: identical",
+    ]
+    assert out.stdout.splitlines()[-1] == "verdict: identical"
+
+
+def test_the_same_model_run_from_its_run_and_from_its_file_is_named_and_agrees(runs, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    out = CliRunner().invoke(app, ["diff", str(runs["quantize"]), str(runs["file"])])
+    assert out.exit_code == 0, out.output  # the same bytes ran: the differences are named, the verdict holds
+    assert out.stdout.splitlines()[2:5] == [
+        "runs differ: stage: A ran the quantize stage's model, B a model file's",
+        "runs differ: stages: only A holds convert, optimize, quantize; only B holds model",
         "artifacts: identical",
     ]
     assert out.stdout.splitlines()[-1] == "verdict: identical"
