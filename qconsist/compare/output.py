@@ -1,5 +1,7 @@
 """Final outputs of two runs: the output effect (greatest difference, per-sample top-1 agreement) and the
-tolerance check the pipeline's stages use. One definition of top-1 for any batch size.
+tolerance check the pipeline's stages use. Top-1 is the one of ``qconsist.compare.accuracy`` (``top1``: per sample
+for any batch size, or per position along a map's class axis); ``describe_judgement`` is the one text of an
+output's judgement (the pipeline's, the gate's, ``diff``'s).
 
 **Samples and batches**: an output's first axis is the batch when it has two or more axes, so a batch of
 ``B`` counts as ``B`` samples everywhere: top-1 agreement is over samples, never over steps, and never a
