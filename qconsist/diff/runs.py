@@ -359,7 +359,7 @@ def _inference(a: Run, b: Run, result: DiffResult) -> None:
     judgements = []
     if list(a.inference.outputs) == list(b.inference.outputs):
         try:
-            judgements = [OutputJudgement(t) for t in output_targets(b)]
+            judgements = [OutputJudgement(t) for t in output_targets(b) if t.output in a.inference.outputs]
         except QconsistError as exc:
             result.notes.append(f"the outputs are not judged by kind: {exc.message}")
     result.outputs, result.output_stats = _outputs(a, b, result.tolerance, predicted, judgements)
