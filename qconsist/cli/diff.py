@@ -23,6 +23,8 @@ def _render(result) -> None:  # result: DiffResult
 
     console = stdout_console()
     console.print(f"A: {result.run_a}\nB: {result.run_b}")
+    for line in result.artifacts.differences:  # before anything else: what the runs ran differs
+        console.print(f"runs differ: {line}")
     if result.versions.numerics:
         console.print("WARNING: the runs ran with different versions of what decides the numerics "
                       "(a common cause of other results on the same model):")
@@ -32,7 +34,12 @@ def _render(result) -> None:  # result: DiffResult
         console.print(f"options differ: {line}")
     art = result.artifacts
     first = art.first_differing_stage
-    console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
+    if first is not None:
+        console.print(f"artifacts: first differing stage: {first}")
+    elif art.identical:
+        console.print("artifacts: identical")
+    else:
+        console.print("artifacts: the stages both runs hold are identical; the runs ran different models (above)")
     for stage in art.stages:
         if not stage.same_bytes and stage.same_computation:
             what = "; ".join(line[:120] for line in stage.metadata[:2]) or stage.note
@@ -66,10 +73,13 @@ def _render(result) -> None:  # result: DiffResult
             console.print(f"  {change.describe()}")
     if result.outputs is not None:
         o = result.outputs
-        console.print(
-            f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
-            f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
-        )
+        from qconsist.compare.output import describe_judgement
+
+        top1 = f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else ""
+        console.print(f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
+                      f"{_num(o.greatest_abs)}{top1}")
+        for entry in result.judged:  # each output (and part) judged for what it is, B against A
+            console.print(f"  {describe_judgement(entry)}")
     for stat in result.output_stats:
         console.print(f"output {stat.name}: {stat.message()}")
     if result.accuracy is not None:
@@ -126,6 +136,21 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
             console.print("element statistics need raw tensors; capture them with:")
             for command in result.capture:
                 console.print(f"  {command}")
+        _render_replays(console, result.replays)
+
+
+def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
+    for replay in replays:
+        console.print(f"replay {replay.label or replay.nodes[0]}: {replay.summary()}")
+        for tensor, source in replay.sources.items():
+            console.print(f"  input {tensor}: {source}")
+        for side in replay.sides:
+            if side.recorded:
+                console.print(f"  under {side.run}'s options the replay {side.recorded} what run {side.run} recorded")
+        for note in replay.notes:
+            console.print(f"  note: {note}")
+        for command in replay.capture:
+            console.print(f"  {command}")
 
 
 def _render_accuracy(console, change) -> None:  # change: AccuracyChange
@@ -143,10 +168,12 @@ def diff(
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
     policy: opt.PolicyFile = None,
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with run --dump --raw) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
+    With --replay, each origin is confirmed (or not) by running it alone on its recorded inputs.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
     different models or input sets).
@@ -160,6 +187,10 @@ def diff(
 
         base = load_policy(policy).diff
     result = diff_runs(run_a, run_b, base.with_overrides(atol, rtol))
+    if replay:
+        from qconsist.explain.confirm import confirm_origins
+
+        confirm_origins(result)
     if explorer is not None:
         from qconsist.report.explorer import explorer_overlay
 

@@ -165,6 +165,8 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
         out.append("</table>")
     else:
         out.append('<p class="muted">No origin node among the compared tensors.</p>')
+    for replay in diff.get("replays") or []:  # diff --replay: one line per origin
+        out.append(f"<p>Replay of <code>{escape(str(replay.get('label')))}</code>: {escape(str(replay.get('summary')))}</p>")
     return "\n".join(out)
 
 
