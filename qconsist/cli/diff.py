@@ -23,6 +23,8 @@ def _render(result) -> None:  # result: DiffResult
 
     console = stdout_console()
     console.print(f"A: {result.run_a}\nB: {result.run_b}")
+    for line in result.artifacts.differences:  # before anything else: what the runs ran differs
+        console.print(f"runs differ: {line}")
     if result.versions.numerics:
         console.print("WARNING: the runs ran with different versions of what decides the numerics "
                       "(a common cause of other results on the same model):")
@@ -32,7 +34,12 @@ def _render(result) -> None:  # result: DiffResult
         console.print(f"options differ: {line}")
     art = result.artifacts
     first = art.first_differing_stage
-    console.print(f"artifacts: {'identical' if first is None else 'first differing stage: ' + first}")
+    if first is not None:
+        console.print(f"artifacts: first differing stage: {first}")
+    elif art.identical:
+        console.print("artifacts: identical")
+    else:
+        console.print("artifacts: the stages both runs hold are identical; the runs ran different models (above)")
     for stage in art.stages:
         if not stage.same_bytes and stage.same_computation:
             what = "; ".join(line[:120] for line in stage.metadata[:2]) or stage.note
@@ -66,10 +73,13 @@ def _render(result) -> None:  # result: DiffResult
             console.print(f"  {change.describe()}")
     if result.outputs is not None:
         o = result.outputs
-        console.print(
-            f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
-            f"{_num(o.greatest_abs)}, top-1 agreement {100 * o.top1_agreement:.1f}%"
-        )
+        from qconsist.compare.output import describe_judgement
+
+        top1 = f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else ""
+        console.print(f"final outputs: {len(o.differing_samples)}/{o.samples} samples differ, greatest abs difference "
+                      f"{_num(o.greatest_abs)}{top1}")
+        for entry in result.judged:  # each output (and part) judged for what it is, B against A
+            console.print(f"  {describe_judgement(entry)}")
     for stat in result.output_stats:
         console.print(f"output {stat.name}: {stat.message()}")
     if result.accuracy is not None:

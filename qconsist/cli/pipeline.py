@@ -50,13 +50,9 @@ def render_result(result) -> None:  # PipelineResult
 
 def _judgement(entry: dict) -> str:
     """One output's figures from a recorded judgement (``OutputJudgement.to_json``)."""
-    if entry.get("integer"):
-        return f"{entry['label']} ({entry.get('kind') or 'undeclared'}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
-    text = (f"{entry['label']} ({entry.get('kind') or 'undeclared'}): SQNR {float(entry['sqnr_db']):.1f} dB, "
-            f"cosine {float(entry['cosine']):.5f}")
-    if entry.get("top1_agreement") is not None:
-        text += f", top-1 agreement {entry['top1_agreement']:.0%}"
-    return text
+    from qconsist.compare.output import describe_judgement
+
+    return describe_judgement(entry)
 
 
 def run(

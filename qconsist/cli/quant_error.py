@@ -30,18 +30,23 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     )
     console.print(f"tensors: {len(result.tensors) + len(result.outputs)} matched to the float model; left out: "
                   f"{result.constants} constants (dequantized weights and biases), {len(result.internal)} with no float twin")
-    ranked = result.tensors if sort == "sqnr" else sorted(result.tensors, key=lambda e: -(e.added_db or 0.0))
+    from qconsist.compare.statistics import MEASURED, sqnr_cell, sqnr_phrase
+    from qconsist.diff.quantization import ranked_by_added
+
+    ranked = result.tensors if sort == "sqnr" else ranked_by_added(result.tensors)
     table = Table("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
     for e in ranked[:top]:
-        table.add_row(e.node, e.op_type, _db(e.sqnr_db), _db(e.added_db), f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
-                      f"{e.cosine:.5f}", e.observed, e.how)
+        added = "all (inputs identical)" if e.noise_starts else _db(e.added_db)
+        table.add_row(e.node, e.op_type, sqnr_cell(e.sqnr_db, e.figure), added, f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
+                      f"{e.cosine:.5f}" if e.figure == MEASURED else "-", e.observed, e.how)
     console.print(table)
     if len(ranked) > top:
         console.print(f"... {len(ranked) - top} more (--top N, --json)")
     for e in result.outputs:
-        console.print(f"final output {e.tensor}: SQNR {_db(e.sqnr_db)} dB, greatest abs difference {e.max_abs:.4g}, cosine {e.cosine:.6f}")
+        cosine = f", cosine {e.cosine:.6f}" if e.figure == MEASURED else ""
+        console.print(f"final output {e.tensor}: {sqnr_phrase(e.sqnr_db, e.figure, 2)}, greatest abs difference {e.max_abs:.4g}{cosine}")
     if result.weights:
-        shown = ", ".join(f"{w.tensor} ({w.node}) {_db(w.sqnr_db)} dB" for w in result.weights[:3])
+        shown = ", ".join(f"{w.tensor} ({w.node}) {sqnr_phrase(w.sqnr_db, w.figure, 2)}" for w in result.weights[:3])
         console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}")
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")

@@ -47,7 +47,7 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
                   f"{result.baseline.describe()}")
     ops = Counter(n.op_type for n in result.nodes)
     console.print(f"quantizable nodes: {result.quantizable} ({', '.join(f'{op} {k}' for op, k in ops.most_common())})"
-                  + (f", {result.unnamed} unnamed (cannot be excluded)" if result.unnamed else "") + f"; probed: {result.strategy}")
+                  + (f", {result.unnamed} unnamed (cannot be excluded by name: [optimize] name_nodes = true names them)" if result.unnamed else "") + f"; probed: {result.strategy}")
     table = Table("rank", "node", "op", "worst output dB", "gain dB", "top-1", "quant-error rank", "added dB", "SQNR dB")
     for n in result.probed[:top]:
         worst = n.probe.worst if n.probe is not None else None

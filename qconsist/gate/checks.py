@@ -12,6 +12,7 @@ import numpy as np
 from qconsist.calibration.repeat import RepeatResult
 from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
+from qconsist.compare.statistics import ZERO_SIGNAL, sqnr_phrase
 from qconsist.errors import QconsistError
 from qconsist.gate.blame import losing_nodes
 from qconsist.gate.evidence import Side, evaluation_inputs, same_role_inputs
@@ -220,11 +221,10 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
     measured = {key: record[key] for key in ("samples", "elements", "mismatched", "max_abs_diff", "max_rel_diff",
                                              "worst_output", "worst_sample", "worst_index", "top1_agreement")}
     top1 = comparison.top1_agreement
-    figures = (
-        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
-        f"{record['worst_index']} of sample {record['worst_sample']}"
-        + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
-    )
+    where = (f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
+             f"{record['worst_index']} of sample {record['worst_sample']}" if comparison.worst is not None
+             else "the outputs are bit-identical")  # never "difference 0 at []"
+    figures = where + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
     if comparison.judged:
         measured["outputs"] = [j.to_json() for j in comparison.judgements]
         figures += "; " + "; ".join(j.describe() for j in comparison.judgements)
@@ -242,7 +242,10 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
         measured["below_floor"] = [j.label for j in below]
         where = blame({j.label: j.sqnr_db for j in below}) if blame is not None else {}
         measured["losing_nodes"] = where
-        failures += [f"output {j.label} ({j.target.kind_name}) SQNR {j.sqnr_db:.1f} dB < {limits.min_sqnr_db:g} dB"
+        failures += [f"output {j.label} ({j.target.kind_name}) "
+                     + (f"{sqnr_phrase(j.sqnr_db)} < {limits.min_sqnr_db:g} dB" if j.figure != ZERO_SIGNAL else
+                        f"{sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {j.noise.max_abs:.4g}: no SQNR to reach "
+                        f"{limits.min_sqnr_db:g} dB")
                      + (f" ({where[j.label]})" if where.get(j.label) else "") for j in below]
     if failures:
         return CheckResult(name, FAIL, f"against {against}: {'; '.join(failures)}; {figures}{extra}", tolerance, measured)

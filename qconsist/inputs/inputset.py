@@ -73,6 +73,7 @@ class InputSet:
     workers: int | None = None  # input workers of ``batches`` (None: as many as help, ``stream.resolve_workers``)
     file: Path | None = None  # the one file a stacked set is read from
     axes: dict[str, int] | None = None  # set by ``checked``: each input's batch axis, where steps stack samples
+    exact: bool = False  # samples fed exactly as they are (a folder of .npz files): NaN and Inf are values
     _infos: list[SampleInfo] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -171,6 +172,8 @@ class InputSet:
             data["dtype"] = dict(self.stored)
         if self.cast:
             data["cast"] = dict(self.cast)
+        if self.exact:
+            data["exact"] = True  # fed as they are: no axis added, NaN and Inf values allowed
         if self.file is not None:
             data["file_digest"] = XXH3 + ":" + file_digest(self.file).hex()
         if self.labels is not None:
@@ -181,7 +184,7 @@ class InputSet:
         """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
         if self.kind == "images" and self.preprocess is not None:
             check_spatial(specs, self.preprocess)
-        load = Checked(self._load, list(specs), self.names)
+        load = Checked(self._load, list(specs), self.names, finite=not self.exact)
         if len(self.names):
             load(0)  # fail early with a clear message
         if batch_size != 1:
@@ -317,7 +320,7 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
         if found.kind == "images":
             return _image_set(str(path), found.files, preprocess, input_name, found.names, found.labels)
         if found.kind == "steps":
-            return InputSet(str(path), "arrays", found.names, NpzFiles(found.files))
+            return InputSet(str(path), "arrays", found.names, NpzFiles(found.files), exact=True)
         return InputSet(str(path), "arrays", found.names, NpyFiles(found.files, input_name))
     suffix = path.suffix.lower()
     if suffix == ".npy":

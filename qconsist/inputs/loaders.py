@@ -79,7 +79,8 @@ class NpyFiles(Loader):
 
 class NpzFiles(Loader):
     """A folder of ``.npz`` files, one sample each: its members are the model's inputs by name, fed exactly as
-    they are (nothing added or removed: a rank-0 scale stays rank 0, a state ``[2, 1, 128]`` keeps its axes)."""
+    they are (nothing added or removed: a rank-0 scale stays rank 0, a state ``[2, 1, 128]`` keeps its axes; NaN
+    and infinities are values like any other, as ONNX's own ``IsNaN`` tests feed them)."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
         self.paths = list(paths)
@@ -140,13 +141,13 @@ class Checked(Loader):
     """Another loader's samples checked against the model's inputs (``check_sample``): names, rank, fixed
     dimensions, element type (floats cast), finite values."""
 
-    def __init__(self, base: Any, specs: Sequence[Any], names: Sequence[str]) -> None:  # specs: InputSpec
-        self.base, self.specs, self.names = base, list(specs), names
+    def __init__(self, base: Any, specs: Sequence[Any], names: Sequence[str], finite: bool = True) -> None:  # specs: InputSpec
+        self.base, self.specs, self.names, self.finite = base, list(specs), names, finite
         self.parallel = getattr(base, "parallel", False)
 
     def prepare(self, index: int) -> tuple[Sample, str | None]:
         sample, mode = prepare(self.base, index)
-        return check_sample(sample, self.specs, self.names[index]), mode
+        return check_sample(sample, self.specs, self.names[index], self.finite), mode
 
     def file(self, index: int) -> Path | None:
         return file_of(self.base, index)
@@ -170,8 +171,9 @@ def load_npy(path: Path) -> np.ndarray:
         raise InputError(f"cannot read array file {path}: {exc}") from None
 
 
-def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
-    """``sample`` fitted to the model's inputs ``specs`` (``InputSpec``), or a one-line error naming it."""
+def check_sample(sample: Sample, specs: Sequence[Any], label: str, finite: bool = True) -> Sample:
+    """``sample`` fitted to the model's inputs ``specs`` (``InputSpec``), or a one-line error naming it; with
+    ``finite`` (every form but the exact one) a NaN or infinite value is such an error."""
     if len(specs) == 1 and len(sample) == 1 and next(iter(sample)) not in {specs[0].name}:
         sample = {specs[0].name: next(iter(sample.values()))}
     wanted = {s.name for s in specs}
@@ -196,7 +198,7 @@ def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
                 raise ShapeMismatchError(
                     f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
                 )
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        if finite and arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             nan = int(np.isnan(arr).sum())
             raise InputError(
                 f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "

@@ -255,3 +255,20 @@ def test_a_batch_fixed_at_the_step_size_runs_unprobed_split_on_its_first_axis(tm
     expected = np.concatenate([session.run(None, {"x": x[:4]})[0], session.run(None, {"x": x[4:]})[0]])
     np.testing.assert_array_equal(_outputs(run.run_dir, 0)[:, 0], expected)
     assert set(s["kind"] for s in _index(run.run_dir)["splits"]) == {"first"}
+
+
+def test_the_exact_form_feeds_nan_and_inf_as_values_the_stacked_form_refuses_them(tmp_path):
+    model = sample_rate_model(tmp_path / "sr.onnx")
+    x = np.array([[np.nan, np.inf, -np.inf, 1.0] * 4], np.float32)
+    feeds = save_feeds(tmp_path / "feeds", [{"x": x, "sr": np.array(16000, np.int64)}])
+    result = CliRunner().invoke(app, ["run", str(model), "--inputs", str(feeds), "--dump", "--runs-dir",
+                                      str(tmp_path / "runs"), "--run-id", "nan"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(_outputs(tmp_path / "runs" / "nan", 0)[0], x)  # NaN where NaN
+    assert open_run(tmp_path / "runs" / "nan").inputs["exact"] is True
+    from qconsist.errors import InputError
+    from qconsist.inference.session import input_specs
+    from qconsist.inputs.loaders import check_sample
+
+    with pytest.raises(InputError, match=r"^sample 7: input 'x' holds 4 NaN and 8 infinite value\(s\); every input must be finite$"):
+        check_sample({"x": x, "sr": np.array(16000, np.int64)}, input_specs(model), "7")  # any other form
