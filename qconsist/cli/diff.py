@@ -127,6 +127,21 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
             console.print("element statistics need raw tensors; capture them with:")
             for command in result.capture:
                 console.print(f"  {command}")
+        _render_replays(console, result.replays)
+
+
+def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
+    for replay in replays:
+        console.print(f"replay {replay.label or replay.nodes[0]}: {replay.summary()}")
+        for tensor, source in replay.sources.items():
+            console.print(f"  input {tensor}: {source}")
+        for side in replay.sides:
+            if side.recorded:
+                console.print(f"  under {side.run}'s options the replay {side.recorded} what run {side.run} recorded")
+        for note in replay.notes:
+            console.print(f"  note: {note}")
+        for command in replay.capture:
+            console.print(f"  {command}")
 
 
 def _finding(node) -> str:  # node: TensorDiff, an origin or a span
@@ -157,10 +172,12 @@ def diff(
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
     policy: opt.PolicyFile = None,
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with run --dump --raw) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
+    With --replay, each origin is confirmed (or not) by running it alone on its recorded inputs.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
     different models or input sets).
@@ -174,6 +191,10 @@ def diff(
 
         base = load_policy(policy).diff
     result = diff_runs(run_a, run_b, base.with_overrides(atol, rtol))
+    if replay:
+        from qconsist.explain.confirm import confirm_origins
+
+        confirm_origins(result)
     if explorer is not None:
         from qconsist.report.explorer import explorer_overlay
 

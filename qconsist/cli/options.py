@@ -62,6 +62,7 @@ Tf32 = Annotated[Optional[bool], typer.Option("--tf32/--no-tf32", help="cuda: us
 MaxWorkspace = Annotated[Optional[bool], typer.Option("--cudnn-max-workspace/--no-cudnn-max-workspace", help="cuda: cudnn_conv_use_max_workspace (default: onnxruntime's).")]
 DeviceId = Annotated[Optional[int], typer.Option("--device-id", min=0, help="cuda: device_id (default: 0).")]
 DisableOptimizers = Annotated[List[str], typer.Option("--disable-optimizer", help="Switch off one of onnxruntime's graph transformers by name, e.g. QDQSelectorActionTransformer (repeatable; qconsist explain names them).")]
+SessionConfig = Annotated[List[str], typer.Option("--session-config", help="One of onnxruntime's session configuration entries as KEY=VALUE (repeatable), e.g. session.disable_quant_qdq=1; recorded with the run.")]
 ProviderOptions = Annotated[List[str], typer.Option("--provider-option", help="Any option of the execution provider as KEY=VALUE (repeatable), e.g. use_tf32=0.")]
 OUTPUT_HELP = "The file to write (report: the HTML page; convert: the ONNX model, written only once every check passed)."
 PolicyFile = Annotated[Optional[Path], typer.Option("--policy", parser=read_path, help="Policy file (TOML; default: the built-in defaults, see policies/default.toml): gate checks and tolerances; diff takes its [diff] tolerances (atol, rtol, per node), --atol/--rtol override them.")]
@@ -151,13 +152,20 @@ def _provider_options(algo_search: str | None, tf32: bool | None, max_workspace:
 
 def _execution(ep: str, level: str, threads: int | None, deterministic: bool | None, algo_search: str | None,
                tf32: bool | None, max_workspace: bool | None, device_id: int | None, provider_option: list[str],
-               disabled_optimizers: list[str]):  # -> ExecutionOptions
+               disabled_optimizers: list[str], session_config: list[str]):  # -> ExecutionOptions
+    from qconsist.errors import ConfigError
     from qconsist.inference.session import ExecutionOptions
 
+    entries = {}
+    for item in session_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"`session_config` {item!r}: write KEY=VALUE, e.g. session.disable_quant_qdq=1")
+        entries[key.strip()] = value.strip()
     return ExecutionOptions(
         ep, _provider_options(algo_search, tf32, max_workspace, device_id, provider_option),
         graph_optimization_level=level, intra_op_threads=threads, deterministic_compute=deterministic,
-        disabled_optimizers=tuple(disabled_optimizers),
+        disabled_optimizers=tuple(disabled_optimizers), session_config=entries,
     )
 
 
@@ -165,6 +173,7 @@ EXECUTION = Group(
     _execution, ep=(Ep, "cpu"), level=(Level, "all"), threads=(Threads, None), deterministic=(Deterministic, None),
     algo_search=(AlgoSearch, None), tf32=(Tf32, None), max_workspace=(MaxWorkspace, None), device_id=(DeviceId, None),
     provider_option=(ProviderOptions, []), disabled_optimizers=(DisableOptimizers, []),
+    session_config=(SessionConfig, []),
 )
 
 

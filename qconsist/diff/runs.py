@@ -14,6 +14,7 @@ from qconsist.compare import OutputEffect, TensorStats
 from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.accuracy import AccuracyChange, Predictions, cause, class_scores, compare_predictions
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
+from qconsist.diff.replay import NodeReplay
 from qconsist.diff.tensors import SAMPLES_KEPT, TensorComparison, compare_tensors
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
 from qconsist.errors import RunStoreError
@@ -108,6 +109,7 @@ class DiffResult:
     output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
     same_run: bool = False  # A and B are one run (one folder, or a copy of it): identical by construction
     accuracy: AccuracyChange | None = None  # where the runs have labels and a class-scores output
+    replays: list[NodeReplay] = field(default_factory=list)  # origins replayed in isolation (diff --replay)
 
     @property
     def passed(self) -> bool:

@@ -179,6 +179,8 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
             out.append(f"<tr><td><code>{escape(str(row.get('label')))}</code></td><td><code>{escape(inside[:600])}</code></td>"
                        f"<td><code>{escape(hidden[:300])}</code></td><td>{shown}</td><td>{_fmt(row.get('origin_samples'))}</td></tr>")
         out.append("</table>")
+    for replay in diff.get("replays") or []:  # diff --replay: one line per origin
+        out.append(f"<p>Replay of <code>{escape(str(replay.get('label')))}</code>: {escape(str(replay.get('summary')))}</p>")
     return "\n".join(out)
 
 

@@ -112,6 +112,7 @@ def test_a_bug_is_an_internal_error_with_its_own_code(monkeypatch, verbose):
     {"provider": "cpu"},
     {"provider": "cpu", "graph_optimization_level": "disable", "intra_op_threads": 2, "deterministic_compute": False,
      "disabled_optimizers": ("QDQSelectorActionTransformer", "ConstantFolding")},
+    {"provider": "cpu", "session_config": {"session.disable_quant_qdq": "1", "session.intra_op.allow_spinning": "0"}},
     {"provider": "cuda", "provider_options": {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False,
                                               "cudnn_conv_use_max_workspace": True, "device_id": 1, "prefer_nhwc": True},
      "deterministic_compute": True},
