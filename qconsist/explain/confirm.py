@@ -20,11 +20,11 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, node_reads, replay_nodes
+from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, replay_nodes
 from qconsist.diff.runs import DiffResult, capture_command
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
-from qconsist.inference.graphmap import node_names
+from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.reader import LoadedDump, load_dump
 from qconsist.inference.session import ExecutionOptions
 from qconsist.onnxfile import read_onnx
