@@ -20,11 +20,11 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, node_reads, replay_nodes
+from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, replay_nodes
 from qconsist.diff.runs import DiffResult, capture_command
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
-from qconsist.inference.graphmap import node_names
+from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.reader import LoadedDump, load_dump
 from qconsist.inference.session import ExecutionOptions
 from qconsist.onnxfile import read_onnx
@@ -210,12 +210,12 @@ def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], la
 
 def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
     """Replay every origin and every span of ``result`` (a diff of two inference runs with dumps); the replays are
-    also put in ``result.replays``. Nothing to replay (no origin, no span) gives an empty list."""
+    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list."""
     result.replays = []
     if result.tensors is None:
         result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
         return []
-    findings = [*result.tensors.origins, *result.tensors.spans]  # a span is replayed as an origin is: its nodes
+    findings = [n for n in result.tensors.nodes if n.finding]  # origins and spans (compare.origin)
     if not findings:
         return []
     run_a, run_b = Run.open(result.run_a), Run.open(result.run_b)

@@ -65,11 +65,11 @@ def implicit_inputs(node: onnx.NodeProto) -> list[str]:
         graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
         for graph in graphs:
             local = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+            local |= {o for inner in graph.node for o in inner.output if o}
             for inner in graph.node:
                 for name in [*inner.input, *implicit_inputs(inner)]:
                     if name and name not in local:
                         found[name] = None
-                local.update(o for o in inner.output if o)
     return list(found)
 
 
