@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
 from qconsist.store.ortlog import capture_ort_log
@@ -224,6 +224,33 @@ def _fail(message: str, code: int, prefix: str = "error") -> None:
     sys.stderr.write(f"{prefix}: {text}\n")
     sys.stderr.flush()
     raise typer.Exit(code)
+
+
+class PanelCommand(TyperCommand):
+    """A command whose ``--help`` shows its options in panels, as Polygraphy groups its arguments: the command's
+    own options first, then each panel its options name (``rich_help_panel``: Model, Inputs, Execution, Output),
+    in plain text (rich's boxes would read markup in node and tensor names)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        from qconsist.cli.options import PANELS
+
+        arguments: list[tuple[str, str]] = []
+        panels: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        for name in ("Options", *PANELS, *sorted(set(panels) - {"Options", *PANELS})):
+            if panels.get(name):
+                with formatter.section(name):
+                    formatter.write_dl(panels[name])
 
 
 app = typer.Typer(

@@ -27,7 +27,7 @@ def render_repeat(result) -> None:  # RepeatResult
 
 def repeat(
     source: Path = typer.Argument(..., parser=opt.read_path, help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
-    repeats: opt.Repeats = 3,
+    repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: calibrations (default 3).") = 3,
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
     offset: opt.Offset = 0,
     count: opt.Count = None,

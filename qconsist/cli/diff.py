@@ -142,7 +142,7 @@ def diff(
     explorer: Optional[Path] = typer.Option(None, "--explorer", help="Also write the per-node divergence as Google Model Explorer node data into this folder (status, mismatched, greatest_difference, origin .json)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
-    policy: opt.PolicyFile = None,
+    policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): its [diff] tolerances (atol, rtol, per node); --atol/--rtol override them.") = None,
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.

@@ -27,7 +27,7 @@ def render_verdict(verdict) -> None:  # GateVerdict
 def gate(
     run: Path = typer.Argument(..., help="Candidate: a pipeline run or a nightly entry run directory."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline run of the same kind (omit: first release, nothing to compare)."),
-    policy: opt.PolicyFile = None,
+    policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): the checks and their tolerances.") = None,
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdict as JUnit XML to this file."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write a markdown summary to this file."),
     json_output: opt.Json = False,

@@ -37,17 +37,20 @@ def _samples(**members):  # -> InputOptions
     return opt.INPUTS.build(**members)
 
 
-@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8), runs_dir=opt.RUNS)
+@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8).told(
+    count="How many samples from --offset (default: 8).",
+    pipeline="Pipeline file whose [preprocess] prepares images. Its [quantize] and [calibration] serve --calibration-repeats."),
+    runs_dir=opt.RUNS)
 def locate_command(
     model: opt.ModelArg,
     *,
     inputs: InputOptions,
     stage: opt.Stage = None,
-    repeats: opt.Repeats = 4,
+    repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: fresh sessions per configuration (default 4).") = 4,
     batch_size: opt.BatchSize = 1,
     config: List[str] = typer.Option([], "--config", help="A configuration: SEARCH, then optionally /tf32=0|1, /workspace=0|1, /deterministic=0|1 (e.g. HEURISTIC/tf32=0); repeat or comma-separate; the first is the reference. Default: the matrix of --cudnn-conv-algo-search x --tf32."),
     algo_search: opt.AlgoSearches = [],  # noqa: B006 - typer's list default
-    tf32: opt.Tf32 = None,
+    tf32: opt.told(opt.Tf32, "cuda: use_tf32 on or off (default: both are explored).") = None,
     workspace_variants: bool = typer.Option(False, "--workspace-variants", help="Matrix: add each config with cudnn_conv_use_max_workspace=0."),
     deterministic_variants: bool = typer.Option(False, "--deterministic-variants", help="Matrix: add each config with deterministic compute."),
     contention: bool = typer.Option(False, "--contention", help="Repeat again while another process loads the GPU with changing convolutions."),
@@ -59,7 +62,7 @@ def locate_command(
     ep: opt.Ep = "cuda",
     calibration_repeats: int = typer.Option(0, "--calibration-repeats", help="Also calibrate N times on the CUDA EP per search mode and compare with the CPU (0: off)."),
     session_runs: int = typer.Option(3, "--session-runs", help="Runs of each config's reference session compared with its first run (run-to-run variation); 1: off."),
-    engines: opt.Engines = True,
+    engines: opt.told(opt.Engines, more="Default: on, per configuration.") = True,
     engine_runs: opt.EngineRuns = 3,
     rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite", help="When a ConvTranspose / ScatterElements varies and no fast config is stable: measure the model with those nodes rewritten (determinize)."),
     runs_dir: Path,

@@ -51,7 +51,7 @@ def nightly(
     file: Path = typer.Argument(..., parser=opt.read_path, help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model, or one GPU type of it as NAME@TYPE (repeatable)."),
     runs_dir: opt.RunsDir = None,
-    history: opt.History = None,
+    history: opt.told(opt.History, "History database (default: the nightly file's history, else <runs_dir>/history.sqlite).") = None,
     executor: str = typer.Option("local", "--executor", help="Where the entries run: local (one after another, in this process) or ray (as Ray tasks; needs qconsist[ray])."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: an existing Ray cluster (auto, HEAD:6379 or ray://HEAD:10001); default: a local Ray started in this process."),
     max_retries: int = typer.Option(2, "--max-retries", help="ray: how many times an entry whose worker was lost (killed, out of memory, node gone) runs again."),
