@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.table import Rows, more
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -31,13 +31,14 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     console.print(f"tensors: {len(result.tensors) + len(result.outputs)} matched to the float model; left out: "
                   f"{result.constants} constants (dequantized weights and biases), {len(result.internal)} with no float twin")
     ranked = result.tensors if sort == "sqnr" else sorted(result.tensors, key=lambda e: -(e.added_db or 0.0))
-    table = Table("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
+    table = Rows("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
     for e in ranked[:top]:
-        table.add_row(e.node, e.op_type, _db(e.sqnr_db), _db(e.added_db), f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
-                      f"{e.cosine:.5f}", e.observed, e.how)
-    console.print(table)
-    if len(ranked) > top:
-        console.print(f"... {len(ranked) - top} more (--top N, --json)")
+        table.add(e.node, e.op_type, _db(e.sqnr_db), _db(e.added_db), f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
+                  f"{e.cosine:.5f}", e.observed, e.how)
+    table.print(console)
+    cut = more(top, len(ranked), "nodes", "--top N, --json")
+    if cut:
+        console.print(cut)
     for e in result.outputs:
         console.print(f"final output {e.tensor}: SQNR {_db(e.sqnr_db)} dB, greatest abs difference {e.max_abs:.4g}, cosine {e.cosine:.6f}")
     if result.weights:
