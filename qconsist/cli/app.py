@@ -311,7 +311,7 @@ class RichProgress:
 
     def __init__(self) -> None:
         from rich.progress import (
-            BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+            BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
         )
         from rich.text import Text
 
@@ -322,9 +322,22 @@ class RichProgress:
                 speed = task.finished_speed or task.speed
                 return Text(f"{speed:,.0f}/s" if speed else "", style="progress.data.speed")
 
+        class Remaining(ProgressColumn):
+            """The time left from the mean time per item so far: known from the first item done (rich's own
+            column waits for a speed measured over several updates: a nightly of 5 entries showed -:--:--
+            until the third)."""
+
+            def render(self, task: Any) -> Text:
+                from qconsist.cli.progress_lines import clock_text
+
+                if not task.total or not task.completed or not task.elapsed:
+                    return Text("-:--:--", style="progress.remaining")
+                left = task.elapsed / task.completed * max(task.total - task.completed, 0)
+                return Text(clock_text(left), style="progress.remaining")
+
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=stderr_console(), transient=True,
+            Remaining(), console=stderr_console(), transient=True,
         )
         self._open = 0
 
@@ -351,9 +364,17 @@ class RichProgress:
 
 
 def progress_for(json_output: bool):  # -> Progress
+    """Bars on an interactive terminal; plain lines on stderr where no one watches live (CI, a pipe, a file:
+    ``progress_lines``); nothing under --json or -q."""
     from qconsist.progress import NULL_PROGRESS
 
-    return RichProgress() if show_progress(json_output) else NULL_PROGRESS
+    if json_output or QconsistGroup.verbosity < 0:
+        return NULL_PROGRESS
+    if show_progress(json_output):
+        return RichProgress()
+    from qconsist.cli.progress_lines import ProgressLines
+
+    return ProgressLines()
 
 
 def _version_callback(value: bool) -> None:

@@ -172,7 +172,8 @@ def run_stages(stages: Sequence[Stage], config: PipelineConfig, context: StageCo
     for stage in stages:
         mark(stage.name)
         context.previous = records[-1].name if records else None
-        record = stage.run(source, target(stage.name), config.options(stage.name), context)
+        with context.progress.task(f"stage {stage.name}", None):
+            record = stage.run(source, target(stage.name), config.options(stage.name), context)
         records.append(record)
         source = record.path
     return records
