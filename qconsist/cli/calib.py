@@ -23,6 +23,8 @@ def render_repeat(result) -> None:  # RepeatResult
         console.print(f"  {difference.line()}")
     for run, names in sorted(result.other_initializers.items()):
         console.print(f"  run {run}: other initializers differ: {', '.join(names)}")
+    console.print(f"PASS: {len(result.runs)} calibrations agree" if result.agree else
+                  f"FAIL: {len(result.runs)} calibrations disagree")
 
 
 def repeat(

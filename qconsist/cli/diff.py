@@ -80,7 +80,7 @@ def _render(result) -> None:  # result: DiffResult
         _render_accuracy(console, result.accuracy)
     for note in result.notes:
         console.print(f"note: {note}")
-    console.print("verdict: identical" if result.passed else "verdict: diverged")
+    console.print("PASS — verdict: identical" if result.passed else "FAIL — verdict: diverged")
 
 
 def _shown_nodes(listed: list, first) -> list:

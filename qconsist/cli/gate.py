@@ -22,6 +22,10 @@ def render_verdict(verdict) -> None:  # GateVerdict
         console.print(f"  first diverging node: {verdict.first_diverging_node} (origin nodes: {', '.join(verdict.origin_nodes) or 'none'})")
     for check in verdict.checks:
         console.print(f"  {check.status.value.upper():<14} {check.name}: {check.message}")
+    failed = [check.name for check in verdict.checks if check.failed]
+    passed = sum(1 for check in verdict.checks if check.status.value == "pass")
+    console.print(f"FAIL {verdict.model}: {len(failed)} check(s) failed: {', '.join(failed)}" if failed else
+                  f"PASS {verdict.model}: {passed} checks passed, {len(verdict.checks) - passed} not applicable")
 
 
 def gate(

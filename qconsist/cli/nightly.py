@@ -45,6 +45,9 @@ def render_night(result) -> None:  # NightlyResult
         console.print(f"across GPU types: {comparison}")
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
+    failing = [entry.model for entry in result.entries if entry.status != "pass"]
+    console.print(f"FAIL night {result.night_id}: {len(failing)} of {len(result.entries)} entries did not pass: {', '.join(failing)}"
+                  if failing else f"PASS night {result.night_id}: {len(result.entries)} entries passed")
 
 
 def nightly(

@@ -41,7 +41,7 @@ def test_destroyed_map_fails_the_quantize_check_and_keeps_the_run(map_model, tmp
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
     assert lines[5].startswith("  check quantize: max abs diff ")
-    assert lines[5].endswith("vs optimize; map (map): SQNR 0.0 dB, cosine 0.00000 on 6 evaluation inputs")
+    assert lines[5].endswith("vs optimize; map (map): SQNR 0.0 dB, cosine 0.00000 on 6 evaluation inputs: FAILED (floor 15 dB)")
     assert lines[7] == ("FAILED check quantize: output map (map): SQNR 0.0 dB against the float model (optimize stage), "
                         "below the floor of 15 dB ([quantize] min_sqnr_db)")
     assert re.fullmatch(r"  map: nodes losing most on the way \(quant-error, SQNR in -> out\): conv3 \(Conv, \d+\.\d -> 0\.0 dB\)",
