@@ -58,17 +58,10 @@ def _floor(check: dict) -> str:
 
 
 def _checks(result) -> int:  # PipelineResult
-    """How many checks the run made: each stage's load checks, fidelity checks within a tolerance and SQNR floors
-    (a comparison only recorded is no check)."""
+    """How many checks the run made (the run page's rows that judge: a comparison only recorded is no check)."""
+    from qconsist.report.run_page import RECORDED, checks
 
-    def judges(key: str, check: object) -> bool:
-        if check in ("passed", "failed"):
-            return True
-        if not key.startswith("outputs_vs_") or not isinstance(check, dict):
-            return False
-        return check.get("atol") is not None or (check.get("judged") is not None and check.get("min_sqnr_db") is not None)
-
-    return sum(1 for checks in result.checks.values() for key, check in checks.items() if judges(key, check))
+    return sum(1 for row in checks([{"name": name, "checks": found} for name, found in result.checks.items()]) if row[2] != RECORDED)
 
 
 def render_verdict(result, downloaded: str | None = None) -> None:  # PipelineResult

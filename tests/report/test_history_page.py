@@ -113,9 +113,12 @@ def test_page_is_self_contained_and_tells_what_changed_first(weeks, page):
     # the nights table folds the nights that repeat the night before: 17 passing nights in one row
     assert f"({CHANGED_DAY - 1} nights)</a>" in html
     assert html.count('<td class="md5-changed">') == 2 * 3  # changed and restored, per key
-    figures = ["accuracy.top1", "accuracy.top5", "labels.accuracy", "drift.float.max_abs_diff", "drift.float.top1_agreement",
-               "drift.baseline.max_abs_diff", "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5"]
-    assert re.findall(r"\(([a-z0-9_.]+)\)</span></figcaption>", html) == figures  # a plot per figure, accuracy first
+    # a plot per figure, accuracy first; a magnitude (log axis, the model's own units) one plot per model
+    figures = ["accuracy.top1", "accuracy.top5", "labels.accuracy", "drift.float.max_abs_diff", "drift.float.max_abs_diff",
+               "drift.float.top1_agreement", "drift.baseline.max_abs_diff", "drift.baseline.max_abs_diff",
+               "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5"]
+    assert re.findall(r"\(([a-z0-9_.]+)\)</span></figcaption>", html) == figures
+    assert re.findall(r'<figure data-model="([^"]+)"[^>]*><figcaption>[^<]* — \1', html) == ["convnet", "convnet-percentile"] * 2
     assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="trend"') == len(figures)
     assert html.count('class="md5-changed"') > 0 and "worker was lost 3 time(s)" in html
 
