@@ -328,7 +328,7 @@ class RichProgress:
             until the third)."""
 
             def render(self, task: Any) -> Text:
-                from qconsist.cli.progress_lines import clock_text
+                from qconsist.progress import clock_text
 
                 if not task.total or not task.completed or not task.elapsed:
                     return Text("-:--:--", style="progress.remaining")
@@ -365,14 +365,14 @@ class RichProgress:
 
 def progress_for(json_output: bool):  # -> Progress
     """Bars on an interactive terminal; plain lines on stderr where no one watches live (CI, a pipe, a file:
-    ``progress_lines``); nothing under --json or -q."""
+    ``qconsist.progress.ProgressLines``); nothing under --json or -q."""
     from qconsist.progress import NULL_PROGRESS
 
     if json_output or QconsistGroup.verbosity < 0:
         return NULL_PROGRESS
     if show_progress(json_output):
         return RichProgress()
-    from qconsist.cli.progress_lines import ProgressLines
+    from qconsist.progress import ProgressLines
 
     return ProgressLines()
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from onnx_builders import build_classifier_model, save_arrays
 from qconsist.cli import app
-from qconsist.cli.progress_lines import INTERVAL, ProgressLines, clock_text
+from qconsist.progress import INTERVAL, ProgressLines, clock_text
 
 
 class FakeClock:
@@ -98,7 +98,7 @@ def classifier(tmp_path_factory):
 @pytest.mark.parametrize("command", ["pipeline run", "run", "sensitivity"])
 def test_piped_commands_print_progress_lines(classifier, monkeypatch, command):
     """With the interval shortened to 20 ms, each command's piped stderr shows its work as it goes."""
-    monkeypatch.setattr("qconsist.cli.progress_lines.INTERVAL", 0.02)
+    monkeypatch.setattr("qconsist.progress.INTERVAL", 0.02)
     runs = classifier / "runs"
     if not (runs / "base").is_dir():
         assert CliRunner().invoke(app, ["-q", "pipeline", "run", str(classifier / "cls.toml"), "--runs-dir", str(runs),
