@@ -83,6 +83,19 @@ def _render(result) -> None:  # result: DiffResult
     console.print("PASS — verdict: identical" if result.passed else "FAIL — verdict: diverged")
 
 
+_LONGEST_COMMAND = 400  # characters: a command longer than that is not copied from a terminal
+
+
+def _short_capture(command: str, other) -> str:
+    """A re-run command that names its raw tensors (``--raw A,B,…``, thousands of characters on a real model)
+    asks instead for the tensors that differ from the other run's dump (``--raw auto --reference OTHER``)."""
+    import shlex
+
+    if len(command) <= _LONGEST_COMMAND or " --raw " not in command:
+        return command
+    return command.rsplit(" --raw ", 1)[0] + f" --raw auto --reference {shlex.quote(str(Path(other).resolve()))}"
+
+
 def _shown_nodes(listed: list, first) -> list:
     """The rows of the node table, in the graph's order: every origin node, the first diverging node, then the
     others up to ``_SHOWN`` rows."""
@@ -145,8 +158,8 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
             console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
         if result.capture:
             console.print("element statistics need raw tensors; capture them with:")
-            for command in result.capture:
-                console.print(f"  {command}")
+            for command, other in zip(result.capture, (result.run_b, result.run_a)):
+                console.print(f"  {_short_capture(command, other)}")
 
 
 def _render_accuracy(console, change) -> None:  # change: AccuracyChange

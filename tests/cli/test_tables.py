@@ -72,6 +72,7 @@ def long_names(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for name, pipeline in (("a", "pipeline"), ("b", "pipeline-b")):
         _invoke("run", runs / pipeline, "--inputs", arrays, "--level", "disable", "--dump", "--raw", "all",
                 "--runs-dir", runs, "--run-id", name)
+    _invoke("run", runs / "pipeline-b", "--inputs", arrays, "--level", "disable", "--dump", "--runs-dir", runs, "--run-id", "c")
     return {"runs": runs, "arrays": arrays}
 
 
@@ -178,3 +179,16 @@ def test_rows_fit_or_become_records():
     assert fill(["a 1", "b 22", "c 333"], 9) == ["a 1; b 22;", "c 333"]
     assert more(10, 47, "nodes", "--top N, --json") == "… 37 more nodes (--top N, --json)"
     assert more(10, 10, "nodes", "--json") is None
+
+
+def test_diff_rerun_commands_stay_short(long_names):
+    """Without raw tensors in run C, diff says how to capture them: not 68 node names, the other run's dump."""
+    runs = long_names["runs"]
+    text = _invoke("diff", runs / "a", runs / "c").output
+    lines = text.splitlines()
+    at = lines.index("element statistics need raw tensors; capture them with:")
+    commands = lines[at + 1:at + 3]
+    assert all(len(command) < 400 for command in commands), commands
+    assert commands[0].endswith(f"--dump --raw auto --reference {runs.resolve() / 'c'}")
+    assert commands[1].endswith(f"--dump --raw auto --reference {runs.resolve() / 'a'}")
+    assert commands[0].startswith(f"  qconsist run {runs.resolve() / 'pipeline'} ")
