@@ -68,3 +68,14 @@ def test_gate_calib_repeat_and_diff_end_with_pass_or_fail(folder):
     (folder / "other.toml").write_text(PIPELINE.format(repeat="").replace("count = 8", "count = 5"))
     _invoke("pipeline", "run", folder / "other.toml", "--runs-dir", runs, "--run-id", "other")
     assert _invoke("diff", runs / "once-a", runs / "other", code=1)[-1] == "FAIL — verdict: diverged"
+
+
+def test_changed_parameters_say_from_what_to_what(folder):
+    runs = folder / "runs"
+    for name, toml in (("base-8", "once.toml"), ("count-5", "other.toml")):
+        if not (folder / toml).is_file():
+            (folder / toml).write_text(PIPELINE.format(repeat="").replace("count = 8", "count = 5"))
+        _invoke("pipeline", "run", folder / toml, "--runs-dir", runs, "--run-id", name)
+    lines = _invoke("gate", runs / "count-5", "--baseline", runs / "base-8", code=1)
+    artifacts = next(line for line in lines if line.startswith("  FAIL           artifacts: "))
+    assert "parameters changed: calibration_count 8 → 5, calibration inputs (digest differs))" in artifacts
