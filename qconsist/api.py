@@ -91,15 +91,22 @@ def quant_error(run: str | Path, inputs: str | None = None, *, pipeline: str | P
                 options: Any = None, float_stage: str = "optimize", float_level: str = "disable",
                 progress: Any = False):  # -> QuantErrorResult
     """Rank the nodes of a pipeline run's quantized model by their error against its float model (``qconsist
-    quant-error RUN``), on ``inputs`` (prepared as the run's pipeline prepares images)."""
+    quant-error RUN``), on ``inputs`` (prepared as the run's pipeline prepares images; None: the run's own
+    evaluation inputs, sliced by ``offset`` and ``count``)."""
     from qconsist.diff.quantization import quantization_error
     from qconsist.inference import resolve_model
     from qconsist.inputs import InputOptions
     from qconsist.pipeline.inputs import open_inputs
+    from qconsist.sensitivity.source import open_quantized_run
 
     source = resolve_model(Path(run), None)
-    chosen = InputOptions(str(inputs or "package:photos"), Path(pipeline) if pipeline is not None else None, offset, count)
-    return quantization_error(source.run or Path(run), open_inputs(chosen, source), _execution(ep, level, threads, options),
+    if inputs is None:
+        evaluation = open_quantized_run(source.run.path if source.run is not None else Path(run)).inputs("evaluation")
+        input_set = evaluation.subset(offset, count) if offset or count is not None else evaluation
+    else:
+        chosen = InputOptions(str(inputs), Path(pipeline) if pipeline is not None else None, offset, count)
+        input_set = open_inputs(chosen, source)
+    return quantization_error(source.run or Path(run), input_set, _execution(ep, level, threads, options),
                               float_stage=float_stage, quantized_stage=source.stage or "quantize",
                               float_level=float_level, progress=_progress(progress))
 

@@ -49,7 +49,21 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
 
 
-@opt.uses(inputs=opt.INPUTS.with_defaults(inputs="package:photos"), execution=opt.EXECUTION)
+def _evaluation_inputs(run: Path, inputs):  # -> InputSet
+    """The run's own evaluation inputs (sliced by ``offset``/``count``), as ``sensitivity`` takes them."""
+    from qconsist.errors import ConfigError
+    from qconsist.sensitivity.source import open_quantized_run
+
+    if inputs.pipeline is not None:
+        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
+                          "evaluation inputs are used, prepared as the run prepared them)")
+    evaluation = open_quantized_run(run).inputs("evaluation")
+    return evaluation.subset(inputs.offset, inputs.count) if inputs.offset or inputs.count is not None else evaluation
+
+
+@opt.uses(inputs=opt.INPUTS.with_defaults(inputs=None).told(
+    inputs=opt.INPUTS_HELP[:-1] + " (default: the run's own evaluation inputs, prepared as the run prepared them)."),
+    execution=opt.EXECUTION)
 def quant_error(
     run: Path = typer.Argument(..., help="A pipeline run directory (its float and quantized stages)."),
     *,
@@ -75,7 +89,8 @@ def quant_error(
     if sort not in ("sqnr", "added"):
         raise ConfigError(f"`sort` must be sqnr or added, got {sort!r}")
     source = resolve_model(run, stage)
-    input_set = open_inputs(inputs, source)
+    input_set = (_evaluation_inputs(source.run.path if source.run is not None else run, inputs) if inputs.source is None
+                 else open_inputs(inputs, source))
     result = quantization_error(source.run or run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
                                 float_level=float_level, progress=progress_for(json_output))
     if json_output:
