@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from qconsist.inputs.options import InputOptions
 
 
+NEGLIGIBLE = 5e-6  # a weight or bias off by no more than this is not ranked among the worst
+
+
 def _db(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -42,8 +45,12 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     for e in result.outputs:
         console.print(f"final output {e.tensor}: SQNR {_db(e.sqnr_db)} dB, greatest abs difference {e.max_abs:.4g}, cosine {e.cosine:.6f}")
     if result.weights:
-        shown = ", ".join(f"{w.tensor} ({w.node}) {_db(w.sqnr_db)} dB" for w in result.weights[:3])
-        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}")
+        # a bias of a few millionths rounds to 0 (SQNR 0 dB) while changing nothing: not the worst weight
+        tiny = [w for w in result.weights if w.max_abs <= NEGLIGIBLE]
+        ranked = [w for w in result.weights if w.max_abs > NEGLIGIBLE]
+        shown = ", ".join(f"{w.tensor} ({w.node}) {_db(w.sqnr_db)} dB" for w in ranked[:3]) or "none above the negligible"
+        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}"
+                      + (f"; {len(tiny)} left out of the ranking: off by at most {NEGLIGIBLE:g} (--json lists them)" if tiny else ""))
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")

@@ -37,3 +37,20 @@ def test_the_python_call_takes_them_too(run):
     error = qconsist.quant_error(run)
     assert error.samples == 4 and error.passed
     assert [e.node for e in error.tensors] == [e.node for e in qconsist.quant_error(run, count=4).tensors]
+
+
+def test_a_bias_of_millionths_is_not_ranked_worst(tmp_path):
+    """A bias of a few millionths rounds to 0 (SQNR 0 dB) and changes nothing: quant-error leaves it out of the
+    ranking of weights, and says so."""
+    build_classifier_model(tmp_path / "cls.onnx", fc_bias=[1e-7, -2e-6, 3e-6, 0.0, 1e-6])
+    save_arrays(tmp_path / "arrays.npy", 12, seed=2)
+    (tmp_path / "cls.toml").write_text('name = "cls"\n[model]\nonnx = "cls.onnx"\n[calibration]\ndata = "arrays.npy"\n'
+                                       'count = 8\n[evaluation]\ndata = "arrays.npy"\noffset = 8\n')
+    run = qconsist.pipeline_run(tmp_path / "cls.toml", runs_dir=tmp_path / "runs", run_id="tiny").path
+    bias = next(w for w in qconsist.quant_error(run).weights if w.tensor == "fc_b")
+    assert bias.max_abs < 3.1e-6 and bias.sqnr_db < 1.0  # what used to head the ranking
+    result = CliRunner().invoke(app, ["quant-error", str(run)])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("weights and biases: "))
+    assert line.startswith("weights and biases: 4 dequantized, lowest SQNR: conv_w (conv) ")
+    assert "fc_b" not in line
+    assert line.endswith("; 1 left out of the ranking: off by at most 5e-06 (--json lists them)")
