@@ -54,3 +54,22 @@ def test_a_bias_of_millionths_is_not_ranked_worst(tmp_path):
     assert line.startswith("weights and biases: 4 dequantized, lowest SQNR: conv_w (conv) ")
     assert "fc_b" not in line
     assert line.endswith("; 1 left out of the ranking: off by at most 5e-06 (--json lists them)")
+
+
+def test_calib_repeat_of_an_onnx_model_on_images_takes_a_pipeline(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from old_runs import old_inputs
+
+    made = old_inputs(tmp_path / "w", flat=True)
+    result = CliRunner().invoke(app, ["calib", "repeat", str(made["model"]), "--inputs", str(made["images"]),
+                                      "--pipeline", str(made["pipeline"]), "-n", "2"])
+    assert result.exit_code == 0, result.output
+    md5 = result.stdout.splitlines()[0].split("md5 ")[1].split()[0]
+    assert result.stdout.splitlines()[-2:] == [f"2 calibrations agree: md5 {md5}", "PASS: 2 calibrations agree"]
+    refused = CliRunner().invoke(app, ["calib", "repeat", str(made["pipeline"]), "--pipeline", str(made["pipeline"])])
+    assert refused.exit_code == 2 and refused.stderr == (
+        "error: --inputs, --pipeline and --batch-size apply to an ONNX model; a pipeline file declares [calibration] "
+        "data and batch_size\n")
