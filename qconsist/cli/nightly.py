@@ -17,6 +17,7 @@ def render_night(result) -> None:  # NightlyResult
     counts = result.summary()
     console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error"
                   + (f" ({result.executor} executor)" if result.executor != "local" else ""))
+    skipped = [entry.locate_skipped for entry in result.entries if entry.locate_skipped]
     for entry in result.entries:
         gpu = f"  [{entry.gpu_label}]" if entry.gpu_type or entry.gpus else ""
         console.print(f"  {entry.status.upper():<5} {entry.model}{gpu}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
@@ -25,7 +26,7 @@ def render_night(result) -> None:  # NightlyResult
         if entry.verdict is not None:
             for reason in entry.verdict.reasons:
                 console.print(f"        {reason}")
-        if entry.locate_skipped:
+        if entry.locate_skipped and skipped.count(entry.locate_skipped) == 1:
             console.print(f"        locate skipped: {entry.locate_skipped}")
         fix = entry.sensitivity
         if fix is not None:
@@ -41,6 +42,8 @@ def render_night(result) -> None:  # NightlyResult
     retried = result.retries()
     if retried:
         console.print(f"retries: {len(retried)} entr{'y' if len(retried) == 1 else 'ies'} needed a retry: {', '.join(retried)}")
+    for reason in dict.fromkeys(r for r in skipped if skipped.count(r) > 1):  # the same sentence once, not per entry
+        console.print(f"locate skipped for {skipped.count(reason)} entries: {reason}")
     for comparison in result.across_gpus:
         console.print(f"across GPU types: {comparison}")
     console.print(f"report: {result.path / 'report.html'}")

@@ -79,3 +79,13 @@ def test_changed_parameters_say_from_what_to_what(folder):
     lines = _invoke("gate", runs / "count-5", "--baseline", runs / "base-8", code=1)
     artifacts = next(line for line in lines if line.startswith("  FAIL           artifacts: "))
     assert "parameters changed: calibration_count 8 → 5, calibration inputs (digest differs))" in artifacts
+
+
+def test_a_night_ends_with_its_verdict_and_says_a_shared_reason_once(tmp_path):
+    from nightly_files import convnet_nightly
+
+    config = convnet_nightly(tmp_path, percentile=True)
+    lines = _invoke("nightly", config)
+    skipped = [line for line in lines if "locate skipped" in line]
+    assert len(skipped) == 1 and skipped[0].startswith("locate skipped for 2 entries: ")
+    assert lines[-1].startswith("PASS night nightly-") and lines[-1].endswith(": 2 entries passed")
