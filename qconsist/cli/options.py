@@ -86,10 +86,13 @@ Top = Annotated[int, typer.Option("--top", min=1, help="How many nodes to print 
 Repeats = Annotated[int, typer.Option("--repeats", "-n", "-k", help="How many times the work is repeated and compared.")]
 
 
-def told(annotation: Any, help: str | None = None, *, more: str | None = None) -> Any:
-    """``annotation``'s option with this command's help: ``help`` in place of the shared text, or ``more`` after it."""
+def told(annotation: Any, help: str | None = None, *, more: str | None = None, panel: str | None = "") -> Any:
+    """``annotation``'s option with this command's help: ``help`` in place of the shared text, or ``more`` after it
+    (``panel``: another help panel; None: the command's own options)."""
     base, info = typing.get_args(annotation)
     info = copy.copy(info)
+    if panel != "":
+        info.rich_help_panel = panel
     if help is not None:
         info.help = help
     if more is not None:

@@ -94,7 +94,7 @@ def rm(
     *,
     incomplete: bool = typer.Option(False, "--incomplete", help="Remove every incomplete run (interrupted or killed; never one still being written)."),
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove runs older than this age: 30d, 12h, 2w…"),
-    force: opt.told(opt.Force, "Do what is refused by default: remove a run the history names as a baseline.") = False,
+    force: opt.told(opt.Force, "Do what is refused by default: remove a run the history names as a baseline.", panel=None) = False,
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
     runs_dir: Path,
     history: opt.History = None,
