@@ -31,7 +31,7 @@ def repeat(
     source: Path = typer.Argument(..., parser=opt.read_path, help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
     repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: calibrations (default 3).") = 3,
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
-    pipeline: opt.told(opt.PipelineFile, "Pipeline file whose [preprocess] prepares the images of --inputs (ONNX model only).") = None,
+    pipeline: opt.told(opt.PipelineFile, more="With an ONNX model: the images of --inputs.") = None,
     offset: opt.Offset = 0,
     count: opt.Count = None,
     method: str = typer.Option("MinMax", "--method", help="ONNX model only: MinMax, Entropy, Percentile or Distribution."),
