@@ -64,6 +64,30 @@ def _checks(result) -> int:  # PipelineResult
     return sum(1 for row in checks([{"name": name, "checks": found} for name, found in result.checks.items()]) if row[2] != RECORDED)
 
 
+SHOWN_PREDICTIONS = 5
+
+
+def render_predictions(run: Path) -> None:
+    """What the float model predicts on the evaluation inputs (a wrong [preprocess] shows there: every image one
+    class, or the labels missed), for a model with a class-scores output."""
+    from qconsist.sensitivity.predictions import float_predictions
+
+    found = float_predictions(run)
+    if found is None or not found.predictions:
+        return
+    shown = "; ".join(f"{p.sample}: " + ", ".join(f"{c} ({s:.2f})" for c, s in p.top[:2])
+                      + (f" [label {p.label}]" if p.label is not None else "") for p in found.predictions[:SHOWN_PREDICTIONS])
+    more = len(found.predictions) - SHOWN_PREDICTIONS
+    console = stdout_console()
+    console.print(f"float model on the {len(found.predictions)} evaluation inputs ({found.output}, {found.classes} classes, "
+                  f"top classes with scores): {shown}" + (f"; … {more} more" if more > 0 else ""))
+    if found.labelled:
+        console.print(f"  float accuracy: {found.correct}/{found.labelled} ({100 * found.correct / found.labelled:.1f}%) top-1 on the labelled inputs")
+    if len(found.predictions) > 1 and found.distinct_top1() == 1:
+        console.print(f"  every evaluation input gets class {found.predictions[0].top[0][0]}: check [preprocess] "
+                      "(channel order, mean, scale, layout)")
+
+
 def render_verdict(result, downloaded: str | None = None) -> None:  # PipelineResult
     """What to run next, then the verdict as the last line: ``PASS name: …`` or ``FAIL name: …``."""
     console = stdout_console()
@@ -148,6 +172,7 @@ def run(
         render_result(result)
         for label, line in blame.items():
             stdout_console().print(f"  {label}: {line}")
+        render_predictions(result.path)
         downloaded = f"model {missing}: downloaded and verified (sha256) into {_cache(missing)}" if missing else None
         render_verdict(result, downloaded)
         note_ort_log(result.onnxruntime_log)

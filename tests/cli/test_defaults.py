@@ -73,3 +73,38 @@ def test_calib_repeat_of_an_onnx_model_on_images_takes_a_pipeline(tmp_path):
     assert refused.exit_code == 2 and refused.stderr == (
         "error: --inputs, --pipeline and --batch-size apply to an ONNX model; a pipeline file declares [calibration] "
         "data and batch_size\n")
+
+
+def _prediction_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("float model on the "))
+
+
+def test_pipeline_run_shows_what_the_float_model_predicts(tmp_path):
+    """The float model's top classes per evaluation sample, computed again here with onnxruntime on the
+    optimize stage's model; a model that gives every input one class is pointed at [preprocess]."""
+    import numpy as np
+    import onnxruntime as ort
+
+    build_classifier_model(tmp_path / "cls.onnx")
+    save_arrays(tmp_path / "arrays.npy", 12, seed=2)
+    (tmp_path / "cls.toml").write_text('name = "cls"\n[model]\nonnx = "cls.onnx"\n[calibration]\ndata = "arrays.npy"\n'
+                                       'count = 8\n[evaluation]\ndata = "arrays.npy"\noffset = 8\n')
+    result = CliRunner().invoke(app, ["pipeline", "run", str(tmp_path / "cls.toml"), "--run-id", "p"])
+    assert result.exit_code == 0, result.output
+    session = ort.InferenceSession("runs/p/optimize/model.onnx",
+                                   providers=["CPUExecutionProvider"])
+    arrays = np.load(tmp_path / "arrays.npy")
+    shown = []
+    for index in range(8, 12):
+        scores = session.run(None, {"x": arrays[index:index + 1]})[0].reshape(-1)
+        best = np.argsort(-scores, kind="stable")[:2]
+        shown.append(f"{index:06d}: " + ", ".join(f"{c} ({scores[c]:.2f})" for c in best))
+    assert _prediction_line(result.stdout) == (
+        "float model on the 4 evaluation inputs (prob, 5 classes, top classes with scores): " + "; ".join(shown))
+
+    build_classifier_model(tmp_path / "biased.onnx", fc_bias=[40.0, 0.0, 0.0, 0.0, 0.0])
+    (tmp_path / "biased.toml").write_text((tmp_path / "cls.toml").read_text().replace('"cls.onnx"', '"biased.onnx"'))
+    biased = CliRunner().invoke(app, ["pipeline", "run", str(tmp_path / "biased.toml"), "--run-id", "b"])
+    lines = biased.stdout.splitlines()
+    at = lines.index(_prediction_line(biased.stdout))
+    assert lines[at + 1] == "  every evaluation input gets class 0: check [preprocess] (channel order, mean, scale, layout)"
