@@ -83,9 +83,9 @@ def render_predictions(run: Path) -> None:
                   f"top classes with scores): {shown}" + (f"; … {more} more" if more > 0 else ""))
     if found.labelled:
         console.print(f"  float accuracy: {found.correct}/{found.labelled} ({100 * found.correct / found.labelled:.1f}%) top-1 on the labelled inputs")
-    if len(found.predictions) > 1 and found.distinct_top1() == 1:
-        console.print(f"  every evaluation input gets class {found.predictions[0].top[0][0]}: check [preprocess] "
-                      "(channel order, mean, scale, layout)")
+    if found.classes > 2 and len(found.predictions) >= 3 and found.distinct_top1() == 1:  # two classes: often right
+        console.print(f"  all {len(found.predictions)} evaluation inputs get class {found.predictions[0].top[0][0]}: "
+                      "unless they all are of it, check [preprocess] (channel order, mean, scale, layout)")
 
 
 def render_verdict(result, downloaded: str | None = None) -> None:  # PipelineResult

@@ -107,4 +107,5 @@ def test_pipeline_run_shows_what_the_float_model_predicts(tmp_path):
     biased = CliRunner().invoke(app, ["pipeline", "run", str(tmp_path / "biased.toml"), "--run-id", "b"])
     lines = biased.stdout.splitlines()
     at = lines.index(_prediction_line(biased.stdout))
-    assert lines[at + 1] == "  every evaluation input gets class 0: check [preprocess] (channel order, mean, scale, layout)"
+    assert lines[at + 1] == ("  all 4 evaluation inputs get class 0: unless they all are of it, check [preprocess] "
+                             "(channel order, mean, scale, layout)")
