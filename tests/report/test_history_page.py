@@ -281,3 +281,20 @@ def test_bad_history_inputs_are_one_line_and_exit_2(weeks, tmp_path):
     _error(runner.invoke(app, ["report", "--history", str(weeks.database), "-o", str(weeks.database)]),
            f"output {weeks.database} would overwrite the input {weeks.database.resolve()}; choose another file (or --force)")
     assert not out.exists()
+
+
+def test_history_command_says_a_repeated_reason_once(weeks):
+    """Nights that fail for the same reason as the night before name the check instead of repeating it."""
+    result = CliRunner().invoke(app, ["history", "convnet", "--history", str(weeks.database)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    reasons = [line for line in lines if line.startswith("      ") and not line.startswith("      error")]
+    full = [line for line in reasons if not line.endswith(": as the night before")]
+    assert len(full) == len(set(full))  # no reason printed in full twice in a row…
+    repeated = [line for line in reasons if line.endswith(": as the night before")]
+    assert repeated and all(re.fullmatch(r"      [a-z_.]+: as the night before", line) for line in repeated)
+    for index, line in enumerate(lines):  # …and each short one follows a night that gave that check's reason
+        if line in repeated:
+            check = line.strip().split(":")[0]
+            earlier = [l for l in lines[:index] if l.startswith(f"      {check}: ")]
+            assert earlier, line
