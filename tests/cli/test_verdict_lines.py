@@ -89,3 +89,16 @@ def test_a_night_ends_with_its_verdict_and_says_a_shared_reason_once(tmp_path):
     skipped = [line for line in lines if "locate skipped" in line]
     assert len(skipped) == 1 and skipped[0].startswith("locate skipped for 2 entries: ")
     assert lines[-1].startswith("PASS night nightly-") and lines[-1].endswith(": 2 entries passed")
+
+
+def test_a_bundled_model_not_cached_yet_is_said_to_be_downloaded(tmp_path, monkeypatch):
+    """pipeline run says before it downloads a bundled model (once), and after where it put it."""
+    from qconsist.cli.pipeline import _uncached_model
+    from qconsist.models.registry import fetch_model
+    from qconsist.pipeline.config import load_pipeline
+
+    config = load_pipeline(Path(__file__).resolve().parents[2] / "pipelines" / "open_nsfw.toml")
+    fetch_model("open_nsfw")
+    assert _uncached_model(config) is None  # the shared cache holds it
+    monkeypatch.setenv("QCONSIST_CACHE", str(tmp_path / "empty-cache"))
+    assert _uncached_model(config) == "open_nsfw"  # a fresh machine: the run downloads it first
