@@ -296,5 +296,5 @@ def test_history_command_says_a_repeated_reason_once(weeks):
     for index, line in enumerate(lines):  # …and each short one follows a night that gave that check's reason
         if line in repeated:
             check = line.strip().split(":")[0]
-            earlier = [l for l in lines[:index] if l.startswith(f"      {check}: ")]
+            earlier = [text for text in lines[:index] if text.startswith(f"      {check}: ")]
             assert earlier, line
