@@ -177,6 +177,18 @@ class _Layout:
     row_shapes: list[int]  # per column: shape id of one sample's tensor
     chunks: int
 
+    @property
+    def gather(self) -> np.ndarray:
+        """``int64[count, tensors]``: the segment holding each (sample, tensor) record (a column not split by
+        sample: its one segment for every sample)."""
+        found = getattr(self, "_gather", None)
+        if found is None:
+            found = np.empty((self.count, len(self.segments)), dtype=np.int64)
+            for column, (first, parts) in enumerate(self.segments):
+                found[:, column] = np.arange(first, first + parts) if parts == self.count else first
+            self._gather = found
+        return found
+
 
 class DeviceDump:
     """Runs the exposed graph with every output bound to CUDA memory and fingerprints it there."""
@@ -299,15 +311,16 @@ class DeviceDump:
         return raw.view(numpy_type).reshape(layout.shapes[column])
 
     def _records(self, layout: _Layout, result: np.ndarray, count: int) -> np.ndarray:
-        rows = np.zeros((count, len(self.names)), dtype=RECORD)
+        """``RECORD[count, tensors]`` from the kernels' per-segment results (``result``: hash, min, max, mean as
+        float64 bits, NaN and Inf counts): one gather per field through the layout's segment index."""
+        index = layout.gather
+        rows = np.zeros(index.shape, dtype=RECORD)
         floats = result[1:4].view(np.float64)
-        for column, (first, parts) in enumerate(layout.segments):
-            index = np.arange(first, first + parts) if parts == count else np.full(count, first)
-            target = rows[:, column]
-            target["hash"] = result[0, index]
-            target["min"], target["max"], target["mean"] = floats[0, index], floats[1, index], floats[2, index]
-            target["nan"], target["inf"] = result[4, index], result[5, index]
-            target["shape"], target["dtype"] = layout.row_shapes[column], self.codes[column]
+        rows["hash"] = result[0][index]
+        rows["min"], rows["max"], rows["mean"] = floats[0][index], floats[1][index], floats[2][index]
+        rows["nan"], rows["inf"] = result[4][index], result[5][index]
+        rows["shape"] = np.asarray(layout.row_shapes, dtype=np.uint32)
+        rows["dtype"] = np.asarray(self.codes, dtype=np.uint16)
         rows["present"], rows["function"] = 1, HASH_FUNCTION
         return rows
 
