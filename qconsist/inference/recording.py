@@ -179,11 +179,25 @@ class DeviceDump(_Dump):
         # column, since which differ from the reference is known only once the records are
         self.host_columns = range(len(self.names)) if auto_raw else sorted(set(self.recorder.final_columns) | raw_columns)
 
+    _waiting: tuple[int, list[np.ndarray]] | None = None  # the step whose records are on their way: index, production's outputs
+
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
-        self._found = self._timed(lambda: self.device.run(step, count, self.host_columns))
+        # the step before's records come back as this step is submitted (the GPU fingerprinted them meanwhile)
+        self._found = self._timed(lambda: self.device.submit(step, count, self.host_columns))
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
-        records, host = self._found
+        self._record(self._found)
+        self._waiting = (index, produced)
+
+    def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary:
+        self._record(self._timed(self.device.collect))
+        return super().finish(samples, distinct)
+
+    def _record(self, found: tuple[np.ndarray, dict[int, np.ndarray]] | None) -> None:
+        if found is None or self._waiting is None:
+            return
+        (index, produced), (records, host) = self._waiting, found
+        self._waiting = None
         self._timed(lambda: self.recorder.record_device(index, produced, host, records))
 
     def _parts(self, samples: int) -> dict[str, float]:
