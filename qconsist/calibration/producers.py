@@ -80,7 +80,7 @@ class ProducerCheck:
 
     def evidence(self) -> str:
         return (f"{self.checked} calibrated tensor(s) compared over {self.runs} runs of {self.samples} calibration "
-                f"sample(s) in one {self.provider} session")
+                f"step(s) in one {self.provider} session")
 
 
 def calibrated_activations(table: CalibrationTable) -> list[str]:

@@ -60,7 +60,7 @@ def test_calibrations_that_agree_by_chance_are_named_with_the_varying_producer(t
     assert result.verdict() == (
         "3 calibrations agree, but `mixed`'s range comes from `add`, whose output varies between runs on this EP "
         "(from `noise`): the md5 can still change; pin or determinize")
-    assert check.evidence() == f"{check.checked} calibrated tensor(s) compared over 3 runs of 4 calibration sample(s) in one cpu session"
+    assert check.evidence() == f"{check.checked} calibrated tensor(s) compared over 3 runs of 4 calibration step(s) in one cpu session"
     again = RepeatResult.from_json(result.to_json())  # the record the pipeline keeps and the gate reads
     assert again.by_chance and again.producers == check and again.verdict() == result.verdict()
 
