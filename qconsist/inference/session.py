@@ -80,6 +80,7 @@ def _level(value: Any) -> OptimizationLevel:
 # registry; accepted by ``ExecutionOptions.from_json`` so older manifests still read.
 _FLAT_CUDA = ("cudnn_conv_algo_search", "use_tf32", "cudnn_conv_use_max_workspace", "device_id")
 _OPTIMIZER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_CONFIG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+")
 # The command-line flag of each execution option: the CLI's execution group declares its options with these
 # names and ``ExecutionOptions.to_args`` writes them back. A provider option without a flag of its own
 # travels as --provider-option KEY=VALUE; a boolean flag also has its --no- form.
@@ -88,7 +89,7 @@ FLAGS = {
     "deterministic_compute": "--deterministic", "disabled_optimizers": "--disable-optimizer",
     "cudnn_conv_algo_search": "--cudnn-conv-algo-search", "use_tf32": "--tf32",
     "cudnn_conv_use_max_workspace": "--cudnn-max-workspace", "device_id": "--device-id",
-    "provider_options": "--provider-option",
+    "provider_options": "--provider-option", "session_config": "--session-config",
 }
 
 
@@ -113,6 +114,9 @@ class ExecutionOptions:
     deterministic_compute: bool | None = None  # SessionOptions.use_deterministic_compute
     # graph transformers (or rewrite rules) switched off by name, sorted; onnxruntime ignores a name it does not have
     disabled_optimizers: tuple[str, ...] = ()
+    # onnxruntime's session configuration entries (SessionOptions.add_session_config_entry), e.g.
+    # session.disable_quant_qdq = "1"; sorted by key; onnxruntime ignores a key it does not have
+    session_config: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         spec = provider_spec(self.provider)
@@ -134,10 +138,12 @@ class ExecutionOptions:
         if isinstance(names, str) or not all(isinstance(n, str) and _OPTIMIZER_NAME.fullmatch(n) for n in names or ()):
             raise ConfigError(f"`disabled_optimizers` must be graph transformer names such as ConstantFolding, got {names!r}")
         object.__setattr__(self, "disabled_optimizers", tuple(sorted(set(names or ()))))
+        object.__setattr__(self, "session_config", MappingProxyType(_session_config(self.session_config)))
 
     def _key(self) -> tuple:
         return (self.provider, tuple(self.provider_options.items()), self.graph_optimization_level,
-                self.intra_op_threads, self.deterministic_compute, self.disabled_optimizers)
+                self.intra_op_threads, self.deterministic_compute, self.disabled_optimizers,
+                tuple(self.session_config.items()))
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -199,6 +205,8 @@ class ExecutionOptions:
         }
         if self.disabled_optimizers:  # written only when set, so runs recorded before the field read the same
             data["disabled_optimizers"] = list(self.disabled_optimizers)
+        if self.session_config:  # likewise
+            data["session_config"] = dict(self.session_config)
         return data
 
     def to_args(self) -> list[str]:
@@ -210,6 +218,8 @@ class ExecutionOptions:
             args.append(_switch(FLAGS["deterministic_compute"], self.deterministic_compute))
         for name in self.disabled_optimizers:
             args += [FLAGS["disabled_optimizers"], name]
+        for key, value in self.session_config.items():
+            args += [FLAGS["session_config"], f"{key}={value}"]
         for key, value in self.to_json()["provider_options"].items():
             if key not in FLAGS:
                 args += [FLAGS["provider_options"], f"{key}={value}"]
@@ -224,6 +234,26 @@ class ExecutionOptions:
         spec = provider_spec(self.provider)
         options = {k: ProviderOption.to_ort(v) for k, v in self.provider_options.items()}
         return [(spec.ort_name, options) if options else spec.ort_name, *spec.fallback]
+
+
+def _session_config(entries: Any) -> dict[str, str]:
+    """Session configuration entries as onnxruntime takes them: dotted keys, string values (a boolean is "1" or
+    "0", a number its decimal text), sorted by key."""
+    if not isinstance(entries, Mapping):
+        raise ConfigError(f"`session_config` must be a table of KEY = VALUE entries, got {entries!r}")
+    checked = {}
+    for key, value in entries.items():
+        if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key):
+            raise ConfigError(f"`session_config` key {key!r} is not an onnxruntime configuration key such as "
+                              "session.disable_quant_qdq")
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        elif isinstance(value, int) or (isinstance(value, float) and value == value):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"`session_config` {key}: the value must be text or a number, got {value!r}")
+        checked[key] = value
+    return dict(sorted(checked.items()))
 
 
 def measurement_options(options: ExecutionOptions = ExecutionOptions()) -> ExecutionOptions:
@@ -383,6 +413,8 @@ def open_ort_session(
         so.intra_op_num_threads = options.intra_op_threads
     if options.deterministic_compute is not None:
         so.use_deterministic_compute = options.deterministic_compute
+    for key, value in options.session_config.items():
+        so.add_session_config_entry(key, value)
     if optimized_model_filepath is not None:
         so.optimized_model_filepath = str(optimized_model_filepath)
     if log_verbose:

@@ -1,0 +1,243 @@
+"""``qconsist diff --replay``: each origin the diff names, replayed from the two runs' own records.
+
+For an origin (the tensor the diff found differing while the nearest tensors both runs observed are
+identical), the span replayed is every original node between those observed tensors and it (``span_nodes``).
+Its inputs come from the runs' records: a model input from the run's input set, opened again and checked
+against its digest (``explain.replay``); any other tensor from the raw tensors a dump kept (``run --dump --raw
+NAMES``). Where both runs kept one, their bytes must agree (else the node is not an origin in that sample and
+the sample is not replayed); where only one run recorded it, that run's values are fed to both, and
+``NodeReplay.sources`` says so. Each run's nodes are taken from its own model and run under its own execution
+options (``diff.replay.replay_nodes``); where a run kept its output raw, the replay is also checked against
+what that run computed in the full model (``ReplaySide.recorded``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, node_reads, replay_nodes
+from qconsist.diff.runs import DiffResult, capture_command
+from qconsist.errors import ConfigError, QconsistError, RunStoreError
+from qconsist.explain.replay import replay_inputs
+from qconsist.inference.graphmap import node_names
+from qconsist.inference.reader import LoadedDump, load_dump
+from qconsist.inference.session import ExecutionOptions
+from qconsist.onnxfile import read_onnx
+from qconsist.store.run import Run
+
+
+REPLAYED_SAMPLES = 8  # samples replayed per origin (its first origin samples that have recorded inputs)
+
+
+def _columns(dump: LoadedDump) -> dict[str, int]:
+    """Original tensor -> the first column of the dump holding it (in the original's axis order)."""
+    found: dict[str, int] = {}
+    for column, tensor in enumerate(dump.tensors):
+        if tensor.original and tensor.how != "layout unknown" and tensor.original not in found:
+            found[tensor.original] = column
+    return found
+
+
+def span_nodes(model: onnx.ModelProto, tensor: str, observed: set[str]) -> list[str]:
+    """The original nodes between the nearest ``observed`` tensors (or model inputs, initializers, constants)
+    upstream of ``tensor`` and ``tensor``, in graph order: what computed ``tensor`` from what both runs saw."""
+    graph = model.graph
+    names = node_names(graph)
+    producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+    if tensor not in producer:
+        raise ConfigError(f"replay: no node of the model computes {tensor!r}")
+    chosen: set[int] = set()
+    stack = [producer[tensor]]
+    while stack:
+        index = stack.pop()
+        if index in chosen:
+            continue
+        chosen.add(index)
+        for name in node_reads(graph.node[index]):
+            upstream = producer.get(name)
+            if upstream is None or name in observed or graph.node[upstream].op_type == "Constant":
+                continue
+            stack.append(upstream)
+    return [names[i] for i in sorted(chosen)]
+
+
+@dataclass
+class _Side:
+    """One run as the replay reads it."""
+
+    label: str
+    run: Run
+    dump: LoadedDump
+    model: Path
+    options: ExecutionOptions
+    columns: dict[str, int]
+
+
+def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
+    """The run's dump, model and options, or why it cannot be replayed."""
+    if not run.has_inference or not run.inference.options:
+        return f"run {label} does not record its execution options"
+    if not run.has_dump:
+        return f"run {label} has no tensor dump; rerun it with --dump"
+    model = run.ran_model()
+    if model is None:
+        return f"the model run {label} ran is gone"
+    dump = dump if dump is not None else load_dump(run)
+    return _Side(label, run, dump, model, ExecutionOptions.from_json(run.inference.options), _columns(dump))
+
+
+def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequence[int], label: str = "",
+                  dumps: tuple[LoadedDump, LoadedDump] | None = None, limit: int = REPLAYED_SAMPLES,
+                  models: dict[Path, onnx.ModelProto] | None = None) -> NodeReplay:
+    """Replay ``nodes`` (original node names) on the first ``limit`` of ``samples`` whose inputs the runs
+    recorded, each run's nodes under its own options (see the module docstring). ``dumps`` and ``models`` (by
+    path): what the caller has loaded already."""
+    sides = [_side("A", run_a, dumps[0] if dumps else None), _side("B", run_b, dumps[1] if dumps else None)]
+    reasons = [s for s in sides if isinstance(s, str)]
+    if reasons:
+        return NodeReplay(list(nodes), ReplayOutcome.CANNOT, reason="; ".join(reasons), label=label)
+    a, b = sides  # type: ignore[misc]
+    models = models if models is not None else {}
+    for path in (a.model, b.model):
+        if path not in models:
+            models[path] = read_onnx(path, external_data=True, what="model", error=RunStoreError)
+    original = models[a.model]
+    fed, outputs = boundary(original, nodes)
+    model_inputs = {v.name for v in original.graph.input} - {i.name for i in original.graph.initializer}
+    recorded = [r for r in fed if r not in model_inputs]
+    missing = [(r, [s for s in (a, b) if r in s.columns]) for r in recorded]
+    unobserved = [r for r, where in missing if not where]
+    if unobserved:
+        return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label, reason=(
+            f"{unobserved[0]} is observed in neither run's dump (computed inside a fused kernel, or held in a layout "
+            "not established); replay a span that starts at tensors the runs observe"))
+    chosen, sources, skipped = _recorded_inputs(a, b, recorded, outputs, samples, limit)
+    if not chosen:
+        return _cannot(nodes, fed, outputs, label, a, b, recorded, outputs, samples, skipped)
+    inputs = {s: dict(values) for s, (values, _) in chosen.items()}
+    if set(fed) & model_inputs:
+        try:
+            opened = _reopened(a, b)
+        except RunStoreError as exc:
+            return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label,
+                              reason=f"its model input cannot be fed again: {exc}")
+        for sample in inputs:
+            values = opened.sample(sample)
+            inputs[sample].update({name: values[name] for name in fed if name in model_inputs})
+        sources.update({name: "the input set, opened again (digest checked)" for name in fed if name in model_inputs})
+    kept = [{s: per_run[i] for s, (_, per_run) in chosen.items()} for i in range(2)]
+    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
+    result.sources, result.label = sources, label
+    batches = [s.run.inference.batch_size for s in (a, b)]
+    if batches != [1, 1]:
+        result.notes.append(f"replayed one sample at a time; the runs ran batches of {batches[0]} and {batches[1]}")
+    if skipped:
+        result.notes.append(f"samples {', '.join(map(str, skipped[:8]))} not replayed: the runs' recorded inputs differ there")
+    return result
+
+
+def _reopened(a: _Side, b: _Side):
+    """The input set of run A, opened again and checked against its digest, else run B's (the runs' digests
+    agree: ``diff`` refuses runs on different input sets)."""
+    try:
+        return replay_inputs(a.run, a.model)[0]
+    except RunStoreError:
+        return replay_inputs(b.run, b.model)[0]
+
+
+def _recorded_inputs(a: _Side, b: _Side, recorded: list[str], outputs: Sequence[str], samples: Sequence[int],
+                     limit: int) -> tuple[dict[int, tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]], dict[str, str], list[int]]:
+    """Per sample (the first ``limit`` with every input recorded): the inputs to feed and each run's recorded
+    outputs; where each input came from; the samples skipped because the runs' inputs differ."""
+    chosen: dict[int, tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]] = {}
+    sources: dict[str, str] = {}
+    skipped: list[int] = []
+    raw = [s.dump.raw_samples() for s in (a, b)]
+    for sample in samples:
+        if len(chosen) >= limit:
+            break
+        arrays = [_raw(side, sample, [*recorded, *outputs]) if sample in kept else {}
+                  for side, kept in zip((a, b), raw)]
+        feed, differs = {}, False
+        for name in recorded:
+            got = [x.get(name) for x in arrays]
+            if got[0] is not None and got[1] is not None:
+                if got[0].dtype != got[1].dtype or got[0].shape != got[1].shape or got[0].tobytes() != got[1].tobytes():
+                    differs = True
+                    break
+                sources.setdefault(name, "runs A and B (bit-identical)")
+            elif got[0] is None and got[1] is None:
+                break
+            else:
+                only = "A" if got[0] is not None else "B"
+                other = b if only == "A" else a
+                why = "does not keep it raw" if name in other.columns else "does not observe it"
+                sources.setdefault(name, f"run {only} only (run {'B' if only == 'A' else 'A'} {why})")
+            feed[name] = got[0] if got[0] is not None else got[1]
+        if differs:
+            skipped.append(int(sample))
+            continue
+        if len(feed) == len(recorded):
+            chosen[int(sample)] = (feed, [{o: x[o] for o in outputs if o in x} for x in arrays])
+    return chosen, sources, skipped
+
+
+def _raw(side: _Side, sample: int, names: list[str]) -> dict[str, np.ndarray]:
+    columns = {side.columns[n]: n for n in names if n in side.columns}
+    return {columns[c]: array for c, array in side.dump.raw_arrays(sample, sorted(columns)).items()}
+
+
+def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], label: str, a: _Side, b: _Side,
+            recorded: list[str], wanted_outputs: Sequence[str], samples: Sequence[int], skipped: list[int]) -> NodeReplay:
+    """No sample with every input recorded: which inputs lack raw tensors, and the commands that keep them."""
+    shown = ", ".join(str(s) for s in list(samples)[:8]) + (", ..." if len(samples) > 8 else "")
+    if skipped:
+        reason = (f"its recorded inputs differ between the runs in samples {', '.join(map(str, skipped[:8]))}: it is "
+                  "not an origin there")
+        return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label, reason=reason)
+    keys = list(dict.fromkeys([*recorded, *wanted_outputs]))
+    capture = [capture_command(side.run, kept) for side in (a, b) if (kept := [k for k in keys if k in side.columns])]
+    reason = (f"no raw tensors of {', '.join(recorded)} in samples {shown}; record them with the capture "
+              "commands (run --dump --raw) and diff the new runs")
+    return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label, reason=reason,
+                      capture=capture)
+
+
+def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
+    """Replay every origin of ``result`` (a diff of two inference runs with dumps); the replays are also put in
+    ``result.replays``. Nothing to replay (no origin) gives an empty list."""
+    result.replays = []
+    if result.tensors is None:
+        result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
+        return []
+    if not result.tensors.origins:
+        return []
+    run_a, run_b = Run.open(result.run_a), Run.open(result.run_b)
+    dumps = (load_dump(run_a), load_dump(run_b))
+    model = run_a.ran_model()
+    if model is None:
+        raise RunStoreError(f"the model run {result.run_a} ran is gone: nothing to replay")
+    original = read_onnx(model, external_data=True, what="model", error=RunStoreError)
+    models = {model: original}
+    columns = [_columns(d) for d in dumps]
+    observed = set(columns[0]) & set(columns[1])
+    by_name = {t.name: t.original for t in dumps[0].tensors}
+    replays = []
+    for origin in result.tensors.origins:
+        tensor = origin.key if result.tensors.space == "original" else by_name.get(origin.key)
+        if not tensor:
+            replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=(
+                f"{origin.key} is internal to ORT's optimized graph: the original model has no tensor to replay it by")))
+            continue
+        try:
+            nodes = span_nodes(original, tensor, observed - {tensor})
+            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models))
+        except QconsistError as exc:
+            replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=str(exc)))
+    result.replays = replays
+    return replays
