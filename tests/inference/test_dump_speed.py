@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from qconsist.inference import ExecutionOptions
 from qconsist.inference.dump import plan_dump
@@ -122,6 +123,7 @@ def photo_feeds(model: Path, count: int = 6) -> list[dict[str, np.ndarray]]:
     return [photos.sample(i) for i in range(count)]
 
 
+@pytest.mark.alone  # a ratio of times: measured while no other test worker holds the other core
 def test_host_dump_costs_under_twice_production_per_sample(nsfw_run, tmp_path):
     model = resolve_model(nsfw_run.path).path
     ratios = dump_ratio(model, photo_feeds(model), tmp_path)
