@@ -56,7 +56,9 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
             continue
         detail = compared.stage(name)
         metadata_only = detail is not None and detail.same_computation
-        params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
+        mine_params, their_params = stage.get("params", {}), (other or {}).get("params", {})
+        params = [f"{key} {_value_at(their_params, key)} → {_value_at(mine_params, key)}"  # calibration_count 12 → 8
+                  for key in sorted(_differing_keys(mine_params, their_params))]
         changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params,
                         "metadata_only": metadata_only, "metadata": list(detail.metadata) if detail else []})
     return changes
@@ -75,6 +77,17 @@ def _describe_change(change: dict[str, Any], kind: str) -> str:
 def _artifact_of(stage: dict[str, Any] | None) -> dict[str, Any]:
     artifact = (stage or {}).get("artifact")
     return artifact if isinstance(artifact, dict) else {}
+
+
+def _value_at(params: Any, dotted: str) -> str:
+    """The value of a dotted parameter key (``calibration.count``) as text, ``unset`` where it is not there."""
+    value = params
+    for part in dotted.split(".") if dotted != "value" else []:
+        if not isinstance(value, dict) or part not in value:
+            return "unset"
+        value = value[part]
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "…"
 
 
 def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
