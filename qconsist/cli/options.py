@@ -52,7 +52,8 @@ History = Annotated[Optional[Path], typer.Option("--history", help="History data
 ModelArg = Annotated[Path, typer.Argument(parser=read_path, help="An .onnx file, or a run directory (its --stage artifact)." + PACKAGE_PATHS)]
 Stage = Annotated[Optional[str], typer.Option("--stage", help="Which stage's artifact of a run directory (default: quantize).", rich_help_panel=MODEL)]
 INPUTS_HELP = ("The input set: package:photos, a folder of images (flat, with an optional labels file, or one subfolder "
-               "per class), a .npy/.npz file, a folder of .npy, or package:<module>/<path>.")
+               "per class), a .npy/.npz file, a folder of .npy, a folder of .npz (one sample each, fed exactly), "
+               "or package:<module>/<path>.")
 Inputs = Annotated[str, typer.Option("--inputs", help=INPUTS_HELP, rich_help_panel=INPUTS_PANEL)]
 Offset = Annotated[int, typer.Option("--offset", help="First sample of the input set.", rich_help_panel=INPUTS_PANEL)]
 Count = Annotated[Optional[int], typer.Option("--count", help="How many samples from --offset (default: all).", rich_help_panel=INPUTS_PANEL)]

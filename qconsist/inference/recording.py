@@ -15,6 +15,7 @@ final outputs against production's bit for bit, and ``finish`` with the same ``D
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -27,7 +28,8 @@ from qconsist.inference.device import DeviceDump as GpuFingerprints
 from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode
 from qconsist.inference.host_binding import HostBinding
 from qconsist.inference.kernels import HASH_NAME
-from qconsist.inference.session import ExecutionOptions
+from qconsist.errors import QconsistError, UnsupportedModelError
+from qconsist.inference.session import ExecutionOptions, ort_message
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.fingerprints import FORMAT as TABLE_FORMAT
 from qconsist.store.fingerprints import TableWriter
@@ -126,6 +128,8 @@ class _Dump:
             "table": table,
             "outputs": self.plan.outputs,
             "mismatched_samples": mismatched,
+            "splits": [split.to_json() for split in self.plan.splits],  # how each column divides among a step's samples
+            "left_out": dict(self.plan.left_out),  # tensors not recorded, and why
         }
 
     def close(self) -> None:
@@ -153,7 +157,7 @@ class HostDump(_Dump):
             self.recorder.wait()
 
         def work() -> None:
-            self._arrays = self.plan.to_original(self.binding.run(step))
+            self._arrays = self.plan.to_original(_dumped(lambda: self.binding.run(step)))
             self.recorder.wait()
 
         self._timed(work)
@@ -183,7 +187,7 @@ class DeviceDump(_Dump):
 
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
         # the step before's records come back as this step is submitted (the GPU fingerprinted them meanwhile)
-        self._found = self._timed(lambda: self.device.submit(step, count, self.host_columns))
+        self._found = self._timed(lambda: _dumped(lambda: self.device.submit(step, count, self.host_columns)))
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
         self._record(self._found)
@@ -214,13 +218,26 @@ def _needs_kernels(session: Any) -> bool:
     return False
 
 
+def _dumped(run: Callable[[], Any]) -> Any:
+    """The dump session's run; onnxruntime failing on the model is the model's failure, said in one line."""
+    try:
+        return run()
+    except QconsistError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
+        raise UnsupportedModelError(f"onnxruntime cannot run the model (its dumped graph): {ort_message(exc)}") from None
+
+
 def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Path, samples: int, on_device: bool,
                   raw_columns: set[int], raw: dict[str, Any], raw_mode: RawMode,
                   differing: Callable[[int, np.ndarray], set[int]] | None) -> StepRecorder:
     """The recorder a run needs: none without a plan, else a dump on the device or on the host."""
     if plan is None:
         return NoDump()
-    if on_device:
+    if on_device and not plan.device_splits:
+        logging.getLogger(__name__).warning("dump: some tensors hold their samples on another axis than the first; "
+                                            "fingerprinting on the host")
+    if on_device and plan.device_splits:
         return DeviceDump(plan, options, run_dir, samples, raw_columns, raw, differing, raw_mode is RawMode.AUTO)
     return HostDump(plan, options, run_dir, samples, raw_columns, raw, differing)
 

@@ -615,12 +615,13 @@ def provider_available(name: str) -> bool:
 
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
 
 
-_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
+_FED = {np.dtype(t) for t in _ORT_TYPES.values()}
 
 
 def input_specs(session: Any) -> list[InputSpec]:
@@ -659,6 +660,9 @@ def graph_input_specs(path: Path) -> list[InputSpec]:
         if value.name in inits:
             continue
         tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or tensor.elem_type == onnx.TensorProto.UNDEFINED:
+            kind = value.type.WhichOneof("value") or "value of no type"
+            raise UnsupportedModelError(f"model input '{value.name}' is a {kind.replace('_type', '')}, which qconsist cannot feed")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
     return with_multiples(specs, lambda: model)
