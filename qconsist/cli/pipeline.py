@@ -101,8 +101,9 @@ def render_verdict(result, downloaded: str | None = None) -> None:  # PipelineRe
     reasons = []
     if result.failures:
         reasons.append(f"{len(result.failures)} check(s) failed")
-    if result.repeat is not None and not result.repeat.agree:
-        reasons.append(f"{len(result.repeat.runs)} repeated calibrations disagree")
+    if result.repeat is not None and not result.repeat.passed:
+        reasons.append(f"{len(result.repeat.runs)} repeated calibrations " + (
+            "agree by chance (a calibrated tensor's producer varies between runs)" if result.repeat.by_chance else "disagree"))
     if reasons:
         console.print(f"FAIL {result.name}: {'; '.join(reasons)} (run {result.run_id})")
         return
@@ -145,7 +146,8 @@ def run(
 ) -> None:
     """Run every stage of FILE; print the three artifacts with their md5 and the repeated-calibration verdict.
 
-    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree, or a final output's
+    Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree (or agree while a
+    calibrated tensor's producer varies between runs: calibration on a GPU EP), or a final output's
     SQNR against the float model is below [quantize] min_sqnr_db (the run is kept; the nodes that lose most
     are named); 2: error; 3: [calibration] provider = "cuda" without the CUDA execution provider.
     """

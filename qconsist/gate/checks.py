@@ -167,6 +167,11 @@ def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
     md5s = repeat.md5s
     repeats = len(md5s)
     measured = {"repeats": repeats, "distinct_md5": len(set(md5s)), "md5": md5s}
+    if repeat.producers is not None:
+        measured["producers_varying"] = [v.tensor for v in repeat.producers.varying]
+    if repeat.by_chance:  # one md5, but a calibrated tensor's producer varies between runs on this EP
+        return CheckResult("calibration.repeat", FAIL, f"{repeat.verdict()} ({repeat.producers.evidence()})",  # type: ignore[union-attr]
+                           tolerance, measured)
     if repeat.agree:
         return CheckResult("calibration.repeat", PASS, f"{repeats} calibrations gave identical quantized models", tolerance, measured)
     shown = ", ".join(sorted({d.tensor for d in repeat.differences})[:5])

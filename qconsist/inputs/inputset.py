@@ -235,14 +235,15 @@ def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
             continue
         first = spec.shape[0] if spec.shape else None
         sizes = {size} | ({count % size} if count % size else set())
-        if isinstance(first, int) and first > 0 and sizes == {first}:
+        fixed = bool(spec.shape) and all(isinstance(d, int) and d > 0 for d in spec.shape)
+        if fixed and sizes == {first}:
             continue  # every step is the model's fixed batch (stacked on axis 0)
-        if isinstance(first, int) and first > 0:
+        if fixed:
             raise ShapeMismatchError(
                 f"model input '{spec.name}' has a fixed batch dimension of {first}; `batch_size` {size} needs a "
                 "dynamic one: convert with [convert] dynamic_batch = true, or re-stamp the model with `dynamic_batch`"
             )
-        shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
+        shown = "[" + ", ".join("?" if not isinstance(d, int) or d <= 0 else str(d) for d in spec.shape) + "]"
         raise ShapeMismatchError(
             f"model input '{spec.name}' (shape {shown}) has no batch axis its graph names; `batch_size` {size} "
             "stacks samples on it: run with `batch_size` 1"

@@ -47,6 +47,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -305,8 +306,11 @@ class _Workers:
                         [sys.executable, "-c", code, str(theirs.fileno())], pass_fds=[theirs.fileno()],
                         stdin=subprocess.DEVNULL, start_new_session=True))
                 self.connections.append(Connection(mine.detach()))
+            # pickled once for all workers: the loader holds every file's path (50,000 for an ImageNet folder),
+            # pickled per worker it cost 1.45 s of start-up for 10,000 files and 16 workers on the GPU machine
+            payload = bytes(ForkingPickler.dumps(setup))
             for connection in self.connections:
-                connection.send(setup)
+                connection.send_bytes(payload)
         except BaseException:
             self.stop()
             raise

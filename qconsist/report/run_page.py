@@ -96,7 +96,7 @@ def pipeline_parts(run: Any) -> list[str]:  # Run
     repeat_data = manifest.sections.get("calib_repeat")
     repeat = RepeatResult.from_json(repeat_data) if isinstance(repeat_data, dict) else None
     failed = [f"{stage} {check}" for stage, check, status, _ in rows if status == FAILED]
-    if repeat is not None and not repeat.agree:
+    if repeat is not None and not repeat.passed:
         failed.append("repeated calibration")
     judged = sum(1 for row in rows if row[2] != RECORDED)
     state = "fail" if failed else "pass"

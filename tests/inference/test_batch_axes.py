@@ -272,3 +272,24 @@ def test_the_exact_form_feeds_nan_and_inf_as_values_the_stacked_form_refuses_the
 
     with pytest.raises(InputError, match=r"^sample 7: input 'x' holds 4 NaN and 8 infinite value\(s\); every input must be finite$"):
         check_sample({"x": x, "sr": np.array(16000, np.int64)}, input_specs(model), "7")  # any other form
+
+
+def test_a_state_whose_batch_axis_the_graph_does_not_name_refuses_a_step_of_several(tmp_path):
+    """state [2, ?, 128] with an unnamed free axis (silero_vad's): axis 0 is not its batch though a step of 2
+    would match it; refused in one line, never stacked on axis 0."""
+    nodes = [helper.make_node("ReduceSum", ["state", "axes"], ["s"], keepdims=0),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    path = _save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 128]),
+                         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, None, 128])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 128])], tmp_path / "unnamed.onnx",
+                 [numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    rng = np.random.default_rng(3)
+    feeds = save_feeds(tmp_path / "feeds", [{"x": rng.normal(size=(1, 128)).astype(np.float32),
+                                             "state": rng.normal(size=(2, 1, 128)).astype(np.float32)} for _ in range(4)])
+    result = CliRunner().invoke(app, ["run", str(path), "--inputs", str(feeds), "--batch-size", "2", "--runs-dir",
+                                      str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == ("error: model input 'state' (shape [2, ?, 128]) has no batch axis its graph names; "
+                             "--batch-size 2 stacks samples on it: run with --batch-size 1\n")
+    one = CliRunner().invoke(app, ["run", str(path), "--inputs", str(feeds), "--dump", "--runs-dir", str(tmp_path / "runs")])
+    assert one.exit_code == 0, one.output
