@@ -23,12 +23,15 @@ def render_repeat(result) -> None:  # RepeatResult
         console.print(f"  {difference.line()}")
     for run, names in sorted(result.other_initializers.items()):
         console.print(f"  run {run}: other initializers differ: {', '.join(names)}")
+    console.print(f"PASS: {len(result.runs)} calibrations agree" if result.agree else
+                  f"FAIL: {len(result.runs)} calibrations disagree")
 
 
 def repeat(
     source: Path = typer.Argument(..., parser=opt.read_path, help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
-    repeats: opt.Repeats = 3,
+    repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: calibrations (default 3).") = 3,
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
+    pipeline: opt.told(opt.PipelineFile, more="With an ONNX model: the images of --inputs.") = None,
     offset: opt.Offset = 0,
     count: opt.Count = None,
     method: str = typer.Option("MinMax", "--method", help="ONNX model only: MinMax, Entropy, Percentile or Distribution."),
@@ -53,15 +56,23 @@ def repeat(
     if source.suffix.lower() == ".toml":
         from qconsist.pipeline.config import load_pipeline
 
-        if inputs is not None or batch_size != 1:
-            raise ConfigError("`inputs` and `batch_size` apply to an ONNX model; a pipeline file declares "
+        if inputs is not None or batch_size != 1 or pipeline is not None:
+            raise ConfigError("`inputs`, `pipeline` and `batch_size` apply to an ONNX model; a pipeline file declares "
                               "[calibration] data and batch_size")
         result = repeat_from_pipeline(load_pipeline(source), repeats, progress)
     else:
         if inputs is None:
             raise ConfigError(f"{source} is not a pipeline file (.toml): give `inputs` with the calibration arrays")
+        preprocess = None
+        if pipeline is not None:
+            from qconsist.pipeline.config import load_pipeline
+
+            preprocess = load_pipeline(pipeline).preprocess
+            if preprocess is None:
+                raise ConfigError(f"pipeline file {pipeline} declares no [preprocess]: nothing prepares the images")
         result = repeat_from_onnx(source, _data(inputs, offset, count), repeats,
-                                  *_options(method, quant_format, per_channel, ep, batch_size), progress=progress)
+                                  *_options(method, quant_format, per_channel, ep, batch_size), progress=progress,
+                                  preprocess=preprocess)
     if json_output:
         print_json(result)
     else:

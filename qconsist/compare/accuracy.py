@@ -1,7 +1,8 @@
 """Accuracy against labels, defined once: top-1 and top-5 of a class-scores output, counted a block at a time.
 
-A sample's scores are its whole class-scores output (``qconsist.compare.kinds``), flattened; a NaN score is never
-a class (as ``top1`` reads it). A label is right within the top ``k`` when fewer than ``k`` classes rank before it:
+``top1`` is the one top-1 of qconsist (per sample, or per position along a map's class axis): the pipeline's,
+the gate's, ``diff``'s and the accuracy's. A sample's scores are its whole class-scores output
+(``qconsist.compare.kinds``), flattened; a NaN score is never a class. A label is right within the top ``k`` when fewer than ``k`` classes rank before it:
 those with a greater score, and those with an equal score and a smaller index — so top-1 is exactly
 ``top1(scores) == label``, ties going to the first class as ``argmax`` breaks them. Top-5 is counted only with
 more than five classes (with five or fewer every label is within it). ``run`` records it
@@ -21,6 +22,23 @@ TOP_K = 5
 NO_LABEL = -1
 
 
+def top1(values: np.ndarray, class_axis: int | None = None) -> np.ndarray:
+    """The one top-1 (a NaN is never the class; ties go to the first class, as ``argmax`` breaks them).
+
+    ``class_axis`` None: the arg-max class of each sample, one per row of the batch axis (one in all for a 0-d or
+    1-d output), the sample's scores flattened. ``class_axis`` given (a map's classes at each position, from the
+    graph): the arg-max along that axis at every position, shape ``values.shape`` without it."""
+    values = np.asarray(values)
+    if class_axis is None:
+        rows = values.shape[0] if values.ndim >= 2 else 1
+        flat = values.reshape(rows, -1)
+    else:
+        flat = np.moveaxis(values, class_axis, -1)
+    if flat.dtype.kind == "f":
+        flat = np.where(np.isnan(flat), -np.inf, flat)
+    return flat.argmax(axis=-1)
+
+
 def scores_of(samples: np.ndarray) -> np.ndarray:
     """``(n, classes)`` float64 scores of a block of per-sample outputs ``(n, ...)``, NaN read as -inf."""
     flat = np.asarray(samples).reshape(samples.shape[0], -1)
@@ -38,8 +56,9 @@ def label_ranks(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def predictions(samples: np.ndarray) -> np.ndarray:
-    """The top-1 class of each sample of a block of per-sample outputs."""
-    return scores_of(samples).argmax(axis=1)
+    """The top-1 class of each sample of a block of per-sample outputs ``(n, ...)`` (``top1``)."""
+    samples = np.asarray(samples)
+    return top1(samples.reshape(samples.shape[0], -1))
 
 
 def labels_array(labels: Sequence[int | None]) -> np.ndarray:

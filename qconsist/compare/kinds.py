@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import ConfigError
+from qconsist.onnxfile import ai_onnx_opset, node_label
 
 
 class OutputKind(str, Enum):
@@ -67,6 +68,7 @@ class JudgedOutput:
     start: int = 0
     stop: int = 0
     source: str = ""  # a part: the tensor that fills it (an input of the Concat that makes the output)
+    class_axis: int | None = None  # a map: the axis its Softmax normalizes (the classes at each position), from the graph
 
     @property
     def label(self) -> str:
@@ -90,15 +92,17 @@ class JudgedOutput:
     def to_json(self) -> dict[str, Any]:
         return {"output": self.output, "label": self.label, "kind": self.kind.value if self.kind else None,
                 "why": self.why, "part": [self.axis, self.start, self.stop] if self.axis is not None else None,
-                **({"source": self.source} if self.source else {})}
+                **({"source": self.source} if self.source else {}),
+                **({"class_axis": self.class_axis} if self.class_axis is not None else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "JudgedOutput":
         part = data.get("part")
         axis, start, stop = part if part else (None, 0, 0)
         kind = data.get("kind")
+        class_axis = data.get("class_axis")
         return cls(str(data["output"]), OutputKind(kind) if kind else None, str(data.get("why", "")), axis, start, stop,
-                   str(data.get("source", "")))
+                   str(data.get("source", "")), None if class_axis is None else int(class_axis))
 
 
 def parse_kinds(data: Any, where: str) -> dict[str, OutputKind]:
@@ -123,7 +127,8 @@ class _Graph:
             inferred = model
         self.graph = inferred.graph
         self.producer = {out: node for node in self.graph.node for out in node.output}
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.labels = {id(node): node_label(node, i) for i, node in enumerate(self.graph.node)}
+        self.opset = ai_onnx_opset(model) or 0
         self.shapes: dict[str, list[int | str | None]] = {}
         for value in (*self.graph.input, *self.graph.value_info, *self.graph.output):
             tensor = value.type.tensor_type
@@ -132,7 +137,7 @@ class _Graph:
                                            for d in tensor.shape.dim]
 
     def describe(self, node: onnx.NodeProto) -> str:
-        return f"{node.op_type} '{node.name or node.output[0]}'"
+        return f"{node.op_type} '{self.labels.get(id(node)) or node.name or node.output[0]}'"
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -146,8 +151,10 @@ def _known(dims: Sequence[Any]) -> bool:
     return all(isinstance(d, int) and d > 0 for d in dims)
 
 
-def _infer(graph: _Graph, tensor: str) -> tuple[OutputKind | None, str]:
-    """The kind of ``tensor`` from the node that computes it (see the module docstring), and why."""
+def _infer(graph: _Graph, tensor: str) -> tuple[OutputKind | None, str, int | None]:
+    """The kind of ``tensor`` from the node that computes it (see the module docstring), why, and for a map the
+    axis of its classes (None where the values are rearranged after the Softmax, or it normalizes several
+    axes together)."""
     name = tensor
     node = graph.producer.get(name)
     rearranged: list[onnx.NodeProto] = []
@@ -158,24 +165,24 @@ def _infer(graph: _Graph, tensor: str) -> tuple[OutputKind | None, str]:
         name = node.input[0]
         node = graph.producer.get(name)
     if node is None:
-        return None, "not inferred: a graph input or constant"
+        return None, "not inferred: a graph input or constant", None
     if node.op_type == "Sigmoid":
         return None, (f"not inferred: produced by {graph.describe(node)} (independent probabilities: an arg-max among "
-                      "them is no class decision)")
+                      "them is no class decision)"), None
     if node.op_type not in _NORMALIZING:
-        return None, f"not inferred: produced by {graph.describe(node)}"
+        return None, f"not inferred: produced by {graph.describe(node)}", None
     shape = graph.shapes.get(name)
     if not shape:
-        return None, f"not inferred: {graph.describe(node)} has no known shape"
+        return None, f"not inferred: {graph.describe(node)} has no known shape", None
     rank = len(shape)
     axis = int(_attribute(node, "axis", -1 if graph.opset >= 13 else 1))
     axis = axis + rank if axis < 0 else axis
     what = f"{graph.describe(node)} over axis {axis}"
     if rank >= 2 and axis == 0:
-        return None, f"not inferred: {what}, the batch axis"
+        return None, f"not inferred: {what}, the batch axis", None
     rest = shape[1:] if rank >= 2 else []
     if not _known(rest if rank >= 2 else shape):
-        return None, f"not inferred: {what}, but its shape {shape} is not known"
+        return None, f"not inferred: {what}, but its shape {shape} is not known", None
     if graph.opset >= 13 or rank == 1:
         classes = shape[axis]
         positions = math.prod(rest) // classes if rank >= 2 else 1
@@ -183,16 +190,19 @@ def _infer(graph: _Graph, tensor: str) -> tuple[OutputKind | None, str]:
         classes = math.prod(shape[axis:])
         positions = math.prod(shape[1:axis])
     if classes < 2:
-        return None, f"not inferred: {what} normalizes a single value (always {'1' if node.op_type == 'Softmax' else '0'})"
+        return None, f"not inferred: {what} normalizes a single value (always {'1' if node.op_type == 'Softmax' else '0'})", None
     if positions > 1:
-        return OutputKind.MAP, f"inferred: {what}, one distribution over {classes} classes at each of {positions} positions"
+        moved = any(n.op_type != "Identity" for n in rearranged)
+        one_axis = graph.opset >= 13 or axis == rank - 1
+        return (OutputKind.MAP, f"inferred: {what}, one distribution over {classes} classes at each of {positions} positions",
+                axis if one_axis and not moved else None)
     if rearranged:
         after = graph.shapes.get(tensor)
         kept = after is not None and ((len(after) >= 2 and rank >= 2 and after[0] == shape[0] and after[0] is not None)
                                       or (len(after) == 1 and (rank == 1 or shape[0] == 1)))
         if not kept:
-            return None, f"not inferred: {what}, then reshaped so that its samples are not told apart"
-    return OutputKind.CLASS_SCORES, f"inferred: {what}, one distribution over {classes} classes per sample"
+            return None, f"not inferred: {what}, then reshaped so that its samples are not told apart", None
+    return OutputKind.CLASS_SCORES, f"inferred: {what}, one distribution over {classes} classes per sample", None
 
 
 def _parts(graph: _Graph, output: str) -> list[JudgedOutput]:
@@ -211,8 +221,9 @@ def _parts(graph: _Graph, output: str) -> list[JudgedOutput]:
         return []
     parts, start = [], 0
     for name, size in zip(node.input, sizes):
-        kind, why = _infer(graph, name)
-        parts.append(JudgedOutput(output, kind, f"{why}; a part of {graph.describe(node)}", axis, start, start + size, name))
+        kind, why, class_axis = _infer(graph, name)
+        parts.append(JudgedOutput(output, kind, f"{why}; a part of {graph.describe(node)}", axis, start, start + size, name,
+                                  class_axis))
         start += size
     return parts
 
@@ -238,7 +249,8 @@ def judged_outputs(model: onnx.ModelProto, declared: Mapping[str, OutputKind] | 
         if name in declared:
             judged.append(JudgedOutput(name, declared[name], f"declared in {where}"))
         else:
-            judged.append(JudgedOutput(name, *_infer(graph, name)))
+            kind, why, class_axis = _infer(graph, name)
+            judged.append(JudgedOutput(name, kind, why, class_axis=class_axis))
         judged += _parts(graph, name)
     return judged
 

@@ -5,7 +5,8 @@ The one definition of the signal-to-quantization-noise ratio qconsist uses, the 
 concatenated): ``SQNR = 20·log10(‖x‖ / ‖x − y‖)`` dB, each norm at least the float epsilon, with ``x`` the
 float reference and ``y`` the quantized model's value. ``NoiseStats`` keeps sums in float64, never the arrays,
 so memory does not grow with the sample count. Elements where either side is NaN or infinite are
-counted apart (``nonfinite``) and left out of the sums.
+counted apart (``nonfinite``) and left out of the sums. ``figure`` says whether the SQNR is a measurement
+(``qconsist.compare.statistics.noise_figure``): two identical versions, or a reference of zeros, have none.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from qconsist.compare.statistics import MEASURED, noise_figure
 
 _EPSILON = float(np.finfo("float").eps)
 
@@ -58,6 +61,16 @@ class NoiseStats:
     def sqnr_db(self) -> float:
         """``20·log10(max(‖x‖, ε) / max(‖x − y‖, ε))``, as onnxruntime's qdq_loss_debug computes it."""
         return 20 * math.log10(max(math.sqrt(self.signal), _EPSILON) / max(math.sqrt(self.noise), _EPSILON))
+
+    @property
+    def figure(self) -> str:
+        """``identical``, ``zero-signal`` or ``measured`` (``noise_figure``)."""
+        return noise_figure(self.elements, self.signal, self.noise, self.nonfinite)
+
+    @property
+    def measured_sqnr_db(self) -> float | None:
+        """The SQNR where it measures something; None for identical versions and a reference of zeros."""
+        return self.sqnr_db if self.figure == MEASURED else None
 
     @property
     def mse(self) -> float:

@@ -1,5 +1,7 @@
 """Final outputs of two runs: the output effect (greatest difference, per-sample top-1 agreement) and the
-tolerance check the pipeline's stages use. One definition of top-1 for any batch size.
+tolerance check the pipeline's stages use. Top-1 is the one of ``qconsist.compare.accuracy`` (``top1``: per sample
+for any batch size, or per position along a map's class axis); ``describe_judgement`` is the one text of an
+output's judgement (the pipeline's, the gate's, ``diff``'s).
 
 **Samples and batches**: an output's first axis is the batch when it has two or more axes, so a batch of
 ``B`` counts as ``B`` samples everywhere: top-1 agreement is over samples, never over steps, and never a
@@ -22,21 +24,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from qconsist.compare.accuracy import top1
 from qconsist.compare.kinds import JudgedOutput, OutputKind
 from qconsist.compare.noise import NoiseStats
-from qconsist.compare.statistics import TensorStats, differing_mask
+from qconsist.compare.statistics import IDENTICAL, MEASURED, TensorStats, differing_mask, sqnr_phrase
 from qconsist.store.serde import serialized
 from qconsist.errors import InputError
-
-
-def top1(values: np.ndarray) -> np.ndarray:
-    """The arg-max class of each sample: one per row of the batch axis (one in all for a 0-d or 1-d output)."""
-    values = np.asarray(values)
-    rows = values.shape[0] if values.ndim >= 2 else 1
-    flat = values.reshape(rows, -1)
-    if flat.dtype.kind == "f":
-        flat = np.where(np.isnan(flat), -np.inf, flat)  # a NaN is never the class
-    return flat.argmax(axis=1)
 
 
 def batch_rows(values: np.ndarray) -> int:
@@ -64,9 +57,14 @@ class OutputEffect:
     greatest_abs: float = 0.0
     top1_agree: int = 0
     identical: bool = True
+    judged: bool = False  # the outputs are judged by kind elsewhere (``OutputJudgement``): no top-1 of the first output
 
     @property
-    def top1_agreement(self) -> float:
+    def top1_agreement(self) -> float | None:
+        """The first output's per-sample top-1 agreement (locate's probes); None where the outputs are judged by
+        kind (``diff``: only a class-scores output has a top-1)."""
+        if self.judged:
+            return None
         return self.top1_agree / self.samples if self.samples else 1.0
 
     def add(self, first_sample: int, a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> None:
@@ -89,14 +87,39 @@ class OutputEffect:
                 self.greatest_abs = max(self.greatest_abs, float(delta.max()))
         self.differing_samples += [first_sample + int(i) for i in np.flatnonzero(differs)]
         self.identical = self.identical and not differs.any()
-        if np.asarray(a[0]).shape == np.asarray(b[0]).shape and np.asarray(a[0]).size:
+        if not self.judged and np.asarray(a[0]).shape == np.asarray(b[0]).shape and np.asarray(a[0]).size:
             self.top1_agree += int(np.count_nonzero(top1(a[0]) == top1(b[0])))
         self.samples += rows
 
     def add_identical(self, rows: int = 1) -> None:
         """Count samples whose outputs are known to be bit-identical (from their hashes)."""
         self.samples += rows
-        self.top1_agree += rows
+        self.top1_agree += 0 if self.judged else rows
+
+
+def describe_judgement(entry: Mapping[str, Any]) -> str:
+    """The one text of an output's judgement, from its record (``OutputJudgement.to_json``; the pipeline's,
+    the gate's and ``diff``'s): "prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153,
+    top-1 agreement 100%"; "prob (class-scores): identical in 9 samples"; a reference of zeros has no SQNR and
+    no cosine; a map whose class axis the graph gives, its per-position top-1 agreement."""
+    head = f"{entry['label']} ({entry.get('kind') or 'undeclared'}"
+    if entry.get("integer"):
+        return f"{head}, integers): {entry['identical_samples']}/{entry['samples']} samples identical"
+    figure = entry.get("figure", MEASURED)
+    if figure == IDENTICAL:
+        return f"{head}): identical in {entry['samples']} samples"
+    text = f"{head}): {sqnr_phrase(entry.get('sqnr_db'), figure)}"
+    if figure == MEASURED:
+        text += f", cosine {float(entry['cosine']):.5f}"
+    text += f", greatest difference {float(entry['max_abs']):.4g}"
+    if entry.get("top1_agreement") is not None:
+        text += f", top-1 agreement {entry['top1_agreement']:.0%}"
+    if entry.get("position_agreement") is not None:
+        text += (f", per-position top-1 agreement {entry['position_agreement']:.1%} of {entry.get('top1_positions')} "
+                 "positions")
+    if entry.get("nonfinite"):
+        text += f", {entry['nonfinite']} element(s) NaN or Inf on one side"
+    return text
 
 
 @dataclass
@@ -110,6 +133,8 @@ class OutputJudgement:
     top1_agree: int = 0
     integer: bool = False  # integer or boolean values (class indices, counts): judged by identity, not by SQNR
     identical: int = 0  # samples whose values are bit-identical
+    top1_positions: int = 0  # a map with a class axis: positions compared
+    position_agree: int = 0  # ... whose top-1 class agrees
 
     @property
     def label(self) -> str:
@@ -126,6 +151,14 @@ class OutputJudgement:
             return None
         return self.top1_agree / self.samples if self.samples else 1.0
 
+    @property
+    def position_agreement(self) -> float | None:
+        """A map whose class axis the graph establishes: the share of positions whose top-1 class agrees (a
+        sequence's per-step classes, a segmentation's per-pixel classes); None for anything else."""
+        if self.target.kind is not OutputKind.MAP or self.target.class_axis is None or self.integer:
+            return None
+        return self.position_agree / self.top1_positions if self.top1_positions else 1.0
+
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         a, b = self.target.select(reference), self.target.select(candidate)
         rows = batch_rows(a)
@@ -140,26 +173,30 @@ class OutputJudgement:
         self.noise.add(a, b)
         if self.target.kind is OutputKind.CLASS_SCORES and a.size:
             self.top1_agree += int(np.count_nonzero(top1(a) == top1(b)))
+        elif self.target.kind is OutputKind.MAP and self.target.class_axis is not None and a.size:
+            agree = top1(a, self.target.class_axis) == top1(b, self.target.class_axis)
+            self.top1_positions += int(agree.size)
+            self.position_agree += int(np.count_nonzero(agree))
+
+    @property
+    def figure(self) -> str:
+        """``identical``, ``zero-signal`` or ``measured`` (``qconsist.compare.statistics.noise_figure``)."""
+        return self.noise.figure
 
     def describe(self) -> str:
-        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"."""
-        if self.integer:
-            return f"{self.label} ({self.target.kind_name}, integers): {self.identical}/{self.samples} samples identical"
-        text = (f"{self.label} ({self.target.kind_name}): SQNR {self.sqnr_db:.1f} dB, cosine {self.noise.cosine:.5f}, "
-                f"greatest difference {self.noise.max_abs:.4g}")
-        if self.top1_agreement is not None:
-            text += f", top-1 agreement {self.top1_agreement:.0%}"
-        if self.noise.nonfinite:
-            text += f", {self.noise.nonfinite} element(s) NaN or Inf on one side"
-        return text
+        """"prob (class-scores): SQNR 41.4 dB, cosine 0.99999, greatest difference 0.0153, top-1 agreement 100%"
+        (``describe_judgement``)."""
+        return describe_judgement(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         figures = ({"sqnr_db": None, "cosine": None, "max_abs": None, "mean_abs": None} if self.integer else
                    {"sqnr_db": self.sqnr_db, "cosine": self.noise.cosine, "max_abs": self.noise.max_abs,
-                    "mean_abs": self.noise.mean_abs})
+                    "mean_abs": self.noise.mean_abs, "figure": self.figure})
         return {**self.target.to_json(), "samples": self.samples, "elements": self.noise.elements, **figures,
                 "nonfinite": self.noise.nonfinite, "identical_samples": self.identical, "integer": self.integer,
-                "top1_agreement": self.top1_agreement}
+                "top1_agreement": self.top1_agreement,
+                **({"position_agreement": self.position_agreement, "top1_positions": self.top1_positions}
+                   if self.position_agreement is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -211,7 +248,8 @@ class OutputComparison:
         """The outputs and parts whose SQNR is below ``min_sqnr_db`` (or not finite on one side), lowest first."""
         if min_sqnr_db is None:
             return []
-        low = [j for j in self.judgements if not j.integer and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
+        low = [j for j in self.judgements if not j.integer and j.figure != IDENTICAL
+               and (j.noise.nonfinite or not j.sqnr_db >= min_sqnr_db)]
         return sorted(low, key=lambda j: j.sqnr_db)
 
     @property

@@ -12,6 +12,12 @@ Rules (the same for diff, locate, the fp16 analysis, the pipeline's checks and t
   beyond it; without tolerances every differing element is a mismatch.
 * **relative difference** is ``|b − a| / |a|`` (``inf`` where ``a`` is 0 and ``b`` is not).
 
+**Figures that mean something** (``noise_figure``, ``sqnr_phrase``, ``sqnr_cell``: the one wording every printer
+uses, the CLI, the HTML report and the gate's text): an SQNR is a measurement only where there is a signal and a
+difference. Two versions whose every element is equal are **identical** (never "337.9 dB": that figure is the
+float epsilon's, not the tensor's); a reference of zeros has **zero signal** and no SQNR (never "0.00 dB, cosine
+1.0"). Neither is ranked by the SQNR a node adds (quant-error's ``--sort added``).
+
 ``TensorStats`` accumulates over samples and never keeps the arrays, so memory does not grow with the
 sample count; ``message()`` is the one mismatch text ("Mismatched elements: k / n (p%) …").
 """
@@ -179,6 +185,37 @@ class TensorStats:
         if self.histogram:
             text += "; integer differences " + ", ".join(f"{k}: {v}" for k, v in histogram_items(self.histogram))
         return f"{where}: {text}" if where else text
+
+
+IDENTICAL, ZERO_SIGNAL, MEASURED = "identical", "zero-signal", "measured"
+
+
+def noise_figure(elements: int, signal: float, noise: float, nonfinite: int = 0) -> str:
+    """What an SQNR over these sums is: ``identical`` (no element differs: no noise), ``zero-signal`` (the
+    reference is all zero: no signal to measure noise against) or ``measured``."""
+    if elements and noise == 0 and not nonfinite:
+        return IDENTICAL
+    if signal == 0 and not nonfinite:
+        return ZERO_SIGNAL
+    return MEASURED
+
+
+def sqnr_phrase(sqnr_db: float | None, figure: str = MEASURED, digits: int = 1) -> str:
+    """"SQNR 41.4 dB", "identical" or "zero signal (the reference is all zero)": the one wording of an SQNR."""
+    if figure == IDENTICAL:
+        return "identical"
+    if figure == ZERO_SIGNAL:
+        return "zero signal (the reference is all zero)"
+    return "SQNR -" if sqnr_db is None else f"SQNR {sqnr_db:.{digits}f} dB"
+
+
+def sqnr_cell(sqnr_db: float | None, figure: str = MEASURED, digits: int = 2) -> str:
+    """An SQNR in a table's dB column: the number, "identical" or "zero signal"."""
+    if figure == IDENTICAL:
+        return "identical"
+    if figure == ZERO_SIGNAL:
+        return "zero signal"
+    return "-" if sqnr_db is None else f"{sqnr_db:.{digits}f}"
 
 
 def histogram_items(histogram: dict[str, int]) -> list[tuple[str, int]]:

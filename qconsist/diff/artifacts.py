@@ -12,12 +12,13 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from qconsist.onnxfile import node_label
+from qconsist.stages.calibration_table import quantization_parameters
 from qconsist.store.hashing import initializer_digests
 from qconsist.store.run import Run
 from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
-_QPARAM_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 
 def _artifact(stage: dict[str, Any]) -> dict[str, Any] | None:
@@ -29,22 +30,8 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for i, node in enumerate(model.graph.node):
         for inp in node.input:
-            found.setdefault(inp, []).append(node.name or f"{node.op_type}_{i}")
+            found.setdefault(inp, []).append(node_label(node, i))
     return found
-
-
-def _is_qparam(model: onnx.ModelProto, name: str) -> bool:
-    """A scale or zero point: input 1 or 2 of QuantizeLinear/DequantizeLinear, or a QLinear op's
-    ``*scale`` / ``*zero_point`` input."""
-    for node in model.graph.node:
-        inputs = list(node.input)
-        if name not in inputs[1:]:
-            continue
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and inputs.index(name) in (1, 2):
-            return True
-        if node.op_type in _QPARAM_OPS and name.endswith(("scale", "zero_point")):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -104,6 +91,16 @@ class StageComparison:
 class ArtifactComparison:
     first_differing_stage: str | None = None
     stages: list[StageComparison] = field(default_factory=list)
+    # how the two runs differ before any tensor: the stage and model each ran, stages only one holds, batch sizes,
+    # a model re-stamped for another batch (``run_differences``); listed first by ``diff``
+    differences: list[str] = field(default_factory=list)
+    same_models: bool = True  # inference runs: both ran the same bytes; pipeline runs: both hold the same stages
+
+    @property
+    def identical(self) -> bool:
+        """Every stage both runs hold computes the same, and the runs ran the same model (inference runs) or
+        hold the same stages (pipeline runs)."""
+        return self.first_differing_stage is None and self.same_models
 
     def stage(self, name: str) -> StageComparison | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -128,8 +125,8 @@ class CalibrationComparison:
 
 def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
     """Nodes added and removed, attributes changed, initializers changed (with their consumers)."""
-    nodes_a = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(a.graph.node)}
-    nodes_b = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(b.graph.node)}
+    nodes_a = {node_label(n, i): n for i, n in enumerate(a.graph.node)}
+    nodes_b = {node_label(n, i): n for i, n in enumerate(b.graph.node)}
     attributes = []
     for name in sorted(set(nodes_a) & set(nodes_b)):
         na, nb = nodes_a[name], nodes_b[name]
@@ -144,6 +141,7 @@ def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
     inits_a = {i.name: i for i in a.graph.initializer}
     inits_b = {i.name: i for i in b.graph.initializer}
     consumers = _consumers(b)
+    qparams = quantization_parameters(b)  # from the Q/DQ and QLinear nodes' schemas, never by name
     changed = []
     for name in sorted(set(inits_a) & set(inits_b)):
         ta, tb = numpy_helper.to_array(inits_a[name]), numpy_helper.to_array(inits_b[name])
@@ -154,7 +152,7 @@ def model_changes(a: onnx.ModelProto, b: onnx.ModelProto) -> ModelChanges:
             diff = abs(ta.astype("float64") - tb.astype("float64"))
             sizes = {"elements_changed": int((diff != 0).sum()), "elements": int(ta.size), "max_abs_diff": float(diff.max())}
         changed.append(InitializerChange(
-            name=name, dtype=str(tb.dtype), shape=tuple(tb.shape), quantization_parameter=_is_qparam(b, name),
+            name=name, dtype=str(tb.dtype), shape=tuple(tb.shape), quantization_parameter=name in qparams,
             consumers=tuple(consumers.get(name, [])), **sizes,
         ))
     return ModelChanges(
@@ -212,6 +210,50 @@ def _stage_models(a: Run, b: Run, stage: str) -> tuple[onnx.ModelProto, onnx.Mod
     return (model_a, model_b) if model_a is not None and model_b is not None else None
 
 
+def _md5(record: Any) -> str:
+    return str(record.get("md5"))[:12] if isinstance(record, dict) and record.get("md5") else "unknown md5"
+
+
+def run_differences(a: Run, b: Run) -> tuple[list[str], bool]:
+    """Every difference between two runs that comes before any tensor, in words: the stage whose model each
+    inference run ran, the model itself (its sha256), the stages only one run holds, the batch size, and a model
+    re-stamped to take another batch size (``--dynamic-batch``: the bytes that ran are the re-stamped copy); and
+    whether the runs' models are the same (inference runs: the bytes each ran; pipeline runs: their stages)."""
+    lines: list[str] = []
+    same = True
+    model_a, model_b = a.manifest.model, b.manifest.model
+    if a.kind == b.kind == "inference":
+        stage_a, stage_b = model_a.get("stage"), model_b.get("stage")
+        if stage_a != stage_b:
+            lines.append(f"stage: A ran {'the ' + stage_a + ' stage' if stage_a else 'a model file'}'s model, "
+                         f"B {'the ' + stage_b + ' stage' if stage_b else 'a model file'}'s")
+        ran_a, ran_b = model_a.get("artifact"), model_b.get("artifact")
+        sha_a = ran_a.get("sha256") if isinstance(ran_a, dict) else None
+        sha_b = ran_b.get("sha256") if isinstance(ran_b, dict) else None
+        if sha_a != sha_b:
+            same = False
+            lines.append(f"model: A ran {model_a.get('path', '?')} (md5 {_md5(ran_a)}), B ran {model_b.get('path', '?')} "
+                         f"(md5 {_md5(ran_b)})")
+    if a.kind == b.kind:
+        stages_a, stages_b = a.model_stages(), b.model_stages()
+        only_a = [s for s in stages_a if s not in stages_b]
+        only_b = [s for s in stages_b if s not in stages_a]
+        if only_a or only_b:
+            same = same and a.kind == "inference"  # two inference runs: the model each ran decides
+            lines.append("stages: " + "; ".join(
+                f"only {side} holds {', '.join(names)}" for side, names in (("A", only_a), ("B", only_b)) if names))
+    if a.has_inference and b.has_inference and a.inference.batch_size != b.inference.batch_size:
+        lines.append(f"batch size: A {a.inference.batch_size}, B {b.inference.batch_size}")
+    stamp_a, stamp_b = model_a.get("dynamic_batch"), model_b.get("dynamic_batch")
+    if bool(stamp_a) != bool(stamp_b) or (stamp_a and stamp_b and stamp_a.get("sha256") != stamp_b.get("sha256")):
+        def stamped(side: str, stamp: Any) -> str:
+            if not stamp:
+                return f"{side} ran its model as it is"
+            return f"{side} ran it re-stamped to take any batch size ({stamp.get('path')}, md5 {_md5(stamp)})"
+        lines.append(f"re-stamped: {stamped('A', stamp_a)}; {stamped('B', stamp_b)}")
+    return lines, same
+
+
 def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
     """Stage by stage (stages both runs have, in A's order): md5, content hash and, where the bytes
     differ, whether only metadata differs (a graph name, a producer) or the computation. For the first
@@ -247,6 +289,7 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         if result.first_differing_stage is None and not entry.same_computation:
             result.first_differing_stage = entry.name
             entry.changes = model_changes(*models) if models is not None else None
+    result.differences, result.same_models = run_differences(a, b)
     return result
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qconsist.onnxfile import node_label
 from qconsist.inference.dump import DumpPlan
 from qconsist.inference.graphmap import implicit_inputs
 from qconsist.inference.layout import describe, to_original
@@ -294,7 +295,8 @@ def match_weights(quantized_model: onnx.ModelProto, float_model: onnx.ModelProto
     initializer it stands for (named as the DequantizeLinear output, or as the integer initializer without the
     quantizer's ``_quantized`` suffix), in the float graph's order."""
     qgraph, fgraph = Graph(quantized_model), Graph(float_model)
-    order = {node.name or out: i for i, node in enumerate(float_model.graph.node) for out in node.output}
+    labels = {id(node): node_label(node, i) for i, node in enumerate(float_model.graph.node)}
+    order = {label: i for i, label in enumerate(labels.values())}
     twins = []
     for node in quantized_model.graph.node:
         if node.op_type != "DequantizeLinear" or node.input[0] not in qgraph.constants:
@@ -309,6 +311,6 @@ def match_weights(quantized_model: onnx.ModelProto, float_model: onnx.ModelProto
         if value.shape != dequantized[0].shape:
             continue
         consumer = next(iter(fgraph.consumers.get(tensor, [])), None)
-        twins.append(WeightTwin(tensor, stored, (consumer.name or consumer.output[0]) if consumer else "", consumer.op_type if consumer else "",
+        twins.append(WeightTwin(tensor, stored, labels[id(consumer)] if consumer else "", consumer.op_type if consumer else "",
                                 value, dequantized[0], dequantized[1]))
     return sorted(twins, key=lambda t: order.get(t.consumer, len(order)))

@@ -34,12 +34,13 @@ from typing import Any
 import onnx
 
 from qconsist.compare.noise import NoiseStats
+from qconsist.compare.statistics import IDENTICAL, MEASURED
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
 from qconsist.inference.graphmap import node_reads
 from qconsist.inference.layout import to_original
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import is_invented, read_onnx
 from qconsist.store.run import Run
 from qconsist.inference.model import ModelSource, resolve_model
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, measurement_options
@@ -66,8 +67,15 @@ class TensorError:
     max_abs: float
     mean_abs: float
     cosine: float
-    added_db: float | None = None  # SQNR lost at this node: its worst input's SQNR minus its own (None: no matched input)
+    added_db: float | None = None  # SQNR lost at this node: its worst measured input's SQNR minus its own (None: none)
     nonfinite: int = 0
+    figure: str = MEASURED  # "identical" / "zero-signal": no SQNR measured (``qconsist.compare.statistics``)
+    noise_starts: bool = False  # measured, while every matched input upstream is identical: all its noise is added here
+    invented: bool = False  # ``node`` is a name qconsist invented for an unnamed node ("~Sigmoid_118")
+
+    @property
+    def measured(self) -> bool:
+        return self.figure == MEASURED
 
 
 @serialized(
@@ -113,26 +121,40 @@ def _peak_rss_mb() -> float:
 
 
 def _added(errors: dict[str, TensorError], float_model: onnx.ModelProto) -> None:
-    """Each tensor's SQNR lost at its node: the worst SQNR among the nearest matched tensors upstream (through
-    float tensors with no quantized twin, such as a Conv output quantized with its Relu) minus its own."""
+    """Each measured tensor's SQNR lost at its node: the worst measured SQNR among the nearest matched tensors
+    upstream (through float tensors with no quantized twin, such as a Conv output quantized with its Relu) minus
+    its own. Identical and zero-signal tensors have no SQNR, so nothing is added at them (``added_db`` None) and
+    they lend none to their consumers: a measured tensor whose matched inputs are all identical is where the
+    noise starts (``noise_starts``), never "337 dB added"."""
     graph = Graph(float_model)
 
-    def upstream(name: str, depth: int = 0) -> list[float]:
+    def upstream(name: str, depth: int = 0) -> list[TensorError]:
         node = graph.producer.get(name)
         if node is None or depth > 4:
             return []
-        found: list[float] = []
+        found: list[TensorError] = []
         for source in node_reads(node):  # with the outer tensors its subgraphs read
             if source in errors:
-                found.append(errors[source].sqnr_db)
+                found.append(errors[source])
             elif source and source not in graph.constants:
                 found += upstream(source, depth + 1)
         return found
 
     for error in errors.values():
+        if not error.measured:
+            continue
         inputs = upstream(error.tensor)
-        if inputs:
-            error.added_db = min(inputs) - error.sqnr_db
+        measured = [e.sqnr_db for e in inputs if e.measured]
+        if measured:
+            error.added_db = min(measured) - error.sqnr_db
+        elif inputs and all(e.figure == IDENTICAL for e in inputs):
+            error.noise_starts = True
+
+
+def ranked_by_added(errors: list[TensorError]) -> list[TensorError]:
+    """``--sort added``: where the noise starts first, then the greatest SQNR added; identical and zero-signal
+    tensors (no SQNR) last."""
+    return sorted(errors, key=lambda e: (not e.measured, not e.noise_starts, -(e.added_db or 0.0), e.position))
 
 
 def _load(path: Path) -> onnx.ModelProto:
@@ -186,7 +208,7 @@ def _tensor_errors(matches: list[Match], stats: list[NoiseStats], unreadable: se
             node=labels.get(match.tensor, match.tensor), op_type=ops.get(match.tensor, "input"), tensor=match.tensor,
             observed=match.observed, how=match.described, position=match.float_column, elements=stat.elements // max(samples, 1),
             sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite,
+            nonfinite=stat.nonfinite, figure=stat.figure, invented=is_invented(labels.get(match.tensor, "")),
         )
     _added(errors, float_model)
     return errors
@@ -202,7 +224,7 @@ def _weight_errors(quantized_model: onnx.ModelProto, float_model: onnx.ModelProt
             node=twin.consumer, op_type=twin.op_type, tensor=twin.tensor, observed=twin.stored,
             how="constant, per channel" if twin.per_channel else "constant", position=-1, elements=stat.elements,
             sqnr_db=stat.sqnr_db, mse=stat.mse, max_abs=stat.max_abs, mean_abs=stat.mean_abs, cosine=stat.cosine,
-            nonfinite=stat.nonfinite))
+            nonfinite=stat.nonfinite, figure=stat.figure, invented=is_invented(twin.consumer)))
     return weights
 
 
@@ -249,8 +271,8 @@ def quantization_error(
         run=str(run_dir), float_stage=float_stage, quantized_stage=quantized_stage,
         float_options=float_options.to_json(), quantized_options=options.to_json(),
         inputs=inputs.describe(), samples=len(inputs),
-        tensors=sorted((e for e in errors.values() if e.tensor not in final), key=lambda e: (e.sqnr_db, e.position)),
+        tensors=sorted((e for e in errors.values() if e.tensor not in final), key=lambda e: (not e.measured, e.sqnr_db, e.position)),
         outputs=[errors[o] for o in float_plan.outputs if o in errors],
-        weights=sorted(weights, key=lambda e: e.sqnr_db), constants=constants, internal=internal, faithful=not mismatched, mismatched=mismatched,
+        weights=sorted(weights, key=lambda e: (not e.measured, e.sqnr_db)), constants=constants, internal=internal, faithful=not mismatched, mismatched=mismatched,
         seconds=time.perf_counter() - started, peak_rss_mb=_peak_rss_mb(),
     )

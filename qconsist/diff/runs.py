@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from qconsist.compare import OutputEffect, TensorStats
+from qconsist.compare import OutputEffect, OutputJudgement, TensorStats
+from qconsist.compare.kinds import JudgedOutput, judged_outputs, parse_kinds
 from qconsist.compare.tolerance import Tolerance
 from qconsist.diff.accuracy import AccuracyChange, Predictions, cause, class_scores, compare_predictions
 from qconsist.diff.artifacts import ArtifactComparison, CalibrationComparison, compare_artifacts, compare_calibration
 from qconsist.diff.replay import NodeReplay
 from qconsist.diff.tensors import SAMPLES_KEPT, TensorComparison, compare_tensors
 from qconsist.environment import EnvironmentDiff, compare_environments, describe_changes
-from qconsist.errors import RunStoreError
+from qconsist.errors import QconsistError, RunStoreError
 from qconsist.inference.engines import EngineRecord
 from qconsist.inference.reader import load_dump
 from qconsist.inference.runner import PRODUCTION_REPEATS
@@ -25,6 +26,7 @@ from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs.digest import digest_kind, same_inputs
 from qconsist.inputs.record import read_samples
 from qconsist.inputs.recorded import recorded_subset
+from qconsist.onnxfile import read_onnx
 from qconsist.store.arrays import OutputArrays, blocks, merged
 from qconsist.store.run import Run
 from qconsist.store.serde import serialized
@@ -109,6 +111,7 @@ class DiffResult:
     output_stats: list[TensorStats] = field(default_factory=list)  # with a tolerance: each final output against it
     same_run: bool = False  # A and B are one run (one folder, or a copy of it): identical by construction
     accuracy: AccuracyChange | None = None  # where the runs have labels and a class-scores output
+    judged: list[dict[str, Any]] = field(default_factory=list)  # each final output (and part) of B against A, by kind
     replays: list[NodeReplay] = field(default_factory=list)  # origins replayed in isolation (diff --replay)
 
     @property
@@ -120,7 +123,7 @@ class DiffResult:
         else:
             outputs_ok = all(s.passed for s in self.output_stats)
         return (
-            self.artifacts.first_differing_stage is None
+            self.artifacts.identical
             and not self.calibration.changed
             and not (self.tensors and self.tensors.beyond)
             and outputs_ok
@@ -128,6 +131,13 @@ class DiffResult:
 
     def __bool__(self) -> bool:
         return self.passed
+
+    @property
+    def top1_agreement(self) -> float | None:
+        """The class-scores outputs' per-sample top-1 agreement (the lowest of them); None where none is."""
+        found = [entry["top1_agreement"] for entry in self.judged
+                 if entry.get("top1_agreement") is not None and entry.get("part") is None]
+        return min(found) if found else None
 
 
 def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),
@@ -222,20 +232,63 @@ def _check_inputs(a: Run, b: Run) -> str | None:
             "their bytes were not compared")
 
 
+def _quantized(model) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear") for n in model.graph.node)
+
+
+def _declared(run: Run) -> dict[str, Any]:
+    for holder in (run, run.source()):
+        for key in ("config", "pipeline"):
+            config = holder.sections.get(key) if holder is not None else None
+            if isinstance(config, dict) and "calibration" in config:
+                return parse_kinds(config.get("outputs") or {}, f"run {holder.path}: [evaluation] outputs")
+    return {}
+
+
+def output_targets(run: Run) -> list[JudgedOutput]:
+    """What each final output of an inference run's model is (``qconsist.compare.kinds``), as the pipeline and
+    the gate read it: declared in the pipeline's ``[evaluation] outputs``, else read from the float graph (for a
+    quantized model, the last float stage before it in the run it came from)."""
+    stages = run.model_stages()
+    model = run.model(stages[-1]) if stages else None
+    if model is None:
+        path = run.ran_model()
+        model = read_onnx(path, error=RunStoreError) if path is not None else None
+    if model is None:
+        raise RunStoreError(f"run {run.path}: the model it ran is gone; its outputs' kinds cannot be read")
+    source, stage = run.source(), run.manifest.model.get("stage")
+    if _quantized(model) and source is not None:
+        earlier = source.model_stages()
+        for name in reversed(earlier[:earlier.index(stage)] if stage in earlier else []):
+            found = source.model(name)
+            if found is not None and not _quantized(found):
+                model = found
+                break
+    return judged_outputs(model, _declared(run))
+
+
+def _judge(judgements: list[OutputJudgement], names: list[str], a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    for judgement in judgements:
+        position = names.index(judgement.target.output)
+        judgement.add(a[position], b[position])
+
+
 def _per_sample(outputs_a: OutputArrays, outputs_b: OutputArrays, start: int, stop: int, effect: OutputEffect,
-                stats: list[TensorStats]) -> None:
+                stats: list[TensorStats], judgements: list[OutputJudgement], names: list[str]) -> None:
     for sample in range(start, stop):
         a, b = outputs_a.sample(sample), outputs_b.sample(sample)
         for stat, x, y in zip(stats, a, b):
             stat.add(sample, x, y)
         effect.add(effect.samples, a, b)
+        _judge(judgements, names, a, b)
 
 
-def _outputs(a: Run, b: Run, tolerance: Tolerance,
-             predicted: tuple[Predictions, Predictions] | None) -> tuple[OutputEffect, list[TensorStats]]:
-    """Final outputs of both runs a block of samples at a time: their effect, each against the tolerance, and
-    the predictions of the class-scores output."""
-    effect = OutputEffect()
+def _outputs(a: Run, b: Run, tolerance: Tolerance, predicted: tuple[Predictions, Predictions] | None,
+             judgements: list[OutputJudgement]) -> tuple[OutputEffect, list[TensorStats]]:
+    """Final outputs of both runs a block of samples at a time: their effect, each against the tolerance, each
+    judged for what it is (``judgements``: B against A), and the predictions of the class-scores output."""
+    effect = OutputEffect(judged=True)
+    names = list(a.inference.outputs)
     section_a, section_b = a.inference, b.inference
     stats = [TensorStats(name, *tolerance.for_node(name)) for name in section_a.outputs] if not tolerance.exact else []
     if section_b.samples != section_a.samples:
@@ -248,9 +301,10 @@ def _outputs(a: Run, b: Run, tolerance: Tolerance,
         if block_a is not None and block_b is not None and not stats:
             batches = [merged(x) for x in block_a], [merged(y) for y in block_b]
         if batches is None or any(x is None for x in batches[0] + batches[1]):
-            _per_sample(outputs_a, outputs_b, start, stop, effect, stats)
+            _per_sample(outputs_a, outputs_b, start, stop, effect, stats, judgements, names)
         else:
             effect.add(effect.samples, batches[0], batches[1])
+            _judge(judgements, names, batches[0], batches[1])
         if predicted is not None:
             for side, block, outputs in ((predicted[0], block_a, outputs_a), (predicted[1], block_b, outputs_b)):
                 side.add(start, block[side.position] if block is not None else
@@ -304,7 +358,14 @@ def _tensors(a: Run, b: Run, result: DiffResult, focus: list[int]) -> None:
 def _inference(a: Run, b: Run, result: DiffResult) -> None:
     """Final outputs, accuracy and tensors of two inference runs."""
     predicted = _predictions(a, b)
-    result.outputs, result.output_stats = _outputs(a, b, result.tolerance, predicted)
+    judgements = []
+    if list(a.inference.outputs) == list(b.inference.outputs):
+        try:
+            judgements = [OutputJudgement(t) for t in output_targets(b) if t.output in a.inference.outputs]
+        except QconsistError as exc:
+            result.notes.append(f"the outputs are not judged by kind: {exc.message}")
+    result.outputs, result.output_stats = _outputs(a, b, result.tolerance, predicted, judgements)
+    result.judged = [j.to_json() for j in judgements]
     flipped = np.flatnonzero(predicted[0].classes != predicted[1].classes) if predicted is not None else np.zeros(0)
     _tensors(a, b, result, flipped[:SAMPLES_KEPT].tolist())
     if predicted is not None:

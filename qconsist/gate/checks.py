@@ -12,6 +12,7 @@ import numpy as np
 from qconsist.calibration.repeat import RepeatResult
 from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
+from qconsist.compare.statistics import ZERO_SIGNAL, sqnr_phrase
 from qconsist.errors import QconsistError
 from qconsist.gate.blame import losing_nodes
 from qconsist.gate.evidence import Side, evaluation_inputs, same_role_inputs
@@ -55,7 +56,9 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
             continue
         detail = compared.stage(name)
         metadata_only = detail is not None and detail.same_computation
-        params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
+        mine_params, their_params = stage.get("params", {}), (other or {}).get("params", {})
+        params = [f"{key} {_value_at(their_params, key)} → {_value_at(mine_params, key)}"  # calibration_count 12 → 8
+                  for key in sorted(_differing_keys(mine_params, their_params))]
         changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params,
                         "metadata_only": metadata_only, "metadata": list(detail.metadata) if detail else []})
     return changes
@@ -74,6 +77,17 @@ def _describe_change(change: dict[str, Any], kind: str) -> str:
 def _artifact_of(stage: dict[str, Any] | None) -> dict[str, Any]:
     artifact = (stage or {}).get("artifact")
     return artifact if isinstance(artifact, dict) else {}
+
+
+def _value_at(params: Any, dotted: str) -> str:
+    """The value of a dotted parameter key (``calibration.count``) as text, ``unset`` where it is not there."""
+    value = params
+    for part in dotted.split(".") if dotted != "value" else []:
+        if not isinstance(value, dict) or part not in value:
+            return "unset"
+        value = value[part]
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "…"
 
 
 def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -220,11 +234,10 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
     measured = {key: record[key] for key in ("samples", "elements", "mismatched", "max_abs_diff", "max_rel_diff",
                                              "worst_output", "worst_sample", "worst_index", "top1_agreement")}
     top1 = comparison.top1_agreement
-    figures = (
-        f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
-        f"{record['worst_index']} of sample {record['worst_sample']}"
-        + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
-    )
+    where = (f"greatest absolute difference {comparison.max_abs_diff:.4g} at {record['worst_output']}"
+             f"{record['worst_index']} of sample {record['worst_sample']}" if comparison.worst is not None
+             else "the outputs are bit-identical")  # never "difference 0 at []"
+    figures = where + (f", top-1 agreement {top1:.1%}" if top1 is not None else "") + f" over {comparison.samples} samples"
     if comparison.judged:
         measured["outputs"] = [j.to_json() for j in comparison.judgements]
         figures += "; " + "; ".join(j.describe() for j in comparison.judgements)
@@ -242,7 +255,10 @@ def _drift_result(name: str, against: str, comparison: OutputComparison, limits:
         measured["below_floor"] = [j.label for j in below]
         where = blame({j.label: j.sqnr_db for j in below}) if blame is not None else {}
         measured["losing_nodes"] = where
-        failures += [f"output {j.label} ({j.target.kind_name}) SQNR {j.sqnr_db:.1f} dB < {limits.min_sqnr_db:g} dB"
+        failures += [f"output {j.label} ({j.target.kind_name}) "
+                     + (f"{sqnr_phrase(j.sqnr_db)} < {limits.min_sqnr_db:g} dB" if j.figure != ZERO_SIGNAL else
+                        f"{sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {j.noise.max_abs:.4g}: no SQNR to reach "
+                        f"{limits.min_sqnr_db:g} dB")
                      + (f" ({where[j.label]})" if where.get(j.label) else "") for j in below]
     if failures:
         return CheckResult(name, FAIL, f"against {against}: {'; '.join(failures)}; {figures}{extra}", tolerance, measured)

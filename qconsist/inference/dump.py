@@ -44,7 +44,7 @@ from qconsist.inference.fingerprint import fingerprint_row
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import ai_onnx_opset, read_onnx
 from qconsist.store.fingerprints import TableWriter
 from qconsist.store.serde import serialized
 
@@ -211,7 +211,7 @@ def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions
         return optimized, ""
     except QconsistError as exc:
         failure = " ".join(exc.message.split())
-    current = next((o.version for o in optimized.opset_import if o.domain in ("", "ai.onnx")), None)
+    current = ai_onnx_opset(optimized)
     newest = onnxruntime_limits()[0] or 0
     for opset in range(current + 1 if current else newest + 1, newest + 1):
         try:

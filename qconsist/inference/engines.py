@@ -43,7 +43,7 @@ from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, InputError, UnavailableError
 from qconsist.inference.session import ExecutionOptions, create_session
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import node_label, read_onnx
 from qconsist.store.scratch import scratch_dir
 from qconsist.store.serde import serialized
 
@@ -361,7 +361,7 @@ def _weight_shape(graph: onnx.GraphProto, name: str) -> tuple[int, ...] | None:
 def conv_nodes(model: onnx.ModelProto, names: Sequence[str] | None = None) -> list[ConvNode]:
     """The graph's convolution nodes in ``names`` order (execution order) or graph order."""
     nodes = list(model.graph.node)
-    labelled = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(nodes)}
+    labelled = {node_label(n, i): n for i, n in enumerate(nodes)}
     order = [labelled[n] for n in names if n in labelled] if names else nodes
     found = []
     for node in order:

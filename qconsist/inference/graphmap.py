@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from qconsist.inference.layout import Layouts
+from qconsist.onnxfile import node_label
 from qconsist.store.serde import serialized
 
 _VALUE_PRESERVING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Cast", "Identity"}
@@ -100,8 +101,8 @@ def unchanged_tensors(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
 
 
 def node_names(graph: onnx.GraphProto) -> list[str]:
-    """Node names, with a stable made-up name for unnamed nodes."""
-    return [node.name or f"{node.op_type}_{i}" for i, node in enumerate(graph.node)]
+    """Node names, with a stable invented name, marked as such, for unnamed nodes (``onnxfile.node_label``)."""
+    return [node_label(node, i) for i, node in enumerate(graph.node)]
 
 
 @dataclass

@@ -130,6 +130,17 @@ class Checked(Loader):
         return file_of(self.base, index)
 
 
+def _layout_hint(found: list[int], wanted: list) -> str:
+    """Where an image batch's channels sit at the other end from the model's (NCHW given, [?, H, W, 3] wanted, or
+    the reverse), the [preprocess] layout that would match, said as a possibility: shapes alone prove nothing."""
+    if len(found) != 4 or len(wanted) != 4:
+        return ""
+    if found[1] in (1, 3) and wanted[3] == found[1] and wanted[1:3] in ([found[2], found[3]], ["?", "?"]):
+        return '; if the model takes channels last, declare [preprocess] layout = "NHWC"'
+    if found[3] in (1, 3) and wanted[1] == found[3] and wanted[2:4] in ([found[1], found[2]], ["?", "?"]):
+        return '; if the model takes channels first, declare [preprocess] layout = "NCHW"'
+    return ""
+
 def prepare(loader: Any, index: int) -> tuple[Sample, str | None]:
     """Sample ``index`` of any loader (a ``Loader``, or a plain function of the index)."""
     return loader.prepare(index) if isinstance(loader, Loader) else (loader(index), None)
@@ -166,6 +177,7 @@ def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
             shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
             raise ShapeMismatchError(
                 f"sample {label}: input '{spec.name}' has shape {list(arr.shape)}, the model wants {shown}"
+                + _layout_hint(list(arr.shape), shown)
             )
         if arr.dtype != spec.dtype:
             if np.issubdtype(arr.dtype, np.floating) and np.issubdtype(spec.dtype, np.floating):

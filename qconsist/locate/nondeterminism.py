@@ -20,7 +20,7 @@ from onnx import numpy_helper
 
 from qconsist.errors import InputError
 from qconsist.inference.session import ConvAlgoSearch
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import node_label, read_onnx
 from qconsist.stages.rewrites.emit import attributes_of
 from qconsist.stages.rewrites.subpixel import overlaps
 from qconsist.store.serde import serialized
@@ -341,5 +341,5 @@ def find_nondeterministic_nodes(model: onnx.ModelProto | Path, settings: CudaSet
             view = view or Node(node, attributes_of(node), constants, shapes)
             reason = row.match(view, settings)
             if reason:
-                findings.append(Finding(node.name or f"{node.op_type}_{index}", node.op_type, row.id, row.kind, reason, row.fix))
+                findings.append(Finding(node_label(node, index), node.op_type, row.id, row.kind, reason, row.fix))
     return NondeterminismReport(findings, settings)

@@ -8,6 +8,7 @@ import math
 from html import escape
 from typing import Any
 
+from qconsist.compare.statistics import MEASURED, sqnr_cell
 from qconsist.sensitivity import SensitivityResult
 from qconsist.sensitivity.figures import Figures
 
@@ -46,7 +47,8 @@ def _figures_table(columns: list[tuple[str, Figures | None]]) -> str:
     rows = []
     for i, label in enumerate(labels):
         kind = present[0][1].outputs[i].kind
-        cells = "".join(f"<td>{_db(f.outputs[i].sqnr_db)} dB</td>" if not f.outputs[i].integer else
+        cells = "".join(f"<td>{_db(f.outputs[i].sqnr_db)} dB</td>" if not f.outputs[i].integer and f.outputs[i].figure == MEASURED else
+                        f"<td>{sqnr_cell(None, f.outputs[i].figure)}</td>" if not f.outputs[i].integer else
                         f"<td>{f.outputs[i].identical_samples}/{f.samples} identical</td>" for _, f in present)
         rows.append(f"<tr><td><code>{escape(label)}</code> ({escape(kind)})</td>{cells}</tr>")
     extra = [("top-1 agreement", lambda f: _share(f.top1_agreement)), ("accuracy", lambda f: _share(f.accuracy)),

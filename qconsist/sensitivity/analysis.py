@@ -274,7 +274,8 @@ def _probed_nodes(run: QuantizedRun, request: SensitivityRequest,
     names = [n.name for n in found]
     if not names:
         raise InputError(f"the {run.float_stage} model of {run.path} has no named node that onnxruntime quantizes "
-                         f"({unnamed} unnamed): nothing to keep in float")
+                         f"({unnamed} unnamed): nothing to keep in float; onnxruntime excludes nodes by name: set "
+                         "[optimize] name_nodes = true in the pipeline to name them, and run it again")
     return model, names, unnamed
 
 

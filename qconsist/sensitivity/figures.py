@@ -15,7 +15,8 @@ import numpy as np
 
 from qconsist.compare import compare_outputs
 from qconsist.compare.kinds import JudgedOutput, class_scores_output
-from qconsist.compare.output import top1
+from qconsist.compare.accuracy import top1
+from qconsist.compare.statistics import MEASURED, sqnr_cell
 from qconsist.sensitivity.target import Measure, Target
 from qconsist.store.serde import serialized
 
@@ -32,6 +33,7 @@ class OutputFigures:
     top1_agreement: float | None = None
     integer: bool = False
     identical_samples: int = 0
+    figure: str = MEASURED  # "identical" / "zero-signal": no SQNR measured (``qconsist.compare.statistics``)
 
 
 @serialized(derived=("accuracy_drop", "worst_sqnr_db"))
@@ -95,7 +97,7 @@ class Figures:
             if o.integer:
                 parts.append(f"{o.label} ({o.kind}) {o.identical_samples}/{self.samples} identical")
             else:
-                parts.append(f"{o.label} ({o.kind}) {o.sqnr_db:.1f} dB")
+                parts.append(f"{o.label} ({o.kind}) " + (f"{o.sqnr_db:.1f} dB" if o.figure == MEASURED else sqnr_cell(o.sqnr_db, o.figure)))
         if self.top1_agreement is not None:
             parts.append(f"top-1 agreement {self.top1_agreement:.1%}")
         if self.accuracy is not None:
@@ -142,7 +144,7 @@ def judge(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Map
     gives them), with accuracy where ``labels`` (one per sample, None where a sample has none) are given."""
     comparison = compare_outputs(reference, candidate, atol=None, rtol=None, judged=judged)
     outputs = [OutputFigures(j.label, j.target.kind_name, j.sqnr_db, j.noise.cosine, j.noise.max_abs, j.top1_agreement,
-                             j.integer, j.identical) for j in comparison.judgements]
+                             j.integer, j.identical, j.figure) for j in comparison.judgements]
     figures = Figures(samples=comparison.samples, outputs=outputs, top1_agreement=comparison.top1_agreement)
     if labels is not None and any(label is not None for label in labels):
         scores = class_scores_output(judged, "accuracy")

@@ -1,8 +1,9 @@
 """The calibration table of a quantized model: per quantized tensor its range, scale, zero point, nodes.
 
-Read from the quantized model itself (its scale and zero-point initializers, mapped through the
-QuantizeLinear / DequantizeLinear / QLinear* nodes that use them to the tensors they quantize and to the
-nodes that consume those tensors) plus the ranges calibration measured. Validation reports every NaN,
+Read from the quantized model itself: the scale and zero-point inputs of its QuantizeLinear /
+DequantizeLinear / QLinear* nodes (at the positions the operators' schemas give them, ``QLINEAR_PARAMETERS``;
+never an initializer found by its name: a Caffe BatchNorm's gamma is ``<layer>_scale`` too), mapped to the
+tensors they quantize and to the nodes that consume those tensors plus the ranges calibration measured. Validation reports every NaN,
 infinite, zero or negative scale with its tensor and nodes.
 
 Non-finite scales stay floats here; the JSON serializer (``qconsist.store.serde``) writes them.
@@ -17,9 +18,36 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qconsist.onnxfile import node_label
 from qconsist.store.serde import serialized, to_number
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+# Where a quantized operator takes its quantization parameters, from its schema (ONNX's, and onnxruntime's
+# com.microsoft ops): per quantized tensor, (its input index, or None for the operator's output 0; the scale's
+# input index; the zero point's input index).
+_BINARY = ((0, 1, 2), (3, 4, 5), (None, 6, 7))
+_UNARY = ((0, 1, 2), (None, 3, 4))
+QLINEAR_PARAMETERS: dict[str, tuple[tuple[int | None, int, int], ...]] = {
+    "QuantizeLinear": ((0, 1, 2),), "DequantizeLinear": ((0, 1, 2),),
+    "QLinearConv": _BINARY, "QLinearMatMul": _BINARY, "QLinearAdd": _BINARY, "QLinearMul": _BINARY,
+    "QGemm": ((0, 1, 2), (3, 4, 5), (None, 7, 8)),
+    "QLinearSigmoid": _UNARY, "QLinearLeakyRelu": _UNARY, "QLinearSoftmax": _UNARY, "QLinearAveragePool": _UNARY,
+    "QLinearGlobalAveragePool": _UNARY, "QLinearReduceMean": _UNARY,
+    "QLinearWhere": ((1, 2, 3), (4, 5, 6), (None, 7, 8)),
+    "QLinearConcat": ((None, 0, 1), *((i, i + 1, i + 2) for i in range(2, 2 + 3 * 64, 3))),
+}
+
+
+def quantization_parameters(model: onnx.ModelProto) -> set[str]:
+    """The names of every scale and zero point of ``model``: the inputs its QuantizeLinear, DequantizeLinear and
+    QLinear* nodes take at their schemas' scale and zero-point positions (read from the graph, never by name)."""
+    found: set[str] = set()
+    for node in model.graph.node:
+        inputs = list(node.input)
+        for _, scale, zero_point in QLINEAR_PARAMETERS.get(node.op_type, ()):
+            found.update(inputs[i] for i in (scale, zero_point) if i < len(inputs) and inputs[i])
+    return found
 
 
 def quantized_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -139,14 +167,17 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return users
 
 
-def _node_label(node: onnx.NodeProto) -> str:
-    return node.name or f"{node.op_type}({', '.join(node.output)})"
+def _labels(graph: onnx.GraphProto) -> dict[int, str]:
+    """Each node's label by ``id``: its name, or the invented one marked as such (``onnxfile.node_label``)."""
+    return {id(node): node_label(node, i) for i, node in enumerate(graph.node)}
 
 
-def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: frozenset[str] = frozenset()) -> list[str]:
+def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: frozenset[str] = frozenset(),
+                labels: dict[int, str] | None = None) -> list[str]:
     """Nodes using a tensor, looking through QuantizeLinear/DequantizeLinear to the real consumers.
 
-    A graph output is listed as ``<output NAME>``.
+    A graph output is listed as ``<output NAME>``; a node by its label in ``labels`` (``_labels``: an unnamed
+    node's invented name, marked as such).
     """
     found: list[str] = []
     pending, seen = [output], set()
@@ -161,7 +192,7 @@ def _downstream(output: str, users: dict[str, list[onnx.NodeProto]], outputs: fr
             if node.op_type in _QDQ:
                 pending.extend(node.output)
             else:
-                found.append(_node_label(node))
+                found.append(labels[id(node)] if labels is not None else node.name or node.op_type)
     return found
 
 
@@ -174,8 +205,10 @@ def build_table(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]] |
     outputs = frozenset(o.name for o in graph.output)
     table = CalibrationTable()
 
+    labels = _labels(graph)
+
     def downstream(name: str) -> list[str]:
-        return _downstream(name, users, outputs)
+        return _downstream(name, users, outputs, labels)
 
     def add(tensor: str, kind: str, scale_name: str, zp_name: str | None, nodes: list[str], data: str | None = None) -> None:
         if tensor in table.entries or scale_name not in inits:
@@ -207,21 +240,26 @@ def build_table(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]] |
             kind = "bias" if inits[data].data_type == onnx.TensorProto.INT32 else "weight"
             tensor = data[: -len("_quantized")] if data.endswith("_quantized") else node.output[0]
             add(tensor, kind, node.input[1], zp, downstream(node.output[0]), data)
-    # QOperator format: QLinear* nodes take <tensor>_scale / <tensor>_zero_point initializers directly.
-    for name in inits:
-        if not name.endswith("_scale") or any(e.scale_initializer == name for e in table.entries.values()):
-            continue
-        tensor = name[: -len("_scale")]
-        zp_name = f"{tensor}_zero_point"
-        nodes = [_node_label(n) for n in users.get(name, []) if n.op_type not in _QDQ]
-        nodes += [d for n in users.get(name, []) if n.op_type in _QDQ for d in downstream(n.output[0])]
-        if not nodes:
-            continue
-        base = tensor[: -len("_quantized")] if tensor.endswith("_quantized") else tensor
-        kind = "activation"
-        if tensor in inits or f"{tensor}_quantized" in inits or tensor.endswith("_quantized"):
-            quantized = inits.get(tensor) or inits.get(f"{tensor}_quantized")
-            kind = "bias" if quantized is not None and quantized.data_type == onnx.TensorProto.INT32 else "weight"
-        data = next((n for n in (tensor, f"{tensor}_quantized") if n in inits), None) if kind != "activation" else None
-        add(base, kind, name, zp_name if zp_name in inits else None, nodes, data)
+    # QOperator format: QLinear* nodes take their scales and zero points as inputs, at the positions their
+    # schemas give (never an initializer found by its name: a Caffe BatchNorm's gamma is "<layer>_scale" too)
+    for node in graph.node:
+        for data_index, scale_index, zp_index in QLINEAR_PARAMETERS.get(node.op_type, ()):
+            inputs = list(node.input)
+            scale_name = inputs[scale_index] if scale_index < len(inputs) else ""
+            if not scale_name or scale_name not in inits or any(e.scale_initializer == scale_name for e in table.entries.values()):
+                continue
+            zp_name = inputs[zp_index] if zp_index < len(inputs) and inputs[zp_index] in inits else None
+            quantized = (inputs[data_index] if data_index is not None and data_index < len(inputs) else node.output[0])
+            # ORT names a QOperator tensor's parameters "<tensor>_scale" / "<tensor>_zero_point": the tensor's name
+            tensor = scale_name[: -len("_scale")] if scale_name.endswith("_scale") else quantized
+            users_of = users.get(scale_name, [])
+            nodes = [labels[id(n)] for n in users_of if n.op_type not in _QDQ]
+            nodes += [d for n in users_of if n.op_type in _QDQ for d in downstream(n.output[0])]
+            base = tensor[: -len("_quantized")] if tensor.endswith("_quantized") else tensor
+            kind = "activation"
+            if tensor in inits or f"{tensor}_quantized" in inits or tensor.endswith("_quantized"):
+                stored = inits.get(tensor) or inits.get(f"{tensor}_quantized")
+                kind = "bias" if stored is not None and stored.data_type == onnx.TensorProto.INT32 else "weight"
+            data = next((n for n in (tensor, f"{tensor}_quantized") if n in inits), None) if kind != "activation" else None
+            add(base, kind, scale_name, zp_name, nodes, data)
     return table

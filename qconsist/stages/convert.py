@@ -26,7 +26,7 @@ import onnx
 from onnx import version_converter
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import ai_onnx_opset, read_onnx
 from qconsist.stages.caffe.fidelity import FidelityCheck, check_fidelity
 from qconsist.stages.calibration_table import quantized_nodes
 from qconsist.stages.caffe.proto import caffe_pb2, read_caffemodel, read_prototxt
@@ -352,7 +352,7 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
     except UnsupportedModelError as exc:
         newest = re.search(r"till opset (\d+)", exc.message)
         if newest:
-            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+            opset = ai_onnx_opset(model)
             raise UnsupportedModelError(
                 f"{path} uses ai.onnx opset {opset}; onnxruntime {ort.__version__} supports up to opset {newest.group(1)}"
             ) from None
@@ -362,7 +362,7 @@ def check_onnx_entry(path: Path) -> onnx.ModelProto:
 
 def onnx_opset(model: onnx.ModelProto) -> int | None:
     """A model's ai.onnx opset (``None``: it imports none)."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return ai_onnx_opset(model)
 
 
 # an upgraded ONNX entry against the original, as optimize is checked

@@ -36,7 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qconsist.errors import ConfigError, FidelityError, InputError, UnsupportedModelError
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import ai_onnx_opset, node_label, read_onnx
 from qconsist.stages.caffe.fidelity import OutputCheck
 from qconsist.stages.rewrites import equivalence
 from qconsist.stages.rewrites.emit import Emitter, attributes_of
@@ -283,7 +283,7 @@ def determinize_model(model: onnx.ModelProto, options: DeterminizeOptions = Dete
     """The rewritten model (a copy) and what was done; ``inputs``: the check's values for inputs that
     cannot be drawn at random (integer inputs, dynamic dimensions)."""
     start = time.perf_counter()
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = ai_onnx_opset(model) or 0
     if opset < MIN_OPSET:
         raise UnsupportedModelError(f"determinize needs opset {MIN_OPSET} or newer; the model has opset {opset}")
     m = _Model(model)
@@ -294,7 +294,7 @@ def determinize_model(model: onnx.ModelProto, options: DeterminizeOptions = Dete
         rewrite = _REWRITES.get(node.op_type)
         if rewrite is None:
             continue
-        name = node.name or f"{node.op_type}_{index}"
+        name = node_label(node, index)
         if node.op_type == "ConvTranspose" and not options.conv_transpose:
             left_alone.append(NodeNote(name, node.op_type, "conv_transpose rewriting is off"))
             continue

@@ -9,6 +9,12 @@ Two methods:
 * ``session``: an ORT session at a recorded graph-optimization level writes its optimized graph
   (``SessionOptions.optimized_model_filepath``). Levels above ``basic`` may emit ORT-only fused operators.
 
+``name_nodes = true``: after the tool, every node of the main graph the model leaves unnamed gets a name derived
+from its op type and its position in the optimized graph (``Sigmoid_118``: the name qconsist's reports call
+``~Sigmoid_118``, without the mark; a name already taken gets ``_1``, ``_2``… after it). The names given are
+recorded (``named_nodes``), and the named model is the one checked. Then ``[quantize] nodes_to_exclude`` and
+``qconsist sensitivity`` can name every node of an export that names none (a PyTorch export's often).
+
 Check: the optimized model's outputs against the original's on real evaluation inputs, elementwise
 ``|opt - orig| <= atol + rtol * |orig|``; greatest absolute and relative difference and the tolerance are
 recorded, and a mismatch raises ``FidelityError``.
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,7 @@ from qconsist.compare import OutputComparison, compare_outputs
 from qconsist.errors import ConfigError, FidelityError, UnsupportedModelError
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, ort_level, ort_logged, ort_message, outputs_of
 from qconsist.inputs.inputset import InputSet
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import INVENTED_MARK, invented_name, read_onnx
 from qconsist.store.atomic import write_atomic
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
@@ -64,10 +70,13 @@ class OptimizeOptions:
     level: OptimizationLevel = OptimizationLevel.BASIC  # session method only; quant_pre_process applies ORT's basic level
     skip_optimization: bool = False  # quant_pre_process: shape inference only
     symbolic_shape: bool = False  # quant_pre_process: symbolic shape inference (needs sympy)
+    name_nodes: bool = False  # give unnamed nodes stable names (op type and position), recorded
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name_nodes, bool):
+            raise ConfigError(f"optimize.name_nodes must be true or false, got {self.name_nodes!r}")
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
@@ -107,6 +116,7 @@ class OptimizeResult:
     nodes_before: int
     nodes_after: int
     check: OutputComparison | None = None
+    named_nodes: dict[str, str] = field(default_factory=dict)  # name_nodes: name given -> op type
 
 
 def _pre_process(source: Path, target: Path, options: OptimizeOptions) -> None:
@@ -128,6 +138,26 @@ def _quant_pre_process(source: Path, target: Path, params: dict) -> None:
 
 def _session_optimize(source: Path, target: Path, options: OptimizeOptions) -> None:
     create_session(source, ExecutionOptions(graph_optimization_level=options.level), optimized_model_filepath=target)
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> dict[str, str]:
+    """Name every unnamed node of ``model``'s main graph after its op type and position (``Sigmoid_118``, the name
+    qconsist's reports invent for it, without the mark; ``_1``, ``_2``… after a name already taken), in place.
+    Returns the names given, each with its op type, in graph order."""
+    taken = {node.name for node in model.graph.node if node.name}
+    given: dict[str, str] = {}
+    for index, node in enumerate(model.graph.node):
+        if node.name:
+            continue
+        base = invented_name(node.op_type, index).removeprefix(INVENTED_MARK)
+        name, suffix = base, 0
+        while name in taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
+        node.name = name
+        taken.add(name)
+        given[name] = node.op_type
+    return given
 
 
 def _node_count(path: Path) -> int:
@@ -159,11 +189,16 @@ def optimize_model(
             raise UnsupportedModelError(f"optimize: {exc.message}") from None
         except _TOOL_ERRORS as exc:
             raise UnsupportedModelError(f"optimize: onnxruntime cannot optimize {source}: {ort_message(exc)}") from None
+        named: dict[str, str] = {}
+        if options.name_nodes:
+            model = read_onnx(staged, external_data=True)
+            named = name_unnamed_nodes(model)
+            onnx.save(model, str(staged))
         write_atomic(output, lambda tmp_path: tmp_path.write_bytes(staged.read_bytes()))
     seconds = time.perf_counter() - start
     result = OptimizeResult(
         path=output, seconds=seconds, params=options.to_json() | options.tool_params(),
-        nodes_before=_node_count(source), nodes_after=_node_count(output),
+        nodes_before=_node_count(source), nodes_after=_node_count(output), named_nodes=named,
     )
     log.info("optimized %s -> %s (%d -> %d nodes) in %.2f s", source, output, result.nodes_before, result.nodes_after, seconds)
     if evaluation is not None:
@@ -199,6 +234,7 @@ class OptimizeStage:
             level=table.choice("level", OptimizationLevel, OptimizationLevel.BASIC),
             skip_optimization=table.get("skip_optimization", bool, False),
             symbolic_shape=table.get("symbolic_shape", bool, False),
+            name_nodes=table.get("name_nodes", bool, False),
             atol=table.get("atol", float, OptimizeOptions.atol), rtol=table.get("rtol", float, OptimizeOptions.rtol),
         ))
         table.finish()
@@ -209,7 +245,8 @@ class OptimizeStage:
         evaluation = context.evaluation(source) if context.evaluation else None
         result = optimize_model(source, target, options, evaluation)
         checks = {f"outputs_vs_{context.previous}": result.check.to_json() if result.check is not None else None,
-                  "nodes_before": result.nodes_before, "nodes_after": result.nodes_after}
+                  "nodes_before": result.nodes_before, "nodes_after": result.nodes_after,
+                  **({"named_nodes": result.named_nodes} if options.name_nodes else {})}
         return StageRecord(self.name, target, result.params, hash_artifact(target, context.root), checks,
                            result.seconds, result=result)
 

@@ -41,11 +41,12 @@ from typing import Any, Mapping
 
 import onnx
 
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import INVENTED_MARK, ai_onnx_opset, node_label, read_onnx
 from qconsist.stages.calibration_table import CalibrationTable, ScaleIssue, build_table, quantized_nodes
 from qconsist.errors import ConfigError, FidelityError, InputError, OutputError, UnsupportedModelError
 from qconsist.inputs.inputset import InputSet, check_batch_size
 from qconsist.compare import OutputComparison, OutputKind, compare_outputs, judged_outputs
+from qconsist.compare.statistics import ZERO_SIGNAL, sqnr_phrase
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, measurement_options, ort_logged, outputs_of,
     require_provider,
@@ -524,9 +525,16 @@ def quantize_model(
 
 def floor_failures(comparison: OutputComparison, min_sqnr_db: float | None, against: str = "the float model") -> list[str]:
     """One line per output or part whose SQNR is below ``min_sqnr_db``, lowest first."""
-    return [f"output {j.label} ({j.target.kind_name}): SQNR {j.sqnr_db:.1f} dB against {against}, below the floor of "
+    return [f"output {j.label} ({j.target.kind_name}): {_figure(j)} against {against}, below the floor of "
             f"{min_sqnr_db:g} dB" + (f" ({j.noise.nonfinite} element(s) NaN or Inf on one side)" if j.noise.nonfinite else "")
             for j in comparison.below(min_sqnr_db)]
+
+
+def _figure(judgement) -> str:
+    """"SQNR 3.2 dB", or for a reference of zeros "zero signal (…), greatest difference 0.25" (no SQNR)."""
+    if judgement.figure == ZERO_SIGNAL:
+        return f"{sqnr_phrase(None, ZERO_SIGNAL)}, greatest difference {judgement.noise.max_abs:.4g},"
+    return sqnr_phrase(judgement.sqnr_db)
 
 
 def _why_assertion(source: Path, exc: AssertionError) -> str:
@@ -558,11 +566,11 @@ PER_CHANNEL_QDQ_OPSET = 13  # DequantizeLinear's axis
 
 def check_opset(source: Path, model: onnx.ModelProto, options: QuantizeOptions) -> None:
     """A quantization that needs a newer opset than the model has is refused, in one line naming the setting."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = ai_onnx_opset(model)
     if options.format is QuantFormatChoice.QDQ and options.per_channel and opset is not None and opset < PER_CHANNEL_QDQ_OPSET:
         raise ConfigError(
             f"quantize.per_channel with format QDQ needs ai.onnx opset {PER_CHANNEL_QDQ_OPSET} (DequantizeLinear's axis); "
-            f"the model to quantize ({source.name}) has opset {opset}: set [convert] opset = {PER_CHANNEL_QDQ_OPSET} in the pipeline file "
+            f"the model to quantize ({source.parent.name}/{source.name}) has ai.onnx opset {opset}: set [convert] opset = {PER_CHANNEL_QDQ_OPSET} in the pipeline file "
             "(an ONNX entry is upgraded by onnx.version_converter and checked against the original)"
         )
 
@@ -584,10 +592,22 @@ def check_selection(source: Path, options: QuantizeOptions) -> None:
         return
     missing = sorted(set(options.nodes_to_exclude) - {n.name for n in model.graph.node})
     if missing:
+        invented = {node_label(n, i): n for i, n in enumerate(model.graph.node) if not n.name}
+        unnamed = [(name, invented.get(name) or invented.get(INVENTED_MARK + name)) for name in missing]
+        explained = [f"{name!r} is the name qconsist invents for the unnamed {node.op_type} node at position "
+                     f"{list(model.graph.node).index(node)} (reports mark it {INVENTED_MARK}); onnxruntime excludes "
+                     "nodes by their names in the model only"
+                     for name, node in unnamed if node is not None]
+        if explained:
+            raise ConfigError(f"quantize.nodes_to_exclude: {'; '.join(explained)}: set [optimize] name_nodes = true "
+                              "to give the model's unnamed nodes these names (without the mark), recorded and checked")
         names = [n.name for n in model.graph.node if n.name]
         shown = ", ".join(names[:8]) + (f", … ({len(names)} in all)" if len(names) > 8 else "")
+        unnamed_count = len(invented)
         raise ConfigError(f"quantize.nodes_to_exclude: the model to quantize has no node named {', '.join(missing)} "
-                          f"(its nodes: {shown or 'none named'})")
+                          f"(its nodes: {shown or 'none named'}"
+                          + (f"; {unnamed_count} unnamed: [optimize] name_nodes = true names them" if unnamed_count else "")
+                          + ")")
 
 
 def _why_nothing(source: Path, options: QuantizeOptions) -> str:

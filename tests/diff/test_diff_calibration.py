@@ -218,7 +218,7 @@ def test_final_outputs_and_capture_commands(inference_diff, independent, calibra
     outputs = inference_diff.outputs
     assert outputs.differing_samples == [i for i, (p, q) in enumerate(zip(a, b)) if not _same(p, q)]
     assert outputs.greatest_abs == max(float(np.abs(p.astype(np.float64) - q).max()) for p, q in zip(a, b))
-    assert outputs.top1_agreement == np.mean([np.argmax(p) == np.argmax(q) for p, q in zip(a, b)])
+    assert inference_diff.top1_agreement == np.mean([np.argmax(p) == np.argmax(q) for p, q in zip(a, b)])  # prob: class scores
     # no raw tensors were kept: the diff names them and the commands that capture them
     key_nodes = [n.key for n in inference_diff.tensors.nodes if n.origin or n is inference_diff.tensors.first]
     assert inference_diff.tensors.raw_missing == key_nodes

@@ -127,7 +127,7 @@ def test_final_outputs_greatest_difference_and_top1(level_runs, independent):
     a, b = independent["a"]["prob"], independent["b"]["prob"]
     assert result.outputs.greatest_abs == max(float(np.abs(p - q).max()) for p, q in zip(a, b))
     agree = np.mean([np.argmax(p) == np.argmax(q) for p, q in zip(a, b)])
-    assert result.outputs.top1_agreement == agree
+    assert result.top1_agreement == agree  # prob: class scores
 
 
 def test_cli_reports_divergence_with_exit_1(level_runs):

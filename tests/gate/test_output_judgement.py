@@ -41,7 +41,8 @@ def test_destroyed_map_fails_the_quantize_check_and_keeps_the_run(map_model, tmp
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
     assert lines[5].startswith("  check quantize: max abs diff ")
-    assert lines[5].endswith("vs optimize; map (map): SQNR 0.0 dB, cosine 0.00000 on 6 evaluation inputs")
+    assert re.search(r"vs optimize; map \(map\): SQNR 0\.0 dB, cosine 0\.00000, greatest difference \d+\.\d+ on 6 evaluation "
+                     r"inputs: FAILED \(floor 15 dB\)$", lines[5]), lines[5]  # the one wording of a judgement (compare/output.describe_judgement)
     assert lines[7] == ("FAILED check quantize: output map (map): SQNR 0.0 dB against the float model (optimize stage), "
                         "below the floor of 15 dB ([quantize] min_sqnr_db)")
     assert re.fullmatch(r"  map: nodes losing most on the way \(quant-error, SQNR in -> out\): conv3 \(Conv, \d+\.\d -> 0\.0 dB\)",
@@ -115,9 +116,10 @@ def test_nudenet_int8_fails_the_default_policy_on_its_class_scores(tmp_path):
     assert result.exit_code == 1, result.output
     # measured here: whole output and boxes 27.9 dB, the scores' Sigmoid 25.7 -> 5.1 dB, the scores part 0.0 dB
     number = r"\d+\.\d"
-    assert re.search(r"output0 \(undeclared\): SQNR 2\d\.\d dB, cosine 0\.99\d+; output0\[:, 0:4\] \(undeclared\): SQNR "
-                     r"2\d\.\d dB, cosine 0\.99\d+; output0\[:, 4:22\] \(undeclared\): SQNR 0\.0 dB, cosine 0\.00000 on 9 "
-                     r"evaluation inputs", result.stdout), result.stdout
+    assert re.search(r"output0 \(undeclared\): SQNR 2\d\.\d dB, cosine 0\.99\d+, greatest difference [\d.]+; output0\[:, 0:4\] "
+                     r"\(undeclared\): SQNR 2\d\.\d dB, cosine 0\.99\d+, greatest difference [\d.]+; output0\[:, 4:22\] "
+                     r"\(undeclared\): SQNR 0\.0 dB, cosine 0\.00000, greatest difference [\d.]+ on 9 evaluation inputs",
+                     result.stdout), result.stdout
     assert re.search(rf"  output0\[:, 4:22\]: Concat '/model.22/Concat_25' takes /model.22/Sigmoid_output_0 at {number} dB and "
                      rf"gives it out at 0\.0 dB \(loses {number} dB there\); nodes losing most on the way \(quant-error, SQNR "
                      rf"in -> out\): /model.22/Sigmoid \(Sigmoid, {number} -> {number} dB\)", result.stdout), result.stdout

@@ -95,7 +95,7 @@ def test_dynamic_batch_restamps_and_records_it(tmp_path, small_models):
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     assert manifest.model["artifact"]["sha256"] != restamped["sha256"]  # the original stays recorded as the model
     baseline = _run(small_models["classifier"], small_models["arrays"], tmp_path, "batch1")
-    assert diff_runs(baseline.run_dir, tmp_path / "runs" / "restamped").outputs.top1_agreement == 1.0
+    assert diff_runs(baseline.run_dir, tmp_path / "runs" / "restamped").top1_agreement == 1.0
 
 
 def test_a_model_with_its_batch_baked_in_cannot_be_restamped(tmp_path, small_models):

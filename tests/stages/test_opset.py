@@ -41,7 +41,7 @@ def test_per_channel_qdq_below_opset_13_names_the_setting(tmp_path):
     config = load_pipeline(PIPELINE)
     stages = {**config.stages, "convert": ConvertOptions()}  # the entry's own opset, 12
     with pytest.raises(ConfigError, match=r"^quantize.per_channel with format QDQ needs ai.onnx opset 13 \(DequantizeLinear's axis\); "
-                                          r"the model to quantize \(model.onnx\) has opset 12: set \[convert\] opset = 13 in the pipeline file"):
+                                          r"the model to quantize \(optimize/model.onnx\) has ai.onnx opset 12: set \[convert\] opset = 13 in the pipeline file"):
         run_pipeline(dataclasses.replace(config, stages=stages), runs_dir=tmp_path, run_id="refused")
     assert not (tmp_path / "refused").exists()
 
