@@ -135,14 +135,14 @@ def unchanged_tensors(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
 
 def _value(attribute: onnx.AttributeProto) -> object:
     value = onnx.helper.get_attribute_value(attribute)
-    return list(value) if isinstance(value, (list, tuple)) or type(value).__name__.startswith("Repeated") else value
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def _defaults(op_type: str, domain: str, version: int | None) -> dict[str, object]:
     """The attributes of ``op_type``'s schema that have a default, with it (none for an unknown op)."""
     try:
         schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), "" if domain == "ai.onnx" else domain)
-    except Exception:  # noqa: BLE001 - onnx raises SchemaError for an op it does not know (a contrib op)
+    except onnx.defs.SchemaError:  # an op onnx does not know (a contrib op): no defaults left out
         return {}
     return {name: _value(a.default_value) for name, a in schema.attributes.items() if a.default_value.type}
 
