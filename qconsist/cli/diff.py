@@ -107,9 +107,9 @@ def _short_capture(command: str, other) -> str:
 
 
 def _shown_nodes(listed: list, first) -> list:
-    """The rows of the node table, in the graph's order: every origin node, the first diverging node, then the
+    """The rows of the node table, in the graph's order: every origin and span, the first diverging node, then the
     others up to ``_SHOWN`` rows."""
-    keep = {id(node) for node in listed if node.origin or node is first}
+    keep = {id(node) for node in listed if node.finding or node is first}
     room = max(_SHOWN - len(keep), 0)
     for node in listed:
         if room and id(node) not in keep:
@@ -134,10 +134,11 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
     if not tensors.nodes:
         console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
     else:
-        origins = tensors.origins
+        origins, spans = tensors.origins, tensors.spans
         console.print(
             f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
             f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
+            + (f"; spans: {len(spans)}" if spans else "")
         )
         columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
         table = Rows(*columns, *(["tolerance"] if not tolerance.exact else []))
@@ -152,7 +153,7 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
             elif e and e.histogram:
                 extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
             table.add(
-                node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
+                node.label, f"{node.op_a} / {node.op_b}", node.finding or "propagates",
                 f"{node.count}/{tensors.samples}", mismatch,
                 _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
                 *([node.tolerance] if not tolerance.exact else []),
@@ -163,9 +164,9 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
         cut = more(len(shown), len(listed), what, "--json lists all")
         if cut:
             console.print(cut)
-        for node in origins:
-            why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
-            console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
+        for node in tensors.nodes:
+            if node.finding:
+                console.print(_finding(node))
         if result.capture:
             console.print("element statistics need raw tensors; capture them with:")
             for command, other in zip(result.capture, (result.run_b, result.run_a)):
@@ -187,6 +188,19 @@ def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
             console.print(f"  {command}")
 
 
+def _finding(node) -> str:  # node: TensorDiff, an origin or a span
+    samples = f"samples {node.origin_samples[:8]}"
+    if node.is_span:
+        shown = ", ".join(node.unobserved[:6]) + (", ..." if len(node.unobserved) > 6 else "")
+        return (f"span ending at {node.label}: its output differs while its nearest observed inputs are identical "
+                f"({node.evidence()}; {samples}); not observed: {shown}; nodes inside: {', '.join(node.span)}")
+    if node.initializers_changed:
+        return f"origin {node.label}: outputs differ while every input it reads was compared ({node.evidence()}; {samples})"
+    if node.inputs or node.given or node.constants:
+        return f"origin {node.label}: outputs differ while every input it reads is identical ({node.evidence()}; {samples})"
+    return f"origin {node.label}: outputs differ ({samples}; recorded before qconsist kept an origin's evidence)"
+
+
 def _render_accuracy(console, change) -> None:  # change: AccuracyChange
     console.print(change.summary())
     for flip in change.flipped[:_SHOWN]:
@@ -203,12 +217,12 @@ def diff(
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
     policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): its [diff] tolerances (atol, rtol, per node); --atol/--rtol override them.") = None,
-    replay: bool = typer.Option(False, "--replay", help="Confirm each origin by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with `qconsist run --dump --raw`) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin and span by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with `qconsist run --dump --raw`) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
-    With --replay, each origin is confirmed (or not) by running it alone on its recorded inputs.
+    With --replay, each origin and span is confirmed (or not) by running it alone on its recorded inputs.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
     different models or input sets).

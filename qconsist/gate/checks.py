@@ -109,7 +109,9 @@ def _divergence_note(divergence: dict[str, Any] | None) -> str:
         return ""
     listed = divergence.get("origin_nodes") or []
     origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
-    return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins})"
+    spans = divergence.get("span_nodes") or []
+    within = (f"; spans ending at: {', '.join(spans[:4])}" + (f" and {len(spans) - 4} more" if len(spans) > 4 else "")) if spans else ""
+    return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins}{within})"
 
 
 def check_baseline_is_another_run(candidate: Side, baseline: Side | None) -> CheckResult | None:

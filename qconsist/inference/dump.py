@@ -42,7 +42,7 @@ from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
 from qconsist.inference.fingerprint import fingerprint_row
-from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
+from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import ai_onnx_opset, read_onnx
@@ -482,7 +482,7 @@ def _topological(graph: onnx.GraphProto) -> list[int]:
                 continue
             state[index] = 1
             stack.append((index, True))
-            for inp in graph.node[index].input:
+            for inp in node_reads(graph.node[index]):
                 dep = producer.get(inp)
                 if dep is not None and not state.get(dep):
                     stack.append((dep, False))
@@ -500,8 +500,10 @@ def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
         node = graph.node[index]
         outputs = tuple(o for o in node.output if o)
         label = next((labels[o] for o in outputs if o in labels), names[index])
+        reads = node_reads(node)
         nodes.append(ObservedNode(
             name=names[index], label=label, op_type=op_name(node),
-            inputs=tuple(i for i in node.input if i and i not in initializers), outputs=outputs,
+            inputs=tuple(i for i in reads if i not in initializers), outputs=outputs,
+            constants=tuple(i for i in reads if i in initializers),
         ))
     return ObservedGraph(tuple(nodes), tuple(plan.outputs))

@@ -144,8 +144,12 @@ class InputSet:
     def sample_infos(self) -> list[SampleInfo]:
         """Each sample's digest (and file digest, image mode), from the last complete pass or a new one."""
         if self._infos is None or len(self._infos) != len(self.names):
-            for _ in self.steps(max(1, min(32, len(self.names)))):
-                pass
+            try:
+                for _ in self.steps(max(1, min(32, len(self.names)))):
+                    pass
+            except ShapeMismatchError:  # samples that do not stack (rank-0 inputs, sizes that vary): one at a time
+                for _ in self.steps(1):
+                    pass
         return list(self._infos or [])
 
     def digest(self, kind: str = XXH3) -> str:

@@ -165,7 +165,8 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
                   "(hatched, ≥).</p>",
            divergence_svg(points, first), "<h2>Origin nodes</h2>"]
     if origins:
-        out.append("<p>Nodes whose outputs differ although all their inputs are bit-identical:</p><table>"
+        out.append("<p>Nodes whose outputs differ although every input they read was observed and is identical "
+                   "(constants by value; those that differ are listed):</p><table>"
                    "<tr><th>node</th><th>op</th><th>initializers changed</th><th>greatest |diff|</th><th>samples</th></tr>")
         for row in origins:
             value, exact_value = node_magnitude(row)
@@ -181,6 +182,19 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
         out.append("</table>")
     else:
         out.append('<p class="muted">No origin node among the compared tensors.</p>')
+    spans = [n for n in tensors.get("nodes") or [] if n.get("finding") == "span"]
+    if spans:
+        out.append("<h2>Spans</h2><p>Tensors that differ although the nearest observed tensors upstream are identical; "
+                   "some tensors in between were not observed, so the difference starts somewhere among the nodes "
+                   "listed:</p><table><tr><th>span ending at</th><th>nodes inside</th><th>not observed</th>"
+                   "<th>greatest |diff|</th><th>samples</th></tr>")
+        for row in spans:
+            value, exact_value = node_magnitude(row)
+            shown = _fmt(value) + ("" if exact_value else " (lower bound)")
+            inside, hidden = ", ".join(row.get("span") or []), ", ".join(row.get("unobserved") or [])
+            out.append(f"<tr><td><code>{escape(str(row.get('label')))}</code></td><td><code>{escape(inside[:600])}</code></td>"
+                       f"<td><code>{escape(hidden[:300])}</code></td><td>{shown}</td><td>{_fmt(row.get('origin_samples'))}</td></tr>")
+        out.append("</table>")
     for replay in diff.get("replays") or []:  # diff --replay: one line per origin
         out.append(f"<p>Replay of <code>{escape(str(replay.get('label')))}</code>: {escape(str(replay.get('summary')))}</p>")
     return "\n".join(out)
