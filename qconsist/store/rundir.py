@@ -2,7 +2,10 @@
 
 Life of a run directory:
 
-1. ``RunDirectory.create`` makes ``runs/<run-id>/`` and writes ``RUNNING.json`` (pid, start time, kind).
+1. ``RunDirectory.create`` makes the folder under a hidden temporary name, writes ``RUNNING.json`` in it (run id,
+   kind, start time and the writer: pid, host, process start), then renames it ``runs/<run-id>/``: the run
+   directory appears with its marker, so ``runs rm --incomplete`` never takes a starting run for an abandoned
+   one (a folder without a marker or a manifest is not a run, and is never removed either).
 2. The work writes artifacts into it, each atomically.
 3. ``finish(manifest)`` writes ``manifest.json`` atomically, then removes ``RUNNING.json``. Only a directory
    with a valid ``manifest.json`` whose ``status`` is ``complete`` is a complete run.
@@ -26,7 +29,7 @@ from types import TracebackType
 
 from qconsist.store.serde import loads
 from qconsist.errors import OutputError, QconsistError, RunStoreError
-from qconsist.store.atomic import write_json_atomic
+from qconsist.store.atomic import OPEN_RUNS, _umask, write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.liveness import identity, writer_running
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
@@ -34,7 +37,7 @@ from qconsist.store.scratch import NO_SPACE, scratch_root
 from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
-_OPEN: set[str] = set()  # run directories this process is writing (created, not yet finished, abandoned or left)
+_OPEN = OPEN_RUNS  # run directories this process is writing (created, not yet finished, abandoned or left)
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
@@ -75,20 +78,35 @@ class RunDirectory:
         if not _RUN_ID_RE.match(run_id):
             raise OutputError(f"invalid run id {run_id!r}: {_run_id_problem(run_id)}")
         path = runs_root / run_id
+        started = utc_now()
         try:
             runs_root.mkdir(parents=True, exist_ok=True)
-            path.mkdir()
+            if os.path.lexists(path):
+                raise FileExistsError(path)
+            staging = Path(tempfile.mkdtemp(prefix=f".{run_id}.", suffix=".creating", dir=runs_root))
         except FileExistsError as exc:
             raise OutputError(f"run directory {path} already exists; choose another `run_id`") from exc
         except OSError as exc:
             raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from exc
-        started = utc_now()
-        write_json_atomic(path / RUNNING_NAME, {"run_id": run_id, "kind": kind, **identity(), "started": started})
-        _OPEN.add(os.path.realpath(path))
+        try:
+            os.chmod(staging, 0o777 & ~_umask())  # a folder as mkdir makes it, not mkdtemp's 0700
+            write_json_atomic(staging / RUNNING_NAME, {"run_id": run_id, "kind": kind, **identity(), "started": started})
+            _OPEN.add(os.path.realpath(path))
+            os.rename(staging, path)  # fails on a folder made meanwhile that is not empty
+        except BaseException as exc:
+            _OPEN.discard(os.path.realpath(path))
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and not isinstance(exc, OutputError) and os.path.lexists(path):
+                raise OutputError(f"run directory {path} already exists; choose another `run_id`") from None
+            if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+                raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from None
+            raise
         return cls(path=path, run_id=run_id, started=started)
 
     def file(self, relative: str) -> Path:
         target = self.path / relative
+        if not self.path.is_dir():
+            raise OutputError(f"cannot write {target}: its run directory {self.path} was removed while being written")
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
