@@ -215,6 +215,9 @@ class History:
             conn.row_factory = sqlite3.Row
             yield conn
         except sqlite3.DatabaseError as exc:
+            if "readonly" in str(exc).replace("read-only", "readonly").replace(" ", ""):
+                raise OutputError(f"history database {self.path} is read-only ({exc}): recording needs a writable file "
+                                  "and folder; give another one with --history") from None
             raise RunStoreError(f"history database {self.path} is unusable: {exc}") from None
         finally:
             conn.close()
@@ -425,9 +428,9 @@ def _incomplete(night_id: str) -> list[tuple[str, tuple]]:
 def baseline_runs(path: Path | str | None) -> set[str]:
     """Names of the run directories the history at ``path`` holds as baselines: each model's last night whose
     gate passed, its entry run and every run that night recorded for the model. No database: none."""
-    if path is None or not Path(path).is_file():
+    if path is None or not Path(path).is_file() or not Path(path).stat().st_size:
         return set()
-    db = History(path)
+    db = History(path, read_only=True)  # reading never writes: no table, journal or mode changes
     names: set[str] = set()
     for model in db.models():
         good = db.last_good(model)
