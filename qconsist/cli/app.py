@@ -15,6 +15,7 @@ the lines themselves are logged).
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 import logging
@@ -29,6 +30,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
+from qconsist.limits import NAME_MAX, long_component, shorten
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import NO_SPACE
 
@@ -103,6 +105,11 @@ class QconsistGroup(TyperGroup):
             sys.stderr.write("error: interrupted\n")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:  # a path given with a component over 255 bytes: bad input
+                long = long_component(exc.filename or "") if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
+                what = f"{shorten(os.fsdecode(long), 40)!r} is {len(os.fsencode(long))} bytes long" if long else "a name is too long"
+                _fail(f"cannot use the path {shorten(os.fsdecode(exc.filename or ''))}: {what}; a file name has at most "
+                      f"{NAME_MAX}", EXIT_ERROR)
             if exc.errno not in NO_SPACE:
                 _internal(exc)
             if QconsistGroup.verbosity > 0:

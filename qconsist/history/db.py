@@ -51,6 +51,7 @@ from qconsist.errors import ConfigError, OutputError, RunStoreError
 from qconsist.history.figures import check_figures, verdict_figures
 from qconsist.store.liveness import process_alive
 from qconsist.store.rundir import utc_now
+from qconsist.store.serde import loads
 
 log = logging.getLogger(__name__)
 
@@ -413,7 +414,7 @@ def _figure_rows(night_id: str, model: str, figures: dict[str, float]) -> list[t
 def _json_object(text: str | None) -> dict[str, Any]:
     """A verdict's JSON as recorded ({} where it is not an object: a damaged row is shown without figures)."""
     try:
-        data = json.loads(text or "{}")
+        data = loads(text or "{}")
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
