@@ -73,7 +73,10 @@ class Preprocess:
         try:
             for key, value in data.items():
                 if key in ("resize", "crop"):
-                    kwargs[key] = tuple(int(v) for v in value) if value is not None else None
+                    if value is not None and (not isinstance(value, (list, tuple)) or not all(
+                            isinstance(v, int) and not isinstance(v, bool) for v in value)):
+                        raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r}")
+                    kwargs[key] = tuple(value) if value is not None else None
                 elif key in ("mean", "std"):
                     kwargs[key] = tuple(float(v) for v in value)
                 elif key == "interpolation":

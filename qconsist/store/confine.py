@@ -26,17 +26,27 @@ from typing import Any
 
 import numpy as np
 
-from qconsist.errors import QconsistError, RunStoreError
+from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.limits import shorten
 
 MAX_FILE_BYTES = 64 << 30  # 64 GiB: a 256-sample raw dump of a large model stays below it
 MAX_MANIFEST_BYTES = 256 << 20
+
+
 def max_file_bytes() -> int:
+    """``QCONSIST_MAX_FILE_BYTES`` (a positive number of bytes), else ``MAX_FILE_BYTES``; any other value is refused,
+    never replaced by the default."""
     value = os.environ.get("QCONSIST_MAX_FILE_BYTES")
-    try:
-        return int(value) if value else MAX_FILE_BYTES
-    except ValueError:
+    if value is None or not value.strip():
         return MAX_FILE_BYTES
+    try:
+        limit = int(value.strip())
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise ConfigError(f"QCONSIST_MAX_FILE_BYTES={shorten(value, 40)!r}: give the largest file qconsist reads, a positive "
+                          f"number of bytes (default {MAX_FILE_BYTES})")
+    return limit
 
 
 def _inside(path: str, root: str) -> bool:
