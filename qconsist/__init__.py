@@ -1,12 +1,20 @@
 """qconsist: are your quantized ONNX models reproducible, and if not, which node is to blame?"""
 
-from importlib import metadata as _metadata
+from typing import Any
 
-try:
-    __version__ = _metadata.version("qconsist")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+source"
+from qconsist.errors import QconsistError
 
-from qconsist.errors import QconsistError  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, read from the installed package's metadata when asked: importing ``importlib.metadata``
+    takes a tenth of a second, in which the ``qconsist`` command could not yet answer a Ctrl-C in one line."""
+    if name != "__version__":
+        raise AttributeError(f"module 'qconsist' has no attribute {name!r}")
+    from importlib import metadata
+
+    try:
+        return metadata.version("qconsist")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0+source"
 
 __all__ = ["QconsistError", "__version__"]
