@@ -186,6 +186,17 @@ def _open(path: Path):
     if image.mode == "F":
         image.close()
         raise InputError(f"image {path} holds 32-bit float pixels (mode F); save such data as .npy instead")
+    try:
+        animated = bool(getattr(image, "is_animated", False))  # a second frame exists (GIF, APNG, WebP, multi-page TIFF)
+    except (OSError, EOFError, SyntaxError, ValueError) as exc:
+        image.close()
+        raise InputError(f"cannot read image {path}: {exc}") from None
+    if animated:
+        frames = getattr(image, "n_frames", "several")
+        image.close()
+        raise InputError(f"image {path} holds {frames} frames ({image.format} animation or pages); a sample is one "
+                         "picture: save the frame you mean as its own file")
+    image.seek(0)
     return image
 
 

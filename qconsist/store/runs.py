@@ -119,6 +119,20 @@ def _status(run_dir: Path, relative: str, record: dict[str, Any]) -> FileStatus:
     return FileStatus(relative, "ok", "", path.stat().st_size)
 
 
+def _named_paths(manifest: Any) -> list[tuple[str, Any]]:
+    """Every path inside the run that a manifest names outside its ``files`` map, with what it is (as the readers
+    name it): an inference run's output files, sample tables. (A stage artifact may name the model file an
+    inference run ran, outside the run: that one is opened only verified, by ``qconsist.inference.model``.)"""
+    named: list[tuple[str, Any]] = []
+    inference = manifest.sections.get("inference")
+    outputs = inference.get("output_files") if isinstance(inference, dict) else None
+    named += [("outputs path", value) for value in (outputs if isinstance(outputs, list) else [])]
+    for record in (manifest.inputs, *manifest.inputs.values()):
+        if isinstance(record, dict) and "samples" in record:
+            named.append(("sample table path", record["samples"]))
+    return named
+
+
 def verify_run(path: Path | str) -> VerifyResult:
     """Check every file a run directory recorded, and list the files it holds that it did not record."""
     run_dir = Path(path)
@@ -136,6 +150,11 @@ def verify_run(path: Path | str) -> VerifyResult:
     recorded = run.recorded()
     for relative in sorted(recorded):
         result.files.append(_status(run_dir, relative, recorded[relative]))
+    for what, value in _named_paths(run.manifest):  # a path the manifest names is refused as every reader refuses it
+        try:
+            check_relative(run_dir, value, what)
+        except RunStoreError as exc:
+            result.files.append(FileStatus(str(value), "refused", str(exc)))
     root = os.path.realpath(run_dir)
     for folder, dirs, names in os.walk(root):
         dirs.sort()
