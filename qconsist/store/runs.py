@@ -26,7 +26,7 @@ from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.store.confine import MAX_MANIFEST_BYTES, check_relative, confined
-from qconsist.store.manifest import MANIFEST_NAME
+from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.rundir import RUNNING_NAME, being_written, run_state
 from qconsist.store.serde import loads
 from qconsist.store.run import Run
@@ -232,6 +232,11 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
         raise RunStoreError(f"run directory {path} does not exist")
     elif run_evidence(path) is None:
         status, detail = "invalid", "not a run directory (no qconsist manifest, no RUNNING.json marker)"
+        if os.path.lexists(path / MANIFEST_NAME):  # a manifest that cannot be read: say why
+            try:
+                Manifest.load(path / MANIFEST_NAME)
+            except RunStoreError as exc:
+                detail = str(exc)
     else:
         status = "incomplete"
         running, detail, started, kind = being_written(path)
