@@ -266,8 +266,12 @@ def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, 
                 raise InputError(f"{path} is not a `qconsist diff --json` or `qconsist sensitivity --json` result "
                                  f"(no 'tensors', no schema {SENSITIVITY_SCHEMA})")
             diff = _checked_diff(path, diff)
-            overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
-            body += _diff_parts(diff, path.stem, overlay)
+            try:  # drawn from a file handed in: what does not fit the page is that file's fault, said in one line
+                overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
+                body += _diff_parts(diff, path.stem, overlay)
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+                raise InputError(f"{path} is not a valid diff result: "
+                                 f"{' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}") from None
             names.append(path.stem)
         else:
             name, parts = _run_parts(path, relative_to)
