@@ -160,9 +160,9 @@ def test_fuzzers_reach_valid_files():
 
 # -- issue 29: nesting, .npz archives, diff results given to `report` -----------------------------------------
 @FUZZ
-@given(st.integers(1, 400), st.sampled_from(["[", '{"a":']), st.sampled_from(["json", "toml"]))
+@given(st.one_of(st.integers(1, 400), st.sampled_from([5000, 100_000])), st.sampled_from(["[", '{"a":']), st.sampled_from(["json", "toml"]))
 def test_any_nesting_is_read_or_one_clear_error(tmp_path_factory, depth, opener, kind):
-    """JSON and TOML nested 1 to 400 deep: read up to 100 levels, one clear error beyond, never RecursionError."""
+    """JSON and TOML nested 1 to 400, 5,000 or 100,000 deep: read up to 100 levels, one clear error beyond, never RecursionError."""
     closer = "]" if opener == "[" else "}"
     if kind == "json":
         path = tmp_path_factory.mktemp("n") / "manifest.json"
