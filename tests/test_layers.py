@@ -26,11 +26,12 @@ LAYERS = [
     {"sensitivity"},
     {"history", "report"},
     {"nightly"},
-    {"cli"},
+    {"cli", "__main__"},
 ]
 RANK = {area: rank for rank, layer in enumerate(LAYERS) for area in layer}
-# inference/kernels.py: numba (1–3 s to import) is loaded on the first fingerprint, not by every command
-LAZY_ALLOWED = ("cli/", "inference/kernels.py")
+# inference/kernels.py: numba (1–3 s to import) is loaded on the first fingerprint, not by every command;
+# __main__.py: the command line is imported inside the guard that makes an early Ctrl-C one line
+LAZY_ALLOWED = ("cli/", "inference/kernels.py", "__main__.py")
 
 
 def _area(module: str) -> str:
