@@ -14,14 +14,9 @@ The calls load numpy, onnx and onnxruntime when first made, not on ``import qcon
 """
 
 import importlib as _importlib
-from importlib import metadata as _metadata
+from typing import Any
 
-try:
-    __version__ = _metadata.version("qconsist")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+source"
-
-from qconsist.errors import QconsistError  # noqa: E402
+from qconsist.errors import QconsistError
 
 _CALLS = ("pipeline_run", "run", "quant_error", "calib_repeat")  # qconsist.api's functions
 _PACKAGES = ("diff", "gate")  # packages that are calls too (qconsist.front)
@@ -29,12 +24,21 @@ _PACKAGES = ("diff", "gate")  # packages that are calls too (qconsist.front)
 __all__ = ["QconsistError", "__version__", "calib_repeat", "diff", "gate", "pipeline_run", "quant_error", "run"]
 
 
-def __getattr__(name: str):
-    """The top-level calls, imported when first used (``import qconsist`` stays light)."""
+def __getattr__(name: str) -> Any:
+    """The top-level calls, imported when first used (``import qconsist`` stays light), and ``__version__``, read
+    from the installed package's metadata when asked: importing ``importlib.metadata`` takes a tenth of a second,
+    in which the ``qconsist`` command could not yet answer a Ctrl-C in one line."""
     if name in _CALLS:
         return getattr(_importlib.import_module("qconsist.api"), name)
     if name in _PACKAGES:
         return _importlib.import_module(f"qconsist.{name}")
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            return metadata.version("qconsist")
+        except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+            return "0.0.0+source"
     raise AttributeError(f"module 'qconsist' has no attribute {name!r}")
 
 

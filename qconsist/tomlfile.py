@@ -3,18 +3,29 @@ every way a file can be unusable, and ``Table``: typed access to a table, every 
 
 from __future__ import annotations
 
+import os
 import tomllib
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
 from qconsist.errors import ConfigError, InputError, QconsistError
+from qconsist.limits import DEEP, NAME_MAX, long_component, read_bounded, shorten, too_deep
 
 
 def read_text(path: Path, what: str, error: type[QconsistError] = InputError) -> str:
-    """The file's text, or ``error`` saying why it cannot be read (missing, a directory, not UTF-8...)."""
+    """The file's text (at most ``MAX_TEXT_BYTES``: ``/dev/zero`` is refused, not read until memory runs out), or
+    ``error`` saying why it cannot be read (missing, a directory, too large, not UTF-8...)."""
+    long = long_component(path)
+    if long is not None:
+        raise error(f"{what} {shorten(str(path))}: the name {shorten(long, 40)!r} is {len(os.fsencode(long))} bytes long; "
+                    f"a file name has at most {NAME_MAX}")
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return read_bounded(Path(path)).decode("utf-8")
+    except ValueError as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            raise error(f"{what} {path} is not UTF-8 text") from None
+        raise error(f"{what} {path}: {exc}") from None
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist") from None
     except IsADirectoryError:
@@ -28,9 +39,14 @@ def read_text(path: Path, what: str, error: type[QconsistError] = InputError) ->
 def loads(text: str, source: str) -> dict[str, Any]:
     """Parse TOML text; a syntax error is a ``ConfigError`` naming ``source``."""
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid TOML ({DEEP})") from None
+    if too_deep(data) is not None:
+        raise ConfigError(f"{source}: invalid TOML ({DEEP})")
+    return data
 
 
 def read_toml(path: Path, what: str, error: type[QconsistError] = InputError) -> dict[str, Any]:

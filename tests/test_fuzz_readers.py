@@ -156,3 +156,71 @@ def test_fuzzers_reach_valid_files():
     assert parse_policy(POLICY_TEXT).to_json()["drift"]["float"] == {"max_abs_diff": None, "min_top1_agreement": 0.9,
                                                                       "min_sqnr_db": 15.0}
     assert len(parse_nightly(tomllib.loads(NIGHTLY_TEXT), ROOT / "pipelines" / "nightly.toml").models) == 5
+
+
+# -- issue 29: nesting, .npz archives, diff results given to `report` -----------------------------------------
+@FUZZ
+@given(st.one_of(st.integers(1, 400), st.sampled_from([5000, 100_000])), st.sampled_from(["[", '{"a":']), st.sampled_from(["json", "toml"]))
+def test_any_nesting_is_read_or_one_clear_error(tmp_path_factory, depth, opener, kind):
+    """JSON and TOML nested 1 to 400, 5,000 or 100,000 deep: read up to 100 levels, one clear error beyond, never RecursionError."""
+    closer = "]" if opener == "[" else "}"
+    if kind == "json":
+        path = tmp_path_factory.mktemp("n") / "manifest.json"
+        path.write_text(opener * depth + "1" + closer * depth)
+        _one_clear_error(lambda: Manifest.load(path))
+    else:
+        path = tmp_path_factory.mktemp("n") / "pipeline.toml"
+        value = "[" * depth + "1" + "]" * depth if opener == "[" else "{a = " * depth + "1" + "}" * depth
+        path.write_text(PIPELINE_TEXT + f"\ndeep = {value}\n")
+        _one_clear_error(lambda: load_pipeline(path))
+
+
+def _npz_blob() -> bytes:
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, input=np.arange(2 * 3 * 8 * 8, dtype=np.float32).reshape(2, 3, 8, 8), other=np.ones((2, 4), np.int64))
+    return buffer.getvalue()
+
+
+NPZ = _npz_blob()
+
+
+@FUZZ
+@given(st.one_of(
+    st.tuples(st.integers(0, len(NPZ)), st.integers(0, 255)).map(lambda t: NPZ[: t[0]] + bytes([t[1]]) + NPZ[t[0] + 1:]),
+    st.integers(0, len(NPZ)).map(lambda n: NPZ[:n]),
+    st.binary(max_size=300),
+))
+def test_an_npz_input_set_is_read_or_one_clear_error(tmp_path_factory, blob):
+    """A .npz input set with a byte flipped, cut short, or random: opened (and every sample made), or one line."""
+    from qconsist.inputs import open_input_set
+
+    path = tmp_path_factory.mktemp("z") / "set.npz"
+    path.write_bytes(blob)
+
+    def read():
+        inputs = open_input_set(path)
+        for _ in inputs:
+            pass
+
+    _one_clear_error(read)
+
+
+DIFF_KEYS = ["artifacts", "calibration", "tensors", "outputs", "options", "environment", "versions", "capture", "notes",
+             "engines", "tolerance", "output_stats", "same_run", "accuracy", "run_a", "run_b"]
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(DIFF_KEYS), json_values, min_size=1, max_size=4))
+def test_report_of_a_diff_result_with_fields_of_any_type(tmp_path_factory, fields):
+    """A diff result whose fields hold any JSON value: a page, or one line naming the file (never exit 4)."""
+    from qconsist.report import render_paths
+
+    data = {"schema": "qconsist.diff/1", "run_a": "a", "run_b": "b", "artifacts": {}, "calibration": {}, "tensors": None,
+            "outputs": None, **fields}
+    path = tmp_path_factory.mktemp("d") / "diff.json"
+    path.write_text(json.dumps(data, allow_nan=True))
+    _one_clear_error(lambda: render_paths([path]))

@@ -15,6 +15,7 @@ the lines themselves are logged).
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 import logging
@@ -29,6 +30,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
+from qconsist.limits import NAME_MAX, long_component, shorten
 from qconsist.store.ortlog import capture_ort_log
 from qconsist.store.rundir import NO_SPACE
 
@@ -103,6 +105,11 @@ class QconsistGroup(TyperGroup):
             sys.stderr.write("error: interrupted\n")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:  # a path given with a component over 255 bytes: bad input
+                long = long_component(exc.filename or "") if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
+                what = f"{shorten(os.fsdecode(long), 40)!r} is {len(os.fsencode(long))} bytes long" if long else "a name is too long"
+                _fail(f"cannot use the path {shorten(os.fsdecode(exc.filename or ''))}: {what}; a file name has at most "
+                      f"{NAME_MAX}", EXIT_ERROR)
             if exc.errno not in NO_SPACE:
                 _internal(exc)
             if QconsistGroup.verbosity > 0:
@@ -175,10 +182,15 @@ def combined_summary(logs: list[Any]) -> str | None:
 
 def _bytes_of_paths() -> None:
     """A file name that is not UTF-8 is printed as the bytes it is (Python holds them as surrogate escapes),
-    as ``ls`` prints it, instead of failing to encode."""
+    as ``ls`` prints it, instead of failing to encode; on a stream of another encoding what it cannot hold is
+    written as a backslash escape."""
     for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure") and getattr(stream, "encoding", "").lower().replace("-", "") == "utf8":
+        if not hasattr(stream, "reconfigure"):
+            continue
+        if getattr(stream, "encoding", "").lower().replace("-", "") == "utf8":
             stream.reconfigure(errors="surrogateescape")
+        else:  # PYTHONIOENCODING=ascii, a latin-1 terminal: "→" is written as \u2192, never a UnicodeEncodeError
+            stream.reconfigure(errors="backslashreplace")
 
 
 class Terminated(KeyboardInterrupt):
@@ -186,8 +198,15 @@ class Terminated(KeyboardInterrupt):
     are cleaned up on the way out and the exit code is 130."""
 
 
+TERMINATE_GRACE = 2.0  # seconds the main thread has to take up a SIGTERM before the process ends at once
+
+
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raised as ``Terminated`` in the main thread; and, since the main thread takes up a signal only
+    between Python instructions (not while onnxruntime runs a batch for minutes), a watchdog woken by the signal
+    itself (``signal.set_wakeup_fd``) that, ``TERMINATE_GRACE`` seconds later, removes the open scratch folders,
+    says ``error: interrupted`` and ends the process with 130 — what a SIGKILL leaves, an incomplete run."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -196,10 +215,43 @@ def _terminate_as_interrupt() -> Iterator[None]:
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    done = threading.Event()
+    try:
+        previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:  # pragma: no cover - not the main thread of the main interpreter
+        previous_fd = None
+    watchdog = threading.Thread(target=_watch_for_terminate, args=(read, done), daemon=True, name="qconsist-sigterm")
+    watchdog.start()
     try:
         yield
     finally:
+        done.set()
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
+        os.close(write)  # wakes the watchdog, which closes ``read``
         signal.signal(signal.SIGTERM, previous)
+
+
+def _watch_for_terminate(read: int, done: threading.Event) -> None:
+    try:
+        while not done.is_set():
+            try:
+                data = os.read(read, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data and not done.wait(TERMINATE_GRACE):
+                from qconsist.store.scratch import remove_live
+
+                remove_live()
+                sys.stderr.write("error: interrupted\n")  # the terminal's stderr (descriptor 2 is onnxruntime's log)
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
+    finally:
+        os.close(read)
 
 
 def _alias(arg: str, aliases: dict[str, str]) -> str:

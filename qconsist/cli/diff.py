@@ -44,6 +44,8 @@ def _render(result) -> None:  # result: DiffResult
         if not stage.same_bytes and stage.same_computation:
             what = "; ".join(line[:120] for line in stage.metadata[:2]) or stage.note
             console.print(f"  {stage.name}: bytes differ, computation identical ({what})")
+        if not stage.same_computation and stage.changes is None and stage.note:
+            console.print(f"  {stage.name}: {stage.note}")
         if stage.changes:
             ch = stage.changes
             console.print(

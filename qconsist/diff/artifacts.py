@@ -269,7 +269,10 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         art_b = _artifact(stage_b) if stage_b else None
         if art_a is None or art_b is None:
             continue
-        same_bytes = art_a.get("sha256") == art_b.get("sha256")
+        # an artifact is its whole content: a model whose weights lie in external data files keeps the same .onnx
+        # bytes when those change, and its recorded content hash (initializer values included) tells them apart
+        same_bytes = art_a.get("sha256") == art_b.get("sha256") and (
+            not art_a.get("content") or not art_b.get("content") or art_a.get("content") == art_b.get("content"))
         entry = StageComparison(
             name=stage_a["name"], same_bytes=same_bytes, same_content=art_a.get("content") == art_b.get("content"),
             same_computation=same_bytes, md5_a=art_a.get("md5"), md5_b=art_b.get("md5"),
@@ -277,8 +280,13 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         result.stages.append(entry)
         if same_bytes:
             continue
-        models = _stage_models(a, b, stage_a["name"])
-        if models is None:
+        external = art_a.get("sha256") == art_b.get("sha256")  # same .onnx file, other content: its external data
+        models = None if external else _stage_models(a, b, stage_a["name"])
+        if external:
+            entry.same_computation = False
+            entry.note = ("the same .onnx bytes with another recorded content hash: the weights in its external data "
+                          "files changed between the runs (the files as they are now cannot show which)")
+        elif models is None:
             entry.same_computation = entry.same_content
             entry.note = "model files are gone; only their recorded hashes are compared"
         else:

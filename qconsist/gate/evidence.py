@@ -129,7 +129,44 @@ def role_inputs(side: Side, role: str):  # -> InputSet
     preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
     quantized = side.artifact("quantize")
     name = input_specs(quantized)[0].name if quantized else "input"
-    return open_data(DataConfig(data["data"], int(data.get("offset") or 0), data.get("count")), preprocess, name, role)
+    inputs = open_data(DataConfig(data["data"], int(data.get("offset") or 0), data.get("count")), preprocess, name, role)
+    return verified_inputs(side, role, inputs)
+
+
+def verified_inputs(side: Side, role: str, inputs: Any) -> Any:  # InputSet -> InputSet
+    """``inputs`` (a set reopened from the recorded configuration) if they are the ones the pipeline run recorded,
+    by digest; else a ``RunStoreError`` naming the samples removed, added and changed since (from the run's sample
+    table). What qconsist judges it verifies first: a gate never passes "on 3 samples" of a set that had 4. A run
+    that recorded no digest (written before qconsist recorded one) is opened as it is."""
+    recorded = recorded_inputs(side, role)
+    digest, kind = recorded.get("digest"), digest_kind(recorded.get("digest"))
+    if kind is None or inputs.digest(kind) == digest:
+        return inputs
+    detail = ""
+    try:
+        table = read_samples(side.pipeline, recorded) if "samples" in recorded else None
+    except QconsistError:
+        table = None
+    if table is not None and table.digests and table.kind == kind:
+        now = {name: info.digest.hex() for name, info in zip(inputs.names, inputs.sample_infos())}
+        then = dict(zip(table.names, table.digests))
+        parts = [(what, names) for what, names in (
+            ("removed", [n for n in table.names if n not in now]),
+            ("added", [n for n in inputs.names if n not in then]),
+            ("changed", [n for n in table.names if n in now and now[n] != then[n]]),
+        ) if names]
+        if not parts and list(table.names) != list(inputs.names):
+            parts = [("reordered", [n for n, m in zip(table.names, inputs.names) if n != m])]
+        detail = ": " + "; ".join(f"{what} {_listed(names)}" for what, names in parts) if parts else ""
+    source = (side.config().get(role) or side.config()["calibration"]).get("data")
+    raise RunStoreError(
+        f"run {side.pipeline_path}: its {role} set {source} is not the one the run recorded ({recorded.get('count', '?')} "
+        f"samples recorded, {len(inputs)} now){detail}; restore it or run the pipeline again")
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return f"{shown} and {len(names) - most} more" if len(names) > most else shown
 
 
 def recorded_inputs(side: Side, role: str) -> dict[str, Any]:

@@ -6,6 +6,9 @@ Schema ``qconsist.gate/1``. A verdict passes when no check failed; a check that 
 
 from __future__ import annotations
 
+import html
+import re
+
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,6 +25,26 @@ class CheckStatus(str, Enum):
     PASS = "pass"
     FAIL = "fail"
     NOT_APPLICABLE = "not_applicable"
+
+
+_MARKDOWN = re.compile(r"([\\`*\[\]|])")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_./:+=,@ -]*")
+
+
+def markdown_text(text: object) -> str:
+    """``text`` on one line of markdown, shown as it is: HTML's ``& < >`` as entities, and the characters that
+    would start markup or end a table cell (``\\ ` * [ ] |``) escaped."""
+    flat = " ".join(str(text).split())
+    return _MARKDOWN.sub(r"\\\1", html.escape(flat, quote=False))
+
+
+def markdown_code(text: object) -> str:
+    """``text`` as inline code: a backtick span for plain names, else an HTML ``<code>`` of the escaped text (a
+    backtick span cannot hold every string, and shows entities as they are)."""
+    flat = " ".join(str(text).split())
+    if _PLAIN_NAME.fullmatch(flat):
+        return f"`{flat}`"
+    return f"<code>{markdown_text(flat)}</code>"
 
 
 @dataclass(frozen=True)
@@ -109,24 +132,26 @@ class GateVerdict:
         return f"FAIL {self.model}: {failed} of {len(self.checks)} checks failed"
 
     def to_markdown(self) -> str:
+        """The verdict as a GitHub comment. Names and messages come from models and files (hostile ones too): they
+        are escaped as the HTML page and JUnit escape them (``markdown_text``, ``markdown_code``)."""
         head = "✅ PASS" if self.passed else "❌ FAIL"
         lines = [
-            f"## Release gate: {head} — {self.model}",
+            f"## Release gate: {head} — {markdown_text(self.model)}",
             "",
-            f"- candidate: `{self.candidate}`",
-            f"- baseline: `{self.baseline or 'none'}`",
-            f"- policy: `{self.policy.get('source', '')}`",
+            f"- candidate: {markdown_code(self.candidate)}",
+            f"- baseline: {markdown_code(self.baseline or 'none')}",
+            f"- policy: {markdown_code(self.policy.get('source', ''))}",
         ]
         if self.changed_stages:
-            lines.append(f"- stages changed against the baseline: {', '.join(self.changed_stages)}")
+            lines.append(f"- stages changed against the baseline: {', '.join(markdown_text(s) for s in self.changed_stages)}")
         if self.first_diverging_node:
-            origins = ", ".join(f"`{n}`" for n in self.origin_nodes) or "none"
-            lines.append(f"- first diverging node: `{self.first_diverging_node}` (origin nodes: {origins})")
+            origins = ", ".join(markdown_code(n) for n in self.origin_nodes) or "none"
+            lines.append(f"- first diverging node: {markdown_code(self.first_diverging_node)} (origin nodes: {origins})")
         if self.reasons:
-            lines += ["", "### Reasons", ""] + [f"1. {reason}" for reason in self.reasons]
+            lines += ["", "### Reasons", ""] + [f"1. {markdown_text(reason)}" for reason in self.reasons]
         lines += ["", "| check | status | detail |", "| --- | --- | --- |"]
         for check in self.checks:
-            lines.append(f"| {check.name} | {check.status.value} | {check.message.replace('|', '/')} |")
+            lines.append(f"| {markdown_text(check.name)} | {check.status.value} | {markdown_text(check.message)} |")
         return "\n".join(lines) + "\n"
 
     def to_junit(self) -> str:

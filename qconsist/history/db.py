@@ -51,6 +51,7 @@ from qconsist.errors import ConfigError, OutputError, RunStoreError
 from qconsist.history.figures import check_figures, verdict_figures
 from qconsist.store.liveness import process_alive
 from qconsist.store.rundir import utc_now
+from qconsist.store.serde import loads
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,9 @@ class History:
             conn.row_factory = sqlite3.Row
             yield conn
         except sqlite3.DatabaseError as exc:
+            if "readonly" in str(exc).replace("read-only", "readonly").replace(" ", ""):
+                raise OutputError(f"history database {self.path} is read-only ({exc}): recording needs a writable file "
+                                  "and folder; give another one with --history") from None
             raise RunStoreError(f"history database {self.path} is unusable: {exc}") from None
         finally:
             conn.close()
@@ -410,7 +414,7 @@ def _figure_rows(night_id: str, model: str, figures: dict[str, float]) -> list[t
 def _json_object(text: str | None) -> dict[str, Any]:
     """A verdict's JSON as recorded ({} where it is not an object: a damaged row is shown without figures)."""
     try:
-        data = json.loads(text or "{}")
+        data = loads(text or "{}")
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
@@ -425,9 +429,9 @@ def _incomplete(night_id: str) -> list[tuple[str, tuple]]:
 def baseline_runs(path: Path | str | None) -> set[str]:
     """Names of the run directories the history at ``path`` holds as baselines: each model's last night whose
     gate passed, its entry run and every run that night recorded for the model. No database: none."""
-    if path is None or not Path(path).is_file():
+    if path is None or not Path(path).is_file() or not Path(path).stat().st_size:
         return set()
-    db = History(path)
+    db = History(path, read_only=True)  # reading never writes: no table, journal or mode changes
     names: set[str] = set()
     for model in db.models():
         good = db.last_good(model)

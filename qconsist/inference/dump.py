@@ -176,8 +176,11 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     divided is left out (``left_out``), a final output that cannot refuses the run."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
-    create_session(model_path, options, optimized_model_filepath=optimized_path)
     original = read_onnx(model_path, external_data=True)
+    # weights in external data files: the session is made from the whole model (its weights read in), so that ORT's
+    # optimized graph holds them too instead of naming files that lie beside the model, not in the dump
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in read_onnx(model_path).graph.initializer)
+    create_session(original.SerializeToString() if external else model_path, options, optimized_model_filepath=optimized_path)
     optimized = read_onnx(optimized_path, external_data=True, what="ORT's optimized graph")
     optimized, repair = reloadable(optimized, optimized_path, options)
     produced = produced_outputs(optimized)

@@ -25,7 +25,9 @@ run a model over an input set for the stages' checks.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import os
 import re
 import shutil
 import threading
@@ -43,6 +45,7 @@ from qconsist.inference.provider import ConvAlgoSearch, ProviderOption, Provider
 from qconsist.inference.strides import with_multiples
 from qconsist.inputs.inputset import InputSet, InputSpec
 from qconsist.environment import fingerprint
+from qconsist.limits import shorten
 from qconsist.onnxfile import read_onnx
 from qconsist.store.ortlog import OrtLog, capture_ort_log, capturing
 from qconsist.store.scratch import scratch_dir
@@ -102,6 +105,9 @@ def _switch(flag: str, on: bool) -> str:
     return flag if on else f"--no-{flag[2:]}"
 
 
+MAX_THREADS = 1024  # intra-op threads: a fixed bound (a run recorded on a large machine replays on a small one)
+
+
 @dataclass(frozen=True)
 class ExecutionOptions:
     """How a model is executed. Validated on creation: the provider must be known and its options must be
@@ -132,6 +138,10 @@ class ExecutionOptions:
         value = self.intra_op_threads
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"intra_op_threads must be a non-negative integer, got {value!r}")
+        if value is not None and value > MAX_THREADS:
+            raise ConfigError(f"intra_op_threads {value} is more than {MAX_THREADS}, the most qconsist starts (each thread "
+                              "takes memory; past the cores they only wait): give at most the machine's cores, or 0 for "
+                              "onnxruntime's default")
         if self.deterministic_compute is not None and not isinstance(self.deterministic_compute, bool):
             raise ConfigError(f"deterministic_compute must be true or false, got {self.deterministic_compute!r}")
         names = self.disabled_optimizers
@@ -462,6 +472,7 @@ def create_session(
     ``UnavailableError`` when the provider cannot run here, ``UnsupportedModelError`` (one line) when onnxruntime cannot load the model.
     """
     require_provider(options.provider)
+    check_disabled_optimizers(model, options)
     try:
         session = open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
                                    disabled_optimizers=disabled_optimizers, spinning=spinning)
@@ -500,6 +511,41 @@ def optimizer_log(
             where = "the model" if isinstance(model, bytes) else str(model)
             raise UnsupportedModelError(f"onnxruntime {ort.__version__} cannot load {where}: {ort_message(exc)}") from None
         return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+# onnxruntime's rewrite rules (run inside its rule-based transformers, so its log never names them) that
+# ``disabled_optimizers`` also takes; the graph transformers themselves are read from the installed onnxruntime's log
+REWRITE_RULES = frozenset({
+    "CastChainElimination", "CastElimination", "ClipQuantFusion", "ConvAddFusion", "ConvBNFusion", "ConvMulFusion",
+    "DivMulFusion", "EliminateDropout", "EliminateIdentity", "EliminateSlice", "ExpandElimination", "FuseReluClip",
+    "GemmSumFusion", "GemmTransposeFusion", "LabelEncoderFusion", "MatmulBNFusion", "NoopElimination", "NotWhereFusion",
+    "PadFusion", "PreShapeNodeElimination", "ReluQuantFusion", "UnsqueezeElimination",
+})
+_TRANSFORMER = re.compile(r"(?:Applying graph transformer|GraphTransformer) (\S+)(?: on step| modified)")
+_KNOWN_OPTIMIZERS: dict[tuple[str, str], frozenset[str]] = {}
+
+
+def known_optimizers(model: str | Path | bytes, options: ExecutionOptions = ExecutionOptions()) -> frozenset[str]:
+    """The names ``disabled_optimizers`` can switch off for ``model`` with this onnxruntime: every graph
+    transformer its log shows at level ``all`` (one verbose session, once per model and provider), and the
+    rewrite rules (``REWRITE_RULES``)."""
+    key = (hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else os.path.realpath(model), options.provider)
+    if key not in _KNOWN_OPTIMIZERS:
+        plain = replace(options, disabled_optimizers=(), graph_optimization_level=OptimizationLevel.ALL)
+        _KNOWN_OPTIMIZERS[key] = frozenset(_TRANSFORMER.findall(optimizer_log(model, plain))) | REWRITE_RULES
+    return _KNOWN_OPTIMIZERS[key]
+
+
+def check_disabled_optimizers(model: str | Path | bytes, options: ExecutionOptions) -> None:
+    """A name in ``options.disabled_optimizers`` that onnxruntime does not have (which it would ignore, and the run
+    record as disabled) is an error listing the ones it has."""
+    if not options.disabled_optimizers:
+        return
+    known = known_optimizers(model, options)
+    unknown = [name for name in options.disabled_optimizers if name not in known]
+    if unknown:
+        raise ConfigError(f"--disable-optimizer {shorten(unknown[0], 60)}: onnxruntime has no graph transformer or rewrite "
+                          f"rule of that name (it would ignore it); known for this model: {', '.join(sorted(known))}")
 
 
 def _load_failure(model: str | Path | bytes, options: ExecutionOptions, exc: BaseException, level: OptimizationLevel | None,

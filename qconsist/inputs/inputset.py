@@ -41,6 +41,7 @@ from qconsist.inputs.photos import package_photos
 from qconsist.inputs.package import is_package_path, resolve_package_path
 from qconsist.inputs.preprocess import Preprocess, mode_rule
 from qconsist.inputs.stream import SampleInfo, Step, resolve_workers, stack, steps
+from qconsist.store.confine import load_npz, memory_bytes
 
 PACKAGE_PHOTOS = "package:photos"
 
@@ -330,11 +331,9 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
             raise InputError(f"{path}: a 0-d array is not a stack of samples")
         return _stacked_set(str(path), {input_name: arr}, path)
     if suffix == ".npz":
-        try:
-            archive = np.load(path, allow_pickle=False)
-            arrays = {key: archive[key] for key in archive.files}
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"cannot read array file {path}: {exc}") from None
+        # checked as a run directory's .npz is, before anything but the members' headers is decompressed; read
+        # into memory, so at most this machine's memory
+        arrays = load_npz(path, f"input set {path}", error=InputError, budget=memory_bytes())
         if not arrays:
             raise InputError(f"{path} holds no arrays")
         return _stacked_set(str(path), arrays, path)

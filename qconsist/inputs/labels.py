@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from qconsist.errors import ConfigError, InputError
+from qconsist.store.serde import loads
 
 LABEL_FILES = ("labels.csv", "labels.json", "labels.txt")
 CLASSES_FILE = "classes.txt"
@@ -107,7 +107,7 @@ def _lines(path: Path, what: str = "labels file") -> list[tuple[int, str]]:
 
 def _json_pairs(path: Path) -> list[tuple[str, str, Any]]:
     try:
-        data = json.loads(_read(path))
+        data = loads(_read(path))
     except ValueError as exc:
         raise ConfigError(f"labels file {path} is not a JSON object of sample name -> class ({exc})") from None
     if not isinstance(data, dict):

@@ -76,7 +76,9 @@ class Preprocess:
                     if value is not None and not isinstance(value, (list, tuple)):  # resize = 256
                         raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r} "
                                           f"(a square: {key} = [{value}, {value}])")
-                    kwargs[key] = tuple(int(v) for v in value) if value is not None else None
+                    if value is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                        raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r}")
+                    kwargs[key] = tuple(value) if value is not None else None
                 elif key in ("mean", "std"):
                     kwargs[key] = tuple(float(v) for v in value)
                 elif key == "interpolation":
@@ -186,6 +188,17 @@ def _open(path: Path):
     if image.mode == "F":
         image.close()
         raise InputError(f"image {path} holds 32-bit float pixels (mode F); save such data as .npy instead")
+    try:
+        animated = bool(getattr(image, "is_animated", False))  # a second frame exists (GIF, APNG, WebP, multi-page TIFF)
+    except (OSError, EOFError, SyntaxError, ValueError) as exc:
+        image.close()
+        raise InputError(f"cannot read image {path}: {exc}") from None
+    if animated:
+        frames = getattr(image, "n_frames", "several")
+        image.close()
+        raise InputError(f"image {path} holds {frames} frames ({image.format} animation or pages); a sample is one "
+                         "picture: save the frame you mean as its own file")
+    image.seek(0)
     return image
 
 

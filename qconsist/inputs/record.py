@@ -28,6 +28,7 @@ from qconsist.inputs.inputset import InputSet
 from qconsist.inputs.stream import SampleInfo
 from qconsist.store.atomic import write_bytes_atomic
 from qconsist.store.run import Run
+from qconsist.store.serde import loads
 
 SCHEMA = "qconsist.samples/1"
 SAMPLES_FILE = "inputs/samples.jsonl"  # the sample table of a run of one input set (inference, locate)
@@ -85,7 +86,7 @@ def read_samples(run: Run, recorded: dict[str, Any] | None = None) -> SampleTabl
     bad = RunStoreError(f"run {run_dir}: {relative} is damaged (not a {SCHEMA} table)")
     try:
         lines = path.read_text(encoding="ascii").splitlines()
-        header, rows = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+        header, rows = loads(lines[0]), [loads(line) for line in lines[1:]]
     except (OSError, ValueError, IndexError):
         raise bad from None
     if not isinstance(header, dict) or header.get("schema") != SCHEMA or header.get("columns") != COLUMNS:

@@ -11,6 +11,7 @@ from typing import Any
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.inspect.model import ModelSummary, summarize_model
 from qconsist.store.run import Run
+from qconsist.store.runs import verify_run
 from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.inspect.run/1"
@@ -67,6 +68,7 @@ class RunSummary:
     bytes: int
     stage_model: ModelSummary | None = None  # with ``stage``: that stage's model
     accuracy: dict[str, Any] | None = None  # an inference run's accuracy against its labels
+    problems: list[str] = field(default_factory=list)  # files modified, missing or refused (status "modified")
 
 
 def _size(folder: Path) -> tuple[int, int]:
@@ -115,13 +117,16 @@ def summarize_run(run_dir: Path | str, stage: str | None = None) -> RunSummary:
     if isinstance(cuda, dict) and any(cuda.values()):
         environment["cuda"] = cuda
     files, size = _size(run_dir)
+    checked = verify_run(run_dir)  # what it holds, not what it says: a tampered run is shown as modified
+    problems = [f.detail for f in checked.problems] or ([checked.error] if checked.error else [])
     summary = RunSummary(
-        path=str(run_dir), kind=manifest.kind, run_id=manifest.run_id, status=manifest.status, started=manifest.started,
+        path=str(run_dir), kind=manifest.kind, run_id=manifest.run_id, status="modified" if problems else manifest.status,
+        started=manifest.started,
         finished=manifest.finished, command=" ".join(shlex.quote(str(a)) for a in manifest.command),
         model={k: v for k, v in manifest.model.items() if k in ("name", "kind", "source", "path", "run", "stage")},
         stages=[_stage(run_dir, s) for s in run.stages if isinstance(s, dict)], inputs=_inputs(run),
         environment=environment, options=dict(run.inference.options) if run.has_inference else {},
-        sections=sorted(manifest.sections), dump=_dump(run), files=files, bytes=size,
+        sections=sorted(manifest.sections), dump=_dump(run), files=files, bytes=size, problems=problems,
     )
     if run.kind == "inference" and run.inference.accuracy is not None:
         summary.accuracy = run.inference.accuracy.to_json()

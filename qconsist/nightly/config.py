@@ -200,12 +200,20 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
     overrides = data.get("set", {})
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}: 'set' must be a table of pipeline values to override")
+    given = copy.deepcopy(pipeline_data)
     pipeline_data = _merge(pipeline_data, _anchored(overrides, base))
     pipeline_data["name"] = name
     model = pipeline_data.get("model")
     if isinstance(model, dict) and isinstance(model.get("onnx"), str) and is_package_path(model["onnx"]):
         model["onnx"] = str(resolve_package_path(model["onnx"]))
-    pipeline = parse_pipeline(pipeline_data, pipeline_path)
+    try:
+        pipeline = parse_pipeline(pipeline_data, pipeline_path)
+    except ConfigError as exc:
+        if not overrides or not _parses({**given, "name": name}, pipeline_path):
+            raise
+        # the pipeline file alone is fine: what its 'set' table put in is to blame, and it is in the nightly file
+        said = exc.message.removeprefix(f"{pipeline_path}: ")
+        raise ConfigError(f"{where}: its 'set' table: {said}") from None
     policy = _string(data, "policy", where)
     gpu_config = _string(data, "gpu_config", where)
     if gpu_config is not None:
@@ -221,6 +229,14 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
         gpus=_gpus(data.get("gpus", []), where), cpus=_amount(data, "cpus", where, 1.0),
         memory_gb=_amount(data, "memory_gb", where, None), sensitivity=_sensitivity(data.get("sensitivity"), where),
     )
+
+
+def _parses(data: dict[str, Any], path: Path) -> bool:
+    try:
+        parse_pipeline(data, path)
+    except ConfigError:
+        return False
+    return True
 
 
 def _gpus(value: Any, where: str) -> tuple[str, ...]:

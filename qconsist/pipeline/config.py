@@ -25,6 +25,8 @@ from qconsist.stages.base import stages as registered_stages
 from qconsist.stages.convert import ConvertOptions
 from qconsist.stages.optimize import OptimizeOptions
 from qconsist.store.runs import RUNS_DIR
+from qconsist.store.rundir import MAX_LABEL
+from qconsist.limits import shorten
 from qconsist.stages.quantize import CalibrationMethodChoice, CalibrationOptions, DistributionScenario, QuantizeOptions
 from qconsist.tomlfile import Table, guard, read_toml
 from qconsist.store.serde import serialized
@@ -219,13 +221,16 @@ def _execution(table: Table) -> ExecutionOptions:
 def _check_name(name: str, origin: str) -> None:
     """A pipeline's name labels its run directories (``<runs_dir>/<name>-<time>-<random>``): a path, or a name
     that would hide them, is refused saying so."""
+    if len(name) > MAX_LABEL:
+        raise ConfigError(f"{origin}: name {shorten(name, 60)!r} is {len(name)} characters long; a name has at most "
+                          f"{MAX_LABEL} (it labels the run directories: <runs_dir>/<name>-<time>-<random>)")
     parts = [part for part in re.split(r"[/\\]", name)]
     if len(parts) > 1:
         where = "leads out of the runs directory" if ".." in parts or name.startswith(("/", "\\")) else "would nest its runs in a folder"
-        raise ConfigError(f"{origin}: name {name!r} is a path that {where}; the name labels the run directories "
+        raise ConfigError(f"{origin}: name {shorten(name)!r} is a path that {where}; the name labels the run directories "
                           "(<runs_dir>/<name>-<time>-<random>): give a plain name, without '/' or '\\'")
     if name.startswith("."):
-        raise ConfigError(f"{origin}: name {name!r} starts with '.', which would hide its run directories (and '..' "
+        raise ConfigError(f"{origin}: name {shorten(name)!r} starts with '.', which would hide its run directories (and '..' "
                           "names the folder above them): start it with a letter or digit")
 
 

@@ -10,6 +10,7 @@ import os
 
 from qconsist.calibration.repeat import RepeatResult
 from qconsist.diff import DiffResult
+from qconsist.diff.runs import SCHEMA as DIFF_SCHEMA
 from qconsist.errors import InputError, QconsistError, RunStoreError
 from qconsist.report.explorer import explorer_overlay
 from qconsist.store.serde import loads
@@ -265,6 +266,18 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
     return name, body
 
 
+def _checked_diff(path: Path, diff: dict[str, Any]) -> dict[str, Any]:
+    """A diff result read from a file handed in, as ``DiffResult`` reads it: every field of its type, written
+    back by ``to_json`` for the page; a file that does not fit is one line (never an AttributeError or
+    TypeError while the page is drawn)."""
+    try:
+        return DiffResult.from_json({"schema": DIFF_SCHEMA, **diff}).to_json()
+    except QconsistError as exc:
+        raise InputError(f"{path} is not a valid diff result: {exc.message}") from None
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise InputError(f"{path} is not a valid diff result: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}") from None
+
+
 def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, relative_to: Path | None = None) -> str:
     """One page for any mix of run directories and ``qconsist diff --json`` files. With ``explorer_dir``, each
     diff's per-node divergence is also written there as Model Explorer node data (``<diff name>/``) and linked
@@ -289,8 +302,13 @@ def render_paths(paths: Sequence[Path | str], explorer_dir: Path | None = None, 
             if not isinstance(diff, dict) or "tensors" not in diff:
                 raise InputError(f"{path} is not a `qconsist diff --json` or `qconsist sensitivity --json` result "
                                  f"(no 'tensors', no schema {SENSITIVITY_SCHEMA})")
-            overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
-            body += _diff_parts(diff, path.stem, overlay)
+            diff = _checked_diff(path, diff)
+            try:  # drawn from a file handed in: what does not fit the page is that file's fault, said in one line
+                overlay = explorer_section(diff, explorer_dir / path.stem if explorer_dir is not None else None, relative_to)
+                body += _diff_parts(diff, path.stem, overlay)
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+                raise InputError(f"{path} is not a valid diff result: "
+                                 f"{' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}") from None
             names.append(path.stem)
         else:
             name, parts = _run_parts(path, relative_to)

@@ -98,9 +98,15 @@ class Target:
         except ValueError:
             raise ConfigError(f"target {text!r}: unknown measure {found['measure']!r} (measures: {MEASURES})") from None
         wanted = ">=" if measure.lower_bound else "<="
-        if op != wanted:
+        if op != wanted or bound_text[:1] in "<>=!":
             kind = "a lower bound" if measure.lower_bound else "an upper bound"
-            raise ConfigError(f"target {text!r}: {measure.value} takes {kind}: write {measure.value}{wanted}{bound_text}")
+            bound = bound_text.lstrip("<>=! ")  # "sqnr>>40": the operator's extra characters are not the bound's
+            try:
+                Decimal(bound.removesuffix("%"))
+            except (InvalidOperation, ValueError):
+                bound = "NUMBER"
+            part = f"[{found['output'].strip()}]" if found["output"] else ""
+            raise ConfigError(f"target {text!r}: {measure.value} takes {kind}: write {measure.value}{part}{wanted}{bound}")
         try:  # a percentage divided exactly (99.9% is 0.999, not 0.9990000000000001)
             number = Decimal(bound_text.removesuffix("%"))
             bound = float(number / 100 if bound_text.endswith("%") else number)

@@ -10,6 +10,22 @@ from typing import Any, Callable
 from qconsist.errors import OutputError
 from qconsist.store.serde import dumps
 
+# Run directories this process is writing (real paths; ``qconsist.store.rundir`` adds and discards them). A
+# write inside one whose folder is gone (``runs rm`` of an abandoned run, by hand) fails: the folders of a
+# removed run are never made again.
+OPEN_RUNS: set[str] = set()
+
+
+def _removed_run(path: Path) -> str | None:
+    """The run directory this process is writing that ``path`` lies in, where that folder no longer exists."""
+    if not OPEN_RUNS:
+        return None
+    real = os.path.realpath(path.parent)
+    for run in OPEN_RUNS:
+        if (real == run or real.startswith(run + os.sep)) and not os.path.isdir(run):
+            return run
+    return None
+
 
 def _fsync_dir(directory: Path) -> None:
     try:
@@ -43,6 +59,9 @@ def write_atomic(path: Path, writer: Callable[[Path], None], make_parents: bool 
     ``make_parents=False``: a missing parent folder is an error, not created (outputs outside the runs folder)."""
     path = Path(path)
     try:
+        removed = _removed_run(path) if make_parents else None
+        if removed is not None:
+            raise OutputError(f"cannot write {path}: its run directory {removed} was removed while being written")
         if make_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
         elif not path.parent.is_dir():

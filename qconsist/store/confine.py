@@ -26,16 +26,27 @@ from typing import Any
 
 import numpy as np
 
-from qconsist.errors import RunStoreError
+from qconsist.errors import ConfigError, QconsistError, RunStoreError
+from qconsist.limits import shorten
 
 MAX_FILE_BYTES = 64 << 30  # 64 GiB: a 256-sample raw dump of a large model stays below it
 MAX_MANIFEST_BYTES = 256 << 20
+
+
 def max_file_bytes() -> int:
+    """``QCONSIST_MAX_FILE_BYTES`` (a positive number of bytes), else ``MAX_FILE_BYTES``; any other value is refused,
+    never replaced by the default."""
     value = os.environ.get("QCONSIST_MAX_FILE_BYTES")
-    try:
-        return int(value) if value else MAX_FILE_BYTES
-    except ValueError:
+    if value is None or not value.strip():
         return MAX_FILE_BYTES
+    try:
+        limit = int(value.strip())
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise ConfigError(f"QCONSIST_MAX_FILE_BYTES={shorten(value, 40)!r}: give the largest file qconsist reads, a positive "
+                          f"number of bytes (default {MAX_FILE_BYTES})")
+    return limit
 
 
 def _inside(path: str, root: str) -> bool:
@@ -128,7 +139,7 @@ def linked_run(run_dir: Path, value: Any, what: str) -> Path:
 # --- array files ----------------------------------------------------------------------------------------------
 
 
-def _header(handle: Any, size: int, where: str) -> tuple[np.dtype, tuple[int, ...], int]:
+def _header(handle: Any, size: int, where: str, error: type[QconsistError] = RunStoreError) -> tuple[np.dtype, tuple[int, ...], int]:
     """dtype, shape and data offset of a ``.npy`` stream of ``size`` bytes; refuses lies and objects."""
     try:
         version = np.lib.format.read_magic(handle)
@@ -139,17 +150,17 @@ def _header(handle: Any, size: int, where: str) -> tuple[np.dtype, tuple[int, ..
         else:
             raise ValueError(f"unknown .npy version {version}")
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
-        raise RunStoreError(f"{where} is not a valid .npy array ({' '.join(str(exc).split())[:120]})") from None
+        raise error(f"{where} is not a valid .npy array ({' '.join(str(exc).split())[:120]})") from None
     if dtype.hasobject:
-        raise RunStoreError(f"{where} holds Python objects; refused (qconsist never unpickles)")
+        raise error(f"{where} holds Python objects; refused (qconsist never unpickles)")
     offset = handle.tell()
     count = 1
     for dim in shape:
         count *= int(dim)
     expected = offset + count * dtype.itemsize
     if expected != size:
-        raise RunStoreError(f"{where}: its header says {tuple(shape)} {dtype} ({expected} bytes with the header), "
-                            f"the file holds {size}; refused")
+        raise error(f"{where}: its header says {tuple(shape)} {dtype} ({expected} bytes with the header), "
+                    f"the file holds {size}; refused")
     return dtype, tuple(int(d) for d in shape), offset
 
 
@@ -168,35 +179,59 @@ def check_npy(path: Path, where: str, dtype: np.dtype | None = None, ndim: int |
     return shape
 
 
-def check_npz(path: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every member of the ``.npz`` at ``path``, checked as ``check_npy`` checks a file: name -> (dtype, shape)."""
+def check_npz(path: Path, where: str, error: type[QconsistError] = RunStoreError,
+              budget: int | None = None) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every member of the ``.npz`` at ``path``, checked as ``check_npy`` checks a file, before anything is
+    decompressed but each member's ``.npy`` header: name -> (dtype, shape). Refused in one line (``error``): a
+    file that is not a zip archive (a text file named ``.npz``), a truncated one, a member that is not a
+    ``.npy`` array, a member claiming more than ``QCONSIST_MAX_FILE_BYTES``, members that decompress to more
+    than ``budget`` bytes in all (a deflate bomb), a header that lies about the member's size (never read
+    past it), object arrays (never unpickled)."""
     members: dict[str, tuple[str, tuple[int, ...]]] = {}
+    limit = max_file_bytes()
     try:
         with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if not info.filename.endswith(".npy"):
-                    raise RunStoreError(f"{where}: member {info.filename!r} is not an array; refused")
-                if info.file_size > max_file_bytes():
-                    raise RunStoreError(f"{where}: member {info.filename!r} claims {info.file_size} bytes; refused")
+            infos = archive.infolist()
+            for info in infos:
+                if not info.filename.endswith(".npy") or info.is_dir():
+                    raise error(f"{where}: member {shorten(info.filename)!r} is not an array (.npy); refused")
+                if info.file_size > limit:
+                    raise error(f"{where}: member {shorten(info.filename)!r} claims {info.file_size} bytes, more than the "
+                                f"limit of {limit} (QCONSIST_MAX_FILE_BYTES); refused")
+            total = sum(info.file_size for info in infos)
+            if budget is not None and total > budget:
+                raise error(f"{where}: its members decompress to {total} bytes, more than the {budget} this reader "
+                            f"holds in memory (a {os.stat(path).st_size}-byte archive); refused")
+            for info in infos:
                 with archive.open(info) as handle:
-                    dtype, shape, _ = _header(handle, info.file_size, f"{where} member {info.filename}")
+                    dtype, shape, _ = _header(handle, info.file_size, f"{where} member {shorten(info.filename)}", error)
                 members[info.filename[:-4]] = (dtype.str, shape)
-    except RunStoreError:
+    except QconsistError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
-        raise RunStoreError(f"{where} is not a valid .npz archive ({' '.join(str(exc).split())[:120]})") from None
+        raise error(f"{where} is not a valid .npz archive ({' '.join(str(exc).split())[:120]})") from None
     return members
 
 
-def load_npz(path: Path, where: str, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-    """The arrays ``keys`` (default all) of a checked ``.npz``; a missing key or a bad member is one line."""
-    members = check_npz(path, where)
+def load_npz(path: Path, where: str, keys: list[str] | None = None, error: type[QconsistError] = RunStoreError,
+             budget: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` (default all) of a checked ``.npz`` (``check_npz``); a missing key or a bad member is
+    one line."""
+    members = check_npz(path, where, error, budget)
     wanted = list(members) if keys is None else keys
     missing = [k for k in wanted if k not in members]
     if missing:
-        raise RunStoreError(f"{where} has no array {missing[0]!r}")
+        raise error(f"{where} has no array {missing[0]!r}")
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {k: archive[k] for k in wanted}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise RunStoreError(f"cannot read {where}: {' '.join(str(exc).split())[:160]}") from None
+        raise error(f"cannot read {where}: {' '.join(str(exc).split())[:160]}") from None
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory: what a reader that holds a file's arrays in memory may take at most."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return MAX_FILE_BYTES

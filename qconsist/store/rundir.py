@@ -2,7 +2,10 @@
 
 Life of a run directory:
 
-1. ``RunDirectory.create`` makes ``runs/<run-id>/`` and writes ``RUNNING.json`` (pid, start time, kind).
+1. ``RunDirectory.create`` makes the folder under a hidden temporary name, writes ``RUNNING.json`` in it (run id,
+   kind, start time and the writer: pid, host, process start), then renames it ``runs/<run-id>/``: the run
+   directory appears with its marker, so ``runs rm --incomplete`` never takes a starting run for an abandoned
+   one (a folder without a marker or a manifest is not a run, and is never removed either).
 2. The work writes artifacts into it, each atomically.
 3. ``finish(manifest)`` writes ``manifest.json`` atomically, then removes ``RUNNING.json``. Only a directory
    with a valid ``manifest.json`` whose ``status`` is ``complete`` is a complete run.
@@ -14,7 +17,6 @@ Life of a run directory:
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 import secrets
@@ -25,8 +27,9 @@ from pathlib import Path
 from types import TracebackType
 
 from qconsist.store.serde import loads
+from qconsist.limits import shorten
 from qconsist.errors import OutputError, QconsistError, RunStoreError
-from qconsist.store.atomic import write_json_atomic
+from qconsist.store.atomic import OPEN_RUNS, _umask, write_json_atomic
 from qconsist.store.confine import MAX_MANIFEST_BYTES, confined
 from qconsist.store.liveness import identity, writer_running
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
@@ -34,8 +37,11 @@ from qconsist.store.scratch import NO_SPACE, scratch_root
 from qconsist.store.verify import record_files
 
 RUNNING_NAME = "RUNNING.json"
-_OPEN: set[str] = set()  # run directories this process is writing (created, not yet finished, abandoned or left)
+_OPEN = OPEN_RUNS  # run directories this process is writing (created, not yet finished, abandoned or left)
+_RUN_ID_MAX = 201  # characters: a folder name fits any file system (255 bytes) with room for a temporary name
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_STAMP_CHARS = len("-20260101T000000-abcdef")
+MAX_LABEL = _RUN_ID_MAX - _STAMP_CHARS  # characters of a label (a pipeline's name) in ``new_run_id``
 
 
 def utc_now() -> str:
@@ -44,6 +50,9 @@ def utc_now() -> str:
 
 def _run_id_problem(run_id: str) -> str:
     """What is wrong with a run id that ``_RUN_ID_RE`` refuses, said as it is."""
+    if len(run_id) > _RUN_ID_MAX:
+        return (f"it is {len(run_id)} characters long; a run id has at most {_RUN_ID_MAX} (a label such as a pipeline's "
+                f"name at most {MAX_LABEL}, the rest is its time and a random suffix)")
     if run_id in (".", ".."):
         return (f"it names the runs directory{' itself' if run_id == '.' else chr(39) + 's parent'}, not a folder inside it; "
                 "a run id starts with a letter or digit")
@@ -73,22 +82,37 @@ class RunDirectory:
         runs_root = Path(runs_root)
         run_id = run_id or new_run_id(label)
         if not _RUN_ID_RE.match(run_id):
-            raise OutputError(f"invalid run id {run_id!r}: {_run_id_problem(run_id)}")
+            raise OutputError(f"invalid run id {shorten(run_id)!r}: {_run_id_problem(run_id)}")
         path = runs_root / run_id
+        started = utc_now()
         try:
             runs_root.mkdir(parents=True, exist_ok=True)
-            path.mkdir()
+            if os.path.lexists(path):
+                raise FileExistsError(path)
+            staging = Path(tempfile.mkdtemp(prefix=f".{run_id}.", suffix=".creating", dir=runs_root))
         except FileExistsError as exc:
             raise OutputError(f"run directory {path} already exists; choose another `run_id`") from exc
         except OSError as exc:
             raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from exc
-        started = utc_now()
-        write_json_atomic(path / RUNNING_NAME, {"run_id": run_id, "kind": kind, **identity(), "started": started})
-        _OPEN.add(os.path.realpath(path))
+        try:
+            os.chmod(staging, 0o777 & ~_umask())  # a folder as mkdir makes it, not mkdtemp's 0700
+            write_json_atomic(staging / RUNNING_NAME, {"run_id": run_id, "kind": kind, **identity(), "started": started})
+            _OPEN.add(os.path.realpath(path))
+            os.rename(staging, path)  # fails on a folder made meanwhile that is not empty
+        except BaseException as exc:
+            _OPEN.discard(os.path.realpath(path))
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and not isinstance(exc, OutputError) and os.path.lexists(path):
+                raise OutputError(f"run directory {path} already exists; choose another `run_id`") from None
+            if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+                raise OutputError(f"cannot create run directory in {runs_root}: {exc.strerror or exc}") from None
+            raise
         return cls(path=path, run_id=run_id, started=started)
 
     def file(self, relative: str) -> Path:
         target = self.path / relative
+        if not self.path.is_dir():
+            raise OutputError(f"cannot write {target}: its run directory {self.path} was removed while being written")
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
@@ -96,7 +120,7 @@ class RunDirectory:
         """Note in RUNNING.json which step is under way, so an interrupted run says where it stopped."""
         marker = self.path / RUNNING_NAME
         try:
-            data = json.loads(marker.read_text())
+            data = loads(marker.read_text())
         except (OSError, ValueError):
             data = {"run_id": self.run_id}
         data["stage"] = stage
@@ -193,7 +217,7 @@ def being_written(path: Path) -> tuple[bool, str, str, str]:
     try:
         if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 1 << 20:
             return False, "", "", ""
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        data = loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False, "", "", ""
     if not isinstance(data, dict):
@@ -223,7 +247,7 @@ def open_run(path: Path) -> Manifest:
     marker = path / RUNNING_NAME
     if running and marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:
         try:
-            info = json.loads(marker.read_text())
+            info = loads(marker.read_text())
             where = f" (started {info.get('started', '?')}, last step {info.get('stage', 'start')})"
         except (OSError, ValueError, AttributeError):
             pass

@@ -4,8 +4,10 @@ Each run is described by its kind, model, status — ``complete``, ``incomplete`
 still running), ``modified`` (a file differs from what the manifest recorded, is missing or is refused) or
 ``invalid`` (a manifest that cannot be read) — its age and its size on disk.
 
-Removal is safe: only direct children of the runs directory, by name; never through a symbolic link; never a
-run still being written (its ``RUNNING.json`` names a live process on this host); never a run that the
+Removal is safe: only run directories, proved to be qconsist's own (``run_evidence``: a manifest of a
+``qconsist.run/`` schema, or the ``RUNNING.json`` marker a run writes first) — never another folder (``src/``,
+``data/``, a nested runs directory); only direct children of the runs directory, by name; never through a
+symbolic link; never a run still being written (its ``RUNNING.json`` names a live process on this host); never a run that the
 history names as a baseline (each model's last night whose gate passed, and the runs that night's entry
 links) unless forced.
 """
@@ -16,14 +18,17 @@ import datetime as _dt
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qconsist.errors import ConfigError, RunStoreError
-from qconsist.store.confine import check_relative, confined
+from qconsist.store.confine import MAX_MANIFEST_BYTES, check_relative, confined
+from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.rundir import RUNNING_NAME, being_written, run_state
+from qconsist.store.serde import loads
 from qconsist.store.run import Run
 from qconsist.store.verify import COST, check_digest, file_sha256
 from qconsist.store.serde import serialized
@@ -114,6 +119,20 @@ def _status(run_dir: Path, relative: str, record: dict[str, Any]) -> FileStatus:
     return FileStatus(relative, "ok", "", path.stat().st_size)
 
 
+def _named_paths(manifest: Any) -> list[tuple[str, Any]]:
+    """Every path inside the run that a manifest names outside its ``files`` map, with what it is (as the readers
+    name it): an inference run's output files, sample tables. (A stage artifact may name the model file an
+    inference run ran, outside the run: that one is opened only verified, by ``qconsist.inference.model``.)"""
+    named: list[tuple[str, Any]] = []
+    inference = manifest.sections.get("inference")
+    outputs = inference.get("output_files") if isinstance(inference, dict) else None
+    named += [("outputs path", value) for value in (outputs if isinstance(outputs, list) else [])]
+    for record in (manifest.inputs, *manifest.inputs.values()):
+        if isinstance(record, dict) and "samples" in record:
+            named.append(("sample table path", record["samples"]))
+    return named
+
+
 def verify_run(path: Path | str) -> VerifyResult:
     """Check every file a run directory recorded, and list the files it holds that it did not record."""
     run_dir = Path(path)
@@ -131,6 +150,11 @@ def verify_run(path: Path | str) -> VerifyResult:
     recorded = run.recorded()
     for relative in sorted(recorded):
         result.files.append(_status(run_dir, relative, recorded[relative]))
+    for what, value in _named_paths(run.manifest):  # a path the manifest names is refused as every reader refuses it
+        try:
+            check_relative(run_dir, value, what)
+        except RunStoreError as exc:
+            result.files.append(FileStatus(str(value), "refused", str(exc)))
     root = os.path.realpath(run_dir)
     for folder, dirs, names in os.walk(root):
         dirs.sort()
@@ -206,6 +230,13 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
             status, detail = "invalid", str(exc)
     elif state == "missing":
         raise RunStoreError(f"run directory {path} does not exist")
+    elif run_evidence(path) is None:
+        status, detail = "invalid", "not a run directory (no qconsist manifest, no RUNNING.json marker)"
+        if os.path.lexists(path / MANIFEST_NAME):  # a manifest that cannot be read: say why
+            try:
+                Manifest.load(path / MANIFEST_NAME)
+            except RunStoreError as exc:
+                detail = str(exc)
     else:
         status = "incomplete"
         running, detail, started, kind = being_written(path)
@@ -269,11 +300,43 @@ class Removal:
     dry_run: bool = False
 
 
+NOT_A_RUN = "not a run directory (no qconsist manifest, no RUNNING.json marker); never removed"
+
+
+def _json_file(path: Path, limit: int) -> Any:
+    """The JSON data of the regular file ``path`` (not a link, at most ``limit`` bytes), else None."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def run_evidence(path: Path) -> str | None:
+    """What proves ``path`` is a run directory qconsist wrote: ``"manifest"`` (a ``manifest.json`` of a
+    ``qconsist.run/`` schema, whatever its status), ``"marker"`` (the ``RUNNING.json`` a run writes before
+    anything else: its run id, kind, start and writer), else None — a folder qconsist did not make."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return None
+    manifest = _json_file(path / MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    if isinstance(manifest, dict) and isinstance(manifest.get("schema"), str) and manifest["schema"].startswith("qconsist.run/"):
+        return "manifest"
+    marker = _json_file(path / RUNNING_NAME, 1 << 20)
+    if (isinstance(marker, dict) and all(isinstance(marker.get(k), str) and marker[k] for k in ("run_id", "kind", "started"))
+            and isinstance(marker.get("pid"), int)):
+        return "marker"
+    return None
+
+
 def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, older_than: float | None = None,
                 baselines: set[str] = frozenset(), force: bool = False, dry_run: bool = False) -> Removal:
     """Remove the runs ``names`` (directory names in ``runs_root``), or with ``incomplete`` every incomplete
-    run, and/or with ``older_than`` (seconds) every run older than that. A run being written is never removed;
-    a baseline the history names (``baselines``) only with ``force``."""
+    run, and/or with ``older_than`` (seconds) every run older than that. Only run directories are removed
+    (``run_evidence``): a folder named that is not one is refused, one found in the runs directory is kept. A
+    run being written is never removed; a baseline the history names (``baselines``) only with ``force``."""
     runs_root = Path(runs_root)
     if not names and not incomplete and older_than is None:
         raise ConfigError("say which runs to remove: names, `incomplete` or `older_than`")
@@ -288,11 +351,16 @@ def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, old
             raise RunStoreError(f"{path} is a symbolic link, not a run directory; refused")
         if not path.is_dir():
             raise RunStoreError(f"run directory {path} does not exist")
+        if run_evidence(path) is None:
+            raise RunStoreError(f"{path} is {NOT_A_RUN}; refused")
         candidates.append(path)
     if not names:
         candidates = _children(runs_root)
     result = Removal(dry_run=dry_run)
     for path in candidates:
+        if run_evidence(path) is None:
+            result.kept[path.name] = NOT_A_RUN
+            continue
         info, _ = describe_run(path, verify=False)
         selected = bool(names) or (incomplete and info.status == "incomplete") or (
             older_than is not None and info.age_seconds > older_than)

@@ -26,6 +26,14 @@ SCRATCH_NAME = ".scratch"
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # a write failed for want of space
 
 _ROOT: ContextVar[Path | None] = ContextVar("qconsist_scratch_root", default=None)
+LIVE: set[str] = set()  # every scratch folder and root this process has open: what an emergency exit removes
+
+
+def remove_live() -> None:
+    """Remove every scratch folder still open (``qconsist.cli.app``: a SIGTERM that the main thread, busy in
+    onnxruntime, does not take up in time ends the process at once, without its ``finally`` blocks)."""
+    for folder in sorted(LIVE, key=len, reverse=True):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
@@ -38,18 +46,21 @@ def scratch_root(run_path: Path) -> Iterator[Path]:
     saved = tempfile.tempdir
     try:
         root.mkdir(exist_ok=True)
+        LIVE.add(str(root))
         tempfile.tempdir = str(root)
         yield root
     finally:
         tempfile.tempdir = saved
         _ROOT.reset(token)
         shutil.rmtree(root, ignore_errors=True)
+        LIVE.discard(str(root))
 
 
 @contextmanager
 def scratch_dir(prefix: str) -> Iterator[Path]:
     """A fresh temporary folder (inside the open run directory, if any), removed when the block ends."""
     with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch_parent()) as folder:
+        LIVE.add(folder)
         try:
             yield Path(folder)
         except OSError as exc:
@@ -57,6 +68,8 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
                 raise
             where = exc.filename or f"in {folder}"
             raise OutputError(f"cannot write {where}: {exc.strerror or 'no space left'} (the disk holding it is full)") from None
+        finally:
+            LIVE.discard(folder)
 
 
 def scratch_parent() -> Path | None:

@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from qconsist.limits import DEEP, too_deep
+
 NONFINITE = "nonfinite"
 T = TypeVar("T")
 
@@ -184,8 +186,17 @@ def dumps(value: Any, indent: int | None = 2) -> str:
     return text
 
 
-def loads(text: str) -> Any:
-    return decode(json.loads(text))
+def loads(text: str | bytes) -> Any:
+    """JSON read from an untrusted file: lists and objects nested at most ``MAX_DEPTH`` deep (deeper is a
+    ``ValueError``, never a ``RecursionError`` in the parser or in any reader after it)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(DEEP) from None
+    problem = too_deep(data)
+    if problem is not None:
+        raise ValueError(problem)
+    return decode(data)
 
 
 def to_number(value: Any) -> float:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from typer.testing import CliRunner
 
-from hostile_files import png_header
+from hostile_files import npz_archives, png_header
 from onnx_builders import build_classifier_model, save_arrays
 from qconsist.cli import app
 from qconsist.store.rundir import list_runs
@@ -45,7 +45,8 @@ def corpus(tmp_path_factory):
 
     History(folder / "history.sqlite").start_night("n1", "nightly.toml", {"python": "3.11"})
     return {"folder": folder, "model": model, "arrays": arrays, "pipeline": pipeline, "run": folder / "runs" / "good",
-            "qdq": folder / "runs" / "good" / "quantize" / "model.onnx", "history": folder / "history.sqlite"}
+            "qdq": folder / "runs" / "good" / "quantize" / "model.onnx", "history": folder / "history.sqlite",
+            "npz": npz_archives(folder / "npz", name="x", shape=(2, 3, 8, 8), bomb_mib=8)}
 
 
 def _mutate(text: str) -> st.SearchStrategy:
@@ -71,6 +72,10 @@ file_specs = st.one_of(
     st.tuples(st.just("image"), st.tuples(st.sampled_from(MODES), st.sampled_from([(1, 1), (8, 8), (30000, 30000)]), st.booleans())),
     st.tuples(st.just("missing"), st.just("")),
     st.tuples(st.just("folder"), st.sampled_from(["empty", "mixed", "images"])),
+    # issue 29: hostile .npz archives, a manifest nested 100,000 deep, a project folder that is not a runs folder
+    st.tuples(st.just("npz"), st.sampled_from(["good", "truncated", "member", "claims", "bomb", "text"])),
+    st.tuples(st.just("rundir"), st.just("deep")),
+    st.tuples(st.just("project"), st.just("")),
 )
 # most cases start from something valid for the command, so that the hostile part (the other file, an option,
 # a mutated pipeline) is reached and not only the first check
@@ -83,6 +88,7 @@ FIRST = {
     "pipeline": st.one_of(mutated_pipeline, mutated_pipeline, _corpus("pipeline"), file_specs),
     "calib": st.one_of(_corpus("model", "pipeline", "qdq"), mutated_pipeline, file_specs),
     "history": st.one_of(_corpus("history"), file_specs),
+    **{name: st.one_of(st.tuples(st.just("project"), st.just("")), file_specs) for name in ("runs-rm", "runs-rm-old", "runs-list")},
 }
 SECOND = {
     "report": st.one_of(_corpus("run"), file_specs),
@@ -112,6 +118,9 @@ COMMANDS = {
                                        "--warmup", "0", *(["--inputs", g] if w in ("all", "QDQ") else [])],
     "models": lambda f, g, n, w: ["models", "list"],
     "env": lambda f, g, n, w: ["env", "--json"],
+    "runs-rm": lambda f, g, n, w: ["runs", "rm", "--incomplete", "--runs-dir", f],
+    "runs-rm-old": lambda f, g, n, w: ["runs", "rm", "--older-than", "0s", "--runs-dir", f],
+    "runs-list": lambda f, g, n, w: ["runs", "list", "--runs-dir", f],
 }
 RUN_COMMANDS = {"pipeline", "run", "run-stage", "run-level", "locate", "locate-matrix", "sensitivity"}
 
@@ -148,9 +157,25 @@ def _make(spec, folder: Path, corpus, edit) -> Path:
         path = name.with_suffix(".toml")
         path.write_text(original[:start] + text + original[start + length:])
         return path
+    if kind == "npz":
+        return corpus["npz"][details]
+    if kind == "project":  # sources, data, a runs folder and one killed run: only the killed run is ever removed
+        path = name
+        (path / "src").mkdir(parents=True)
+        (path / "src" / "main.py").write_text("print(1)\n")
+        (path / "data").mkdir()
+        shutil.copyfile(corpus["arrays"], path / "data" / "arrays.npy")
+        shutil.copytree(corpus["run"], path / "runs" / "good")
+        (path / "dead").mkdir()
+        (path / "dead" / "RUNNING.json").write_text(json.dumps({"run_id": "dead", "kind": "pipeline", "pid": 2**22 + 7,
+                                                                 "started": "2026-01-01T00:00:00Z"}))
+        return path
     if kind == "rundir":
         path = name
-        if details == "empty":
+        if details == "deep":
+            path.mkdir()
+            (path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+        elif details == "empty":
             path.mkdir()
         elif details == "running":
             path.mkdir()
@@ -209,9 +234,11 @@ def test_cli_keeps_its_exit_code_contract(corpus, tmp_path, case, number, word, 
         args.append("--json")
     args = [a.replace("out/", f"{folder}/out/") for a in args]
 
+    kept = [p for p in (Path(f) / "src" / "main.py", Path(f) / "runs" / "good" / "manifest.json") if p.is_file()]
     result = CliRunner().invoke(app, args)
 
     case = f"qconsist {' '.join(args)}"
+    assert all(p.is_file() for p in kept), f"{case}: removed {[str(p) for p in kept if not p.is_file()]}"
     assert result.exit_code in (0, 1, 2, 3), f"{case}: exit {result.exit_code}\n{result.output}"
     assert "Traceback" not in result.output, case
     errors = [line for line in result.stderr.splitlines() if line.startswith(("error:", "internal error:", "Error:", "Usage:"))]

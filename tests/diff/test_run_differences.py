@@ -67,7 +67,7 @@ def test_a_batch_size_and_a_restamped_model_are_named(runs, monkeypatch):
         f"(model/model.onnx, md5 {stamp['md5'][:12]})",
         "artifacts: identical",
     ]
-    assert out.stdout.splitlines()[-1] == "verdict: identical"
+    assert out.stdout.splitlines()[-1] == "PASS — verdict: identical"
 
 
 def test_the_same_model_run_from_its_run_and_from_its_file_is_named_and_agrees(runs, monkeypatch):
@@ -79,4 +79,4 @@ def test_the_same_model_run_from_its_run_and_from_its_file_is_named_and_agrees(r
         "runs differ: stages: only A holds convert, optimize, quantize; only B holds model",
         "artifacts: identical",
     ]
-    assert out.stdout.splitlines()[-1] == "verdict: identical"
+    assert out.stdout.splitlines()[-1] == "PASS — verdict: identical"

@@ -63,3 +63,23 @@ def test_markdown():
     assert "1. artifacts: stage 'quantize' changed" in text
     assert "- first diverging node: `conv1` (origin nodes: `conv1`)" in text
     assert "| gpu.pinned | not_applicable | no GPU recommendation to enforce: no CUDA GPU |" in text
+
+
+def test_markdown_escapes_names_and_messages_as_html_and_junit_do():
+    """A model or node named with HTML or a table's ``|`` (issue 29, item 12): shown as it is, never as markup."""
+    hostile = "<script>alert('x')</script>|1"
+    checks = [CheckResult("artifacts", CheckStatus.FAIL, f"stage 'quantize' of {hostile} changed", {"hash": "md5"}, {}),
+              CheckResult("drift.float", CheckStatus.PASS, "a | b <b>bold</b> *x* [l](u)", {}, {})]
+    verdict = GateVerdict(model=hostile, candidate="runs/<b>", baseline=None, policy=Policy().to_json(), checks=checks,
+                          created="2026-11-21T00:00:00Z", first_diverging_node="<img src=x onerror=alert(1)>",
+                          origin_nodes=["conv`1"])
+    text = verdict.to_markdown()
+    assert "<script" not in text and "<img" not in text and "<b>" not in text
+    lines = text.splitlines()
+    assert lines[0] == "## Release gate: ❌ FAIL — &lt;script&gt;alert('x')&lt;/script&gt;\\|1"
+    assert "- candidate: <code>runs/&lt;b&gt;</code>" in lines
+    assert "- first diverging node: <code>&lt;img src=x onerror=alert(1)&gt;</code> (origin nodes: <code>conv\\`1</code>)" in lines
+    assert lines[-2] == ("| artifacts | fail | stage 'quantize' of &lt;script&gt;alert('x')&lt;/script&gt;\\|1 changed |")
+    assert lines[-1] == "| drift.float | pass | a \\| b &lt;b&gt;bold&lt;/b&gt; \\*x\\* \\[l\\](u) |"
+    root = ET.fromstring(verdict.to_junit())  # the JUnit output keeps the same text, escaped by XML
+    assert root.find("testsuite").get("name") == f"gate.{hostile}"
