@@ -44,7 +44,6 @@ def replay_recorded(recorded: dict, model: Path, run_dir: Path) -> tuple[InputSe
         if missing:
             raise RunStoreError(f"the input set {source} no longer holds sample {missing[0]!r} of run {run_dir}; give `inputs`")
         chosen, where = opened.picked([position[n] for n in names]), stretch(list(opened.names), names)
-    chosen = chosen.checked(specs)
-    if chosen.digest(kind) != digest:
+    if chosen.digest(kind) != digest:  # the bytes as stored, before any cast to the model's types (as recorded)
         raise RunStoreError(f"the input set {source} of run {run_dir} has other bytes now (its digest differs); give `inputs`")
-    return chosen, where
+    return chosen.checked(specs), where
