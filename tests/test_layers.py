@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "qconsist"
 
 # bottom to top; a module may import its own layer and the ones below it
 LAYERS = [
-    {"errors", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "__init__"},
+    {"errors", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "__init__", "cpu", "emulation"},
     {"store", "models"},
     {"inputs"},
     {"compare"},

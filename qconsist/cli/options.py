@@ -61,6 +61,7 @@ AlgoSearches = Annotated[List[str], typer.Option("--cudnn-conv-algo-search", hel
 Tf32 = Annotated[Optional[bool], typer.Option("--tf32/--no-tf32", help="cuda: use_tf32 on or off (default: onnxruntime's; locate: both).")]
 MaxWorkspace = Annotated[Optional[bool], typer.Option("--cudnn-max-workspace/--no-cudnn-max-workspace", help="cuda: cudnn_conv_use_max_workspace (default: onnxruntime's).")]
 DeviceId = Annotated[Optional[int], typer.Option("--device-id", min=0, help="cuda: device_id (default: 0).")]
+Isa = Annotated[Optional[str], typer.Option("--isa", help="Run under another instruction set: a QEMU CPU model (haswell: AVX2 without VNNI; nehalem: SSE4.2, no AVX; `qemu-x86_64 -cpu help` lists them), in a child process under QEMU user mode (package qemu-user), whose run records the emulated instruction set; about 20x slower. native (the default): this processor.")]
 DisableOptimizers = Annotated[List[str], typer.Option("--disable-optimizer", help="Switch off one of onnxruntime's graph transformers by name, e.g. QDQSelectorActionTransformer (repeatable; qconsist explain names them).")]
 SessionConfig = Annotated[List[str], typer.Option("--session-config", help="One of onnxruntime's session configuration entries as KEY=VALUE (repeatable), e.g. session.disable_quant_qdq=1; recorded with the run.")]
 ProviderOptions = Annotated[List[str], typer.Option("--provider-option", help="Any option of the execution provider as KEY=VALUE (repeatable), e.g. use_tf32=0.")]
