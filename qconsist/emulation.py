@@ -98,6 +98,19 @@ def parse_models(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(resolved))
 
 
+@lru_cache(maxsize=None)
+def unsupported_features(model: str) -> tuple[str, ...]:
+    """The features of ``model`` that QEMU's TCG does not implement (pcid, x2apic, hle, rtm…): QEMU warns
+    about each whenever it creates a CPU (every thread the child starts), and the child never had them."""
+    done = subprocess.run([require_qemu(), "-cpu", model, "/bin/true"], capture_output=True, text=True, timeout=60)
+    return tuple(dict.fromkeys(re.findall(r"CPUID\.[0-9A-Fa-f]+H:[A-Z]+\.([A-Za-z0-9_.-]+) \[bit", done.stderr)))
+
+
+def cpu_argument(model: str) -> str:
+    """``-cpu``'s argument: the model without the features TCG lacks (what the child sees either way)."""
+    return ",".join([model, *(f"-{feature}" for feature in unsupported_features(model))])
+
+
 @dataclass(frozen=True)
 class EmulatedCommand:
     argv: tuple[str, ...]
@@ -112,7 +125,7 @@ def emulated_command(model: str, argv: Sequence[str], env: dict[str, str] | None
     child_env = dict(os.environ if env is None else env)
     child_env[EMULATED_ENV] = model
     child_env[QEMU_VERSION_ENV] = qemu_version()
-    return EmulatedCommand((qemu, "-cpu", model, *argv), child_env, model)
+    return EmulatedCommand((qemu, "-cpu", cpu_argument(model), *argv), child_env, model)
 
 
 def _pass_through(source: IO[str], target: IO[str]) -> None:

@@ -205,11 +205,9 @@ def instruction_set_change(a: dict | None, b: dict | None) -> str | None:
         return None
     if (isa_a.kernels, isa_a.float_kernels) == (isa_b.kernels, isa_b.float_kernels):
         return None
-    where = lambda isa: f"emulated {isa.emulated}" if isa.emulated else (isa.model or "native")  # noqa: E731
-    if isa_a.kernels == isa_b.kernels:
-        return (f"ran different CPU kernels: float {isa_a.float_kernels} vs {isa_b.float_kernels} "
-                f"({where(isa_a)} vs {where(isa_b)})")
-    return f"ran different CPU kernels: {isa_a.kernels} vs {isa_b.kernels} ({where(isa_a)} vs {where(isa_b)})"
+    where = lambda isa: f"emulated {isa.emulated}" if isa.emulated else f"native {isa.model or isa.vendor}".rstrip()  # noqa: E731
+    return (f"ran different CPU kernels: {isa_a.kernels} vs {isa_b.kernels} (float {isa_a.float_kernels} vs "
+            f"{isa_b.float_kernels}; {where(isa_a)} vs {where(isa_b)})")
 
 
 def _effective_onnxruntime(fp: dict) -> str | None:

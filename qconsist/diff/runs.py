@@ -88,7 +88,7 @@ def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChang
 
 
 @serialized(
-    schema=SCHEMA, derived=("passed",), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
+    schema=SCHEMA, derived=("passed", "cause"), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
     malformed="diff result is malformed: {exc}",
 )
 @dataclass
@@ -138,6 +138,21 @@ class DiffResult:
         found = [entry["top1_agreement"] for entry in self.judged
                  if entry.get("top1_agreement") is not None and entry.get("part") is None]
         return min(found) if found else None
+
+    @property
+    def cause(self) -> str | None:
+        """The instruction set as the cause, where it is the one difference the diff found: the artifacts,
+        calibration and execution options are the same, the recorded onnxruntime/onnx/numpy versions too, the
+        instruction sets chose other CPU kernels, and the tensors or final outputs diverge. ``None`` otherwise."""
+        change = self.versions.kernels
+        diverged = bool(self.outputs and not self.outputs.identical) or bool(self.tensors and self.tensors.nodes)
+        if (change is None or len(self.versions.numerics) != 1 or self.options or not diverged
+                or self.artifacts.first_differing_stage is not None or self.calibration.changed):
+            return None
+        what = ("tensors and final outputs" if self.tensors and self.tensors.nodes else "final outputs")
+        line = next((entry for entry in self.environment if entry.startswith("ran different CPU kernels")),
+                    f"ran different CPU kernels: {change.old} vs {change.new}")
+        return f"{line}; the artifacts, calibration, options and versions are the same and the {what} diverge"
 
 
 def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),
