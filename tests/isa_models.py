@@ -60,3 +60,22 @@ def saturating_inputs(path: Path, count: int = 2) -> Path:
     samples[:, 3::4] = rng.uniform(-1.0, 1.0, (count, CHANNELS_IN // 4, SIZE, SIZE))
     np.save(path, samples)
     return path
+
+
+def saturating_float_model(path: Path) -> Path:
+    """The float model ``quantize_static`` (per-channel int8 weights, int8 activations) turns into
+    ``saturating_qdq_model``'s kind: a Conv 1×1 whose weights are ±1 (int8 ±127) on inputs near 1 (int8 127)."""
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 1.0, -1.0).astype(np.float32)
+    weights[0] = 1.0
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "saturating_float",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
