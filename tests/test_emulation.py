@@ -142,6 +142,10 @@ def test_locate_cpu_names_the_origin_and_recommends_the_pin_with_its_cost(satura
         assert haswell["differing_samples"] == 2 and haswell["greatest_abs"] == 13.25
         assert len(haswell["origins"]) == 1 and "QLinearConv" in haswell["origins"][0]
         assert result["emulated_seconds"]["Haswell"] > 0
+        diff = CliRunner().invoke(app, ["diff", str(tmp_path / "runs" / "loc-native-default"), haswell["run_dir"]])
+        assert "the same and the tensors and final outputs diverge" in diff.output
+        # the command that captures the raw tensors repeats the emulated run under the same processor
+        assert [line for line in diff.output.splitlines() if "--dump --raw" in line][1].count("--isa Haswell") == 1
     text = CliRunner().invoke(app, ["locate", str(saturating["model"]), "--inputs", str(saturating["inputs"]),
                                     "--ep", "cpu", "--isa", "native", "--runs-dir", str(tmp_path / "runs2"),
                                     "--run-id", "loc", "--timed-runs", "5"])

@@ -179,6 +179,9 @@ def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] =
     if recorded:
         options = ExecutionOptions.from_json(recorded)
         parts += replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_args()
+    emulated = (manifest.environment.get("cpu_isa") or {}).get("emulated")
+    if emulated:  # the run ran under QEMU: its repeat must run under the same emulated processor
+        parts += ["--isa", str(emulated)]
     batch = run.inference.batch_size if run.has_inference else 1
     if batch != 1:
         parts += ["--batch-size", str(batch)]
