@@ -110,6 +110,7 @@ def test_an_emulated_run_records_its_instruction_set_and_diff_names_the_cause(sa
     assert environment["cpu_isa"]["emulated"] == "Haswell"
     assert environment["cpu_isa"]["kernels"] == "AVX2 without VNNI"
     assert environment["cpu"].startswith("Intel Core Processor (Haswell) (emulated by QEMU")
+    assert Run.open(runs / "haswell").manifest.command[:2] == ["qconsist", "run"]
     assert Run.open(runs / "native").manifest.environment["cpu_isa"]["kernels"] == NATIVE.kernels
     diff = CliRunner().invoke(app, ["diff", str(runs / "native"), str(runs / "haswell")])
     where = f"native {NATIVE.model}"

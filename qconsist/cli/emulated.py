@@ -17,7 +17,8 @@ import typer
 from qconsist.cli.app import QconsistGroup, stderr_console
 from qconsist.emulation import NATIVE, emulated_command, parse_models, qemu_version, run_emulated
 
-CHILD = "from qconsist.cli import main; main()"
+# the child's command line as a manifest records it: ``qconsist run …`` (its environment says it was emulated)
+CHILD = "import sys; sys.argv[0] = 'qconsist'; from qconsist.cli import main; main()"
 
 
 def _without_isa(args: list[str]) -> list[str]:
