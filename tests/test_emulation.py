@@ -216,27 +216,6 @@ def test_a_policy_reads_isa():
         parse_policy('[isa]\npin = "yes"\n')
 
 
-def test_session_config_entries_are_typed_recorded_and_given_back_as_flags():
-    from qconsist.errors import ConfigError
-
-    options = ExecutionOptions(intra_op_threads=1, session_config={"session.x64quantprecision": 1})
-    assert dict(options.session_config) == {"session.x64quantprecision": "1"}
-    assert options.to_json()["session_config"] == {"session.x64quantprecision": "1"}
-    assert ExecutionOptions.from_json(options.to_json()) == options
-    assert "session_config" not in ExecutionOptions().to_json()  # runs recorded before read the same
-    assert options.to_args()[-2:] == ["--session-config", "session.x64quantprecision=1"]
-    assert options != ExecutionOptions(intra_op_threads=1)
-    with pytest.raises(ConfigError, match=r"session_config has no entry session.x64quantprecison \(qconsist takes "
-                                          r"session.x64quantprecision, session.disable_quant_qdq, session.qdqisint8allowed\)"):
-        ExecutionOptions(session_config={"session.x64quantprecison": "1"})
-    with pytest.raises(ConfigError, match="session_config session.disable_quant_qdq must be 0 or 1, got 'on'"):
-        ExecutionOptions(session_config={"session.disable_quant_qdq": "on"})
-    out = CliRunner().invoke(app, ["run", "x.onnx", "--inputs", "x.npy", "--session-config", "nokey"])
-    assert out.exit_code == 2
-    assert out.output.strip().splitlines()[-1] == (
-        "error: --session-config 'nokey': write KEY=VALUE, e.g. session.x64quantprecision=1")
-
-
 def test_env_shows_the_instruction_set_and_the_integer_path():
     out = CliRunner().invoke(app, ["env"])
     lines = out.output.splitlines()
