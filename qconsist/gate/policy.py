@@ -40,8 +40,9 @@ Format (schema ``qconsist.policy/1``) with the defaults::
     [environment]
     allow_changed = []           # numerics-relevant differences from the baseline's environment that are
                                  # accepted, e.g. ["onnxruntime"] while judging an upgrade (names: onnxruntime,
-                                 # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine
-                                 # and the numerics environment variables such as NVIDIA_TF32_OVERRIDE)
+                                 # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine,
+                                 # instruction_set (the CPU kernels: qconsist.cpu) and the numerics environment
+                                 # variables such as NVIDIA_TF32_OVERRIDE)
 
     [isa]                        # verdicts that hold on any machine of a CPU pool
     spread = []                  # QEMU CPU models (e.g. ["Haswell", "Nehalem"]) under which the gate also computes
