@@ -148,10 +148,28 @@ def test_locate_cpu_names_the_origin_and_recommends_the_pin_with_its_cost(satura
         # the command that captures the raw tensors repeats the emulated run under the same processor
         assert [line for line in diff.output.splitlines() if "--dump --raw" in line][1].count("--isa Haswell") == 1
     text = CliRunner().invoke(app, ["locate", str(saturating["model"]), "--inputs", str(saturating["inputs"]),
-                                    "--ep", "cpu", "--isa", "native", "--runs-dir", str(tmp_path / "runs2"),
-                                    "--run-id", "loc", "--timed-runs", "5"])
+                                    "--ep", "cpu", "--isa", "native,haswell", "--runs-dir", str(tmp_path / "runs"),
+                                    "--run-id", "loc2", "--timed-runs", "5"])
+    lines = text.output.splitlines()
     assert text.exit_code == 0, text.output
-    assert "recommendation: onnxruntime's default: final outputs bit-identical on native" in text.output
+    assert f"model {saturating['model']}: 2 samples, 1 intra-op thread(s), CPU EP" in lines
+    if DIFFERS:
+        assert [line for line in lines if line.startswith("recommendation: ")][0].startswith(
+            "recommendation: session.x64quantprecision=1: final outputs bit-identical on native, Haswell; cost here ")
+        assert "  run with: --session-config session.x64quantprecision=1" in lines
+
+
+def test_locate_cpu_compares_two_instruction_sets_or_says_so(saturating):
+    out = CliRunner().invoke(app, ["locate", str(saturating["model"]), "--inputs", str(saturating["inputs"]),
+                                   "--ep", "cpu", "--isa", "native"])
+    assert out.exit_code == 2
+    assert out.output.strip().splitlines()[-1] == (
+        "error: --isa names one instruction set: locate --ep cpu compares two or more, e.g. native,haswell")
+    out = CliRunner().invoke(app, ["locate", str(saturating["model"]), "--inputs", str(saturating["inputs"]),
+                                   "--ep", "cuda", "--isa", "haswell"])
+    assert out.exit_code == 2
+    assert out.output.strip().splitlines()[-1] == (
+        "error: --isa chooses the instruction sets of --ep cpu; the GPU matrix runs on this machine's GPU")
 
 
 @pytest.mark.slow

@@ -15,18 +15,20 @@ from qconsist.errors import EXIT_DIVERGED
 def locate_cpu_command(model: Path, stage: str | None, inputs, isa: str | None, runs_dir: Path,  # inputs: InputOptions
                        run_id: str | None, timed_runs: int, json_output: bool) -> None:
     from qconsist.emulation import DEFAULT_MATRIX, parse_models
-    from qconsist.inference import resolve_model
     from qconsist.locate.isa import SETTINGS, locate_cpu
 
     isas = parse_models(isa or ",".join(DEFAULT_MATRIX))
-    source = resolve_model(model, stage)
+    if len(isas) < 2:
+        from qconsist.errors import ConfigError
+
+        raise ConfigError("`isa` names one instruction set: locate --ep cpu compares two or more, e.g. native,haswell")
     prefix = run_id or f"locate-cpu-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     if not json_output:
         emulated = [name for name in isas if name != "native"]
         stderr_console().print(f"locate --ep cpu: {', '.join(isas)} × {len(SETTINGS)} settings; "
                                + (f"{', '.join(emulated)} run under QEMU user mode, which is slow (the time each "
                                   "took is measured and shown)" if emulated else "no emulated instruction set"))
-    result = locate_cpu(source.path, inputs, runs_dir, isas=isas, prefix=prefix,
+    result = locate_cpu(model, inputs, runs_dir, stage=stage, isas=isas, prefix=prefix,
                         timing_rounds=max(timed_runs, 3), progress=progress_for(json_output))
     if json_output:
         print_json(result)

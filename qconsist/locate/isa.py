@@ -104,10 +104,10 @@ class CpuLocateResult:
         return next(c for c in self.cells if c.isa == isa and c.setting == setting)
 
 
-def _worker_request(model: Path, inputs: InputOptions, settings: Sequence[Setting], runs_dir: Path, prefix: str,
-                    isa: str, threads: int) -> dict[str, Any]:
+def _worker_request(model: Path, stage: str | None, inputs: InputOptions, settings: Sequence[Setting], runs_dir: Path,
+                    prefix: str, isa: str, threads: int) -> dict[str, Any]:
     return {
-        "model": str(model), "runs_dir": str(runs_dir), "threads": threads,
+        "model": str(Path(model).resolve()), "stage": stage, "runs_dir": str(runs_dir), "threads": threads,
         "inputs": {"source": inputs.source, "pipeline": str(inputs.pipeline) if inputs.pipeline else None,
                    "offset": inputs.offset, "count": inputs.count, "workers": 1},
         "cells": [{"setting": s.name, "entries": dict(s.entries), "run_id": f"{prefix}-{isa}-{s.name}"} for s in settings],
@@ -117,7 +117,7 @@ def _worker_request(model: Path, inputs: InputOptions, settings: Sequence[Settin
 def run_cells(request: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every cell of ``request`` in this process (the worker's work; the native instruction set's too):
     a ``run --dump`` per setting. Returns each cell's run directory and ms per sample."""
-    source = resolve_model(Path(request["model"]))
+    source = resolve_model(Path(request["model"]), request.get("stage"))  # a run directory brings its preprocessing
     spec = request["inputs"]
     inputs = InputOptions(spec["source"], Path(spec["pipeline"]) if spec.get("pipeline") else None,
                           spec["offset"], spec["count"], spec.get("workers"))
@@ -127,7 +127,8 @@ def run_cells(request: dict[str, Any]) -> list[dict[str, Any]]:
         input_set = open_inputs(inputs, source, 1, up_to=True)
         result = run_inference(source, input_set, RunRequest(options=options, dump=True, raw=RawSelection.parse("none")),
                                Path(request["runs_dir"]), run_id=cell["run_id"], command=list(sys.argv))
-        done.append({"setting": cell["setting"], "run_dir": str(result.run_dir), "ms_per_sample": result.ms_per_sample})
+        done.append({"setting": cell["setting"], "run_dir": str(result.run_dir), "ms_per_sample": result.ms_per_sample,
+                     "samples": result.samples})
     return done
 
 
@@ -145,11 +146,11 @@ def _emulated(model: str, request: dict[str, Any], scratch: Path) -> tuple[list[
 
 
 @ort_logged()
-def side_by_side_ms(model: Path, inputs: InputOptions, settings: Sequence[Setting], threads: int,
+def side_by_side_ms(model: Path, stage: str | None, inputs: InputOptions, settings: Sequence[Setting], threads: int,
                     rounds: int = 10) -> dict[str, float]:
     """Median ms per run of each setting's session here, the sessions timed in turn (one run each per round,
     after two warm-up runs) so that the machine's load falls on all of them alike."""
-    source = resolve_model(model)
+    source = resolve_model(model, stage)
     input_set = open_inputs(inputs, source, 1, up_to=True)
     feeds = [input_set.sample(i) for i in range(min(len(input_set), 4))]
     sessions = {s.name: create_session(source.path, s.options(threads)) for s in settings}
@@ -166,12 +167,16 @@ def side_by_side_ms(model: Path, inputs: InputOptions, settings: Sequence[Settin
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, isas: Sequence[str] = (NATIVE, "Haswell", "Nehalem"),
+def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, stage: str | None = None,
+               isas: Sequence[str] = (NATIVE, "Haswell", "Nehalem"),
                settings: Sequence[Setting] = SETTINGS, threads: int = 1, prefix: str = "locate-cpu",
                timing_rounds: int = 10, progress: Progress = NULL_PROGRESS) -> CpuLocateResult:
-    """The matrix of ``isas`` (resolved names: ``native`` and QEMU models) × ``settings`` on ``inputs``."""
+    """The matrix of ``isas`` (resolved names: ``native`` and QEMU models) × ``settings`` on ``inputs``; ``model``
+    an ONNX file or a run directory (``stage`` picks its artifact; its preprocessing prepares images)."""
     if NATIVE not in isas:
         isas = (NATIVE, *isas)
+    if len(isas) < 2:
+        raise ConfigError("`isa` names one instruction set: locate --ep cpu compares two or more, e.g. native,haswell")
     runs_dir.mkdir(parents=True, exist_ok=True)
     scratch = runs_dir / f".{prefix}-requests"
     scratch.mkdir(exist_ok=True)
@@ -180,7 +185,7 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, isas: Seque
     with progress.task(f"locate --ep cpu: {len(isas)} instruction sets × {len(settings)} settings (emulation is slow)",
                        len(isas)) as task:
         for isa in isas:
-            request = _worker_request(model, inputs, settings, runs_dir, prefix, isa, threads)
+            request = _worker_request(model, stage, inputs, settings, runs_dir, prefix, isa, threads)
             if isa == NATIVE:
                 done = run_cells(request)
             else:
@@ -201,6 +206,7 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, isas: Seque
             run = Run.open(Path(entry["run_dir"]))
             recorded.setdefault(isa, run.manifest.environment.get("cpu_isa") or {})
             cell = IsaCell(isa, setting.name, entry["run_dir"], entry["ms_per_sample"])
+            samples = int(entry.get("samples") or samples)
             if isa != NATIVE:
                 diff = diff_runs(Run.open(Path(cells[(NATIVE, setting.name)]["run_dir"])), run)
                 outputs = diff.outputs
@@ -208,13 +214,12 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, isas: Seque
                 if outputs is not None:
                     cell.differing_samples = len(outputs.differing_samples)
                     cell.greatest_abs = float(outputs.greatest_abs)
-                    samples = outputs.samples
                 if diff.tensors is not None and diff.tensors.nodes:
                     cell.origins = [node.label for node in diff.tensors.origins]
                     cell.first_node = diff.tensors.first.label
                 identical[setting.name] &= cell.identical_to_native
             result_cells.append(cell)
-    native_ms = side_by_side_ms(model, inputs, settings, threads, timing_rounds)
+    native_ms = side_by_side_ms(model, stage, inputs, settings, threads, timing_rounds)
     base = native_ms[settings[0].name]
     cost = {name: ms / base for name, ms in native_ms.items()}
     recommended = next((s.name for s in settings if identical[s.name]), None)
