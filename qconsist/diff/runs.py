@@ -149,7 +149,9 @@ class DiffResult:
         if (change is None or len(self.versions.numerics) != 1 or self.options or not diverged
                 or self.artifacts.first_differing_stage is not None or self.calibration.changed):
             return None
-        what = ("tensors and final outputs" if self.tensors and self.tensors.nodes else "final outputs")
+        what = " and ".join(part for part, differs in (("tensors", bool(self.tensors and self.tensors.nodes)),
+                                                       ("final outputs", bool(self.outputs and not self.outputs.identical)))
+                            if differs)
         line = next((entry for entry in self.environment if entry.startswith("ran different CPU kernels")),
                     f"ran different CPU kernels: {change.old} vs {change.new}")
         return f"{line}; the artifacts, calibration, options and versions are the same and the {what} diverge"
