@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import pytest
 
+from findings import check_findings
 from qconsist.diff import diff_runs
 from qconsist.diff.quantization import quantization_error
 from qconsist.errors import QconsistError, UnsupportedModelError
@@ -126,6 +127,10 @@ def test_every_origin_is_real(corpus):
     for key in set(a) & set(b):
         if all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a[key], b[key])):
             assert key not in diverging, key
+    # at level all the differences start inside fused kernels whose tensors are not observed: no origin is proven
+    # (issue 27: main named the DequantizeLinear after each fusion an origin, "inputs bit-identical", while its
+    # input — internal to the kernel — differed), each is a span, checked on the raw tensors
+    assert tensors.origins == [], [n.label for n in tensors.origins]
     expected = {
         # the 10x10x10 conv (C == H == W) and its NHWC DequantizeLinear and PRelu are bit-identical once put back
         # in NCHW; QLinearSoftmax (a lookup table) rounds one value in two a step from Softmax + QuantizeLinear
@@ -135,7 +140,10 @@ def test_every_origin_is_real(corpus):
         "ppocr_cls": lambda labels: labels and all(label.endswith("_DequantizeLinear") for label in labels),
         "ppocr_det": lambda labels: labels and all(label.endswith("_DequantizeLinear") for label in labels),
     }[corpus["name"]]
-    assert expected([n.label for n in tensors.origins]), [n.label for n in tensors.origins]
+    assert expected([n.label for n in tensors.spans]), [n.label for n in tensors.spans]
+    model = onnx.load(str(resolve_model(corpus["run"].path).path))
+    checked = check_findings(corpus["diff"], corpus["dumps"]["all"].run_dir, corpus["dumps"]["disable"].run_dir, model)
+    assert checked == {"origin": 0, "span": len(tensors.spans)}
 
 
 def test_quant_error_ranks_faithfully(corpus):
@@ -190,8 +198,12 @@ def test_an_already_quantized_model_is_observed_not_requantized(quantized_ocr, t
     # it is observed as it is: faithful dumps at both levels, and the two levels compute the same bits
     result = diff_runs(quantized_ocr["dumps"]["all"], quantized_ocr["dumps"]["disable"])
     assert result.passed and result.tensors.compared > 150 and result.tensors.nodes == []
-    # the final Gemm's outputs (after the LSTM: a rank shape inference does not know) are left out, said so
-    assert result.tensors.layout_unknown == ["Gemm_220_Add", "Gemm_220_MatMul_quant_output_scale_mul"]
+    # the final Gemm's output at level all (after the LSTM: a rank shape inference does not know) is left out,
+    # said so; at level disable ORT runs the original graph and every tensor is compared (issue 27 item 8: main
+    # left out Gemm_220_MatMul_quant_output_scale_mul of the disable dump too)
+    assert result.tensors.layout_unknown == ["Gemm_220_Add"]
+    index = json.loads((quantized_ocr["dumps"]["disable"] / "dump" / "index.json").read_text())["tensors"]
+    assert [t["name"] for t in index if t["how"] != "same"] == []
 
 
 def test_quant_error_and_the_gate_need_a_pipeline_run(quantized_ocr):

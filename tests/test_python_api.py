@@ -31,4 +31,4 @@ def test_the_python_api_examples_run(tmp_path, monkeypatch):
     namespace: dict = {"__name__": "python_api_page"}
     for number, block in enumerate(_blocks(), 1):
         exec(compile(block, f"{PAGE.name} block {number}", "exec"), namespace)  # noqa: S102 - the page's own examples
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("nsfw-")) == ["nsfw-all", "nsfw-disable"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("nsfw-")) == ["nsfw-again", "nsfw-all", "nsfw-disable"]

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from qconsist.calibration.producers import ProducerCheck, check_producers
 from qconsist.stages.calibration_table import CalibrationTable, TableEntry
 from qconsist.errors import InputError
 from qconsist.inputs.inputset import InputSet
@@ -78,6 +79,7 @@ class RepeatResult:
     differences: list[TensorDifference] = field(default_factory=list)
     other_initializers: dict[int, list[str]] = field(default_factory=dict)  # differing, not in any table entry
     params: dict[str, Any] = field(default_factory=dict)
+    producers: ProducerCheck | None = None  # calibration on a GPU EP: do the calibrated tensors' producers vary?
 
     @property
     def md5s(self) -> list[str]:
@@ -88,14 +90,21 @@ class RepeatResult:
         return len(set(self.md5s)) == 1
 
     @property
+    def by_chance(self) -> bool:
+        """The md5s agree, but a calibrated tensor's producer varies from run to run: the agreement is luck."""
+        return self.agree and self.producers is not None and not self.producers.stable
+
+    @property
     def passed(self) -> bool:
-        return self.agree
+        return self.agree and not self.by_chance
 
     def __bool__(self) -> bool:
-        return self.agree
+        return self.passed
 
     def verdict(self) -> str:
         n = len(self.runs)
+        if self.by_chance:
+            return f"{n} calibrations agree, but {self.producers.sentence()}"  # type: ignore[union-attr]
         if self.agree:
             return f"{n} calibrations agree: md5 {self.runs[0].md5}"
         distinct = len(set(self.md5s))
@@ -165,6 +174,19 @@ def calibrate_each(
     progress: Progress = NULL_PROGRESS,
 ) -> RepeatResult:
     """Calibrate and quantize ``model`` once per input set (``first``: an already made run 1 to reuse)."""
+    return _calibrations(model, input_sets, options, calibration, workdir, first, progress)[0]
+
+
+def _calibrations(
+    model: Path,
+    input_sets: Sequence[InputSet],
+    options: QuantizeOptions,
+    calibration: CalibrationOptions,
+    workdir: Path | None = None,
+    first: QuantizeResult | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> tuple[RepeatResult, list[CalibrationTable]]:
+    """``calibrate_each``, and the calibration table of every run."""
     # repeats compare parameters, so they keep models with invalid scales and skip the evaluation gates
     quant_options = dataclasses.replace(options, allow_invalid_scales=True, min_top1_agreement=None, max_abs_diff=None,
                                         min_sqnr_db=None)
@@ -192,7 +214,7 @@ def calibrate_each(
             repeat.differences.extend(diffs)
             if unmapped:
                 repeat.other_initializers[index] = unmapped
-    return repeat
+    return repeat, [table for _, table in results]
 
 
 def repeat_calibration(
@@ -203,11 +225,17 @@ def repeat_calibration(
     calibration: CalibrationOptions = CalibrationOptions(),
     first: QuantizeResult | None = None,
     progress: Progress = NULL_PROGRESS,
+    producers: bool | None = None,
 ) -> RepeatResult:
-    """Calibrate and quantize ``model`` ``n`` times on the same ``inputs``; compare the results."""
+    """Calibrate and quantize ``model`` ``n`` times on the same ``inputs``; compare the results. ``producers``:
+    also run the calibrated tensors' producers again (``producers.check_producers``); ``None``, the default:
+    when calibration runs on a GPU execution provider, where kernels that vary from run to run are known."""
     if n < 2:
         raise InputError(f"repeated calibration needs at least 2 runs, got {n}")
     if len(inputs) == 0:
         raise InputError(f"calibration set {inputs.source} is empty")
-    return calibrate_each(model, [inputs] * n, options, calibration, first=first, progress=progress)
+    result, tables = _calibrations(model, [inputs] * n, options, calibration, first=first, progress=progress)
+    if producers if producers is not None else calibration.provider != "cpu":
+        result.producers = check_producers(model, inputs, calibration, tables[0])
+    return result
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
 from qconsist.store.ortlog import capture_ort_log
@@ -228,6 +228,33 @@ def _fail(message: str, code: int, prefix: str = "error") -> None:
     raise typer.Exit(code)
 
 
+class PanelCommand(TyperCommand):
+    """A command whose ``--help`` shows its options in panels, as Polygraphy groups its arguments: the command's
+    own options first, then each panel its options name (``rich_help_panel``: Model, Inputs, Execution, Output),
+    in plain text (rich's boxes would read markup in node and tensor names)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        from qconsist.cli.options import PANELS
+
+        arguments: list[tuple[str, str]] = []
+        panels: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        for name in ("Options", *PANELS, *sorted(set(panels) - {"Options", *PANELS})):
+            if panels.get(name):
+                with formatter.section(name):
+                    formatter.write_dl(panels[name])
+
+
 app = typer.Typer(
     name="qconsist",
     cls=QconsistGroup,
@@ -286,7 +313,7 @@ class RichProgress:
 
     def __init__(self) -> None:
         from rich.progress import (
-            BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+            BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
         )
         from rich.text import Text
 
@@ -297,9 +324,22 @@ class RichProgress:
                 speed = task.finished_speed or task.speed
                 return Text(f"{speed:,.0f}/s" if speed else "", style="progress.data.speed")
 
+        class Remaining(ProgressColumn):
+            """The time left from the mean time per item so far: known from the first item done (rich's own
+            column waits for a speed measured over several updates: a nightly of 5 entries showed -:--:--
+            until the third)."""
+
+            def render(self, task: Any) -> Text:
+                from qconsist.progress import clock_text
+
+                if not task.total or not task.completed or not task.elapsed:
+                    return Text("-:--:--", style="progress.remaining")
+                left = task.elapsed / task.completed * max(task.total - task.completed, 0)
+                return Text(clock_text(left), style="progress.remaining")
+
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=stderr_console(), transient=True,
+            Remaining(), console=stderr_console(), transient=True,
         )
         self._open = 0
 
@@ -326,9 +366,17 @@ class RichProgress:
 
 
 def progress_for(json_output: bool):  # -> Progress
+    """Bars on an interactive terminal; plain lines on stderr where no one watches live (CI, a pipe, a file:
+    ``qconsist.progress.ProgressLines``); nothing under --json or -q."""
     from qconsist.progress import NULL_PROGRESS
 
-    return RichProgress() if show_progress(json_output) else NULL_PROGRESS
+    if json_output or QconsistGroup.verbosity < 0:
+        return NULL_PROGRESS
+    if show_progress(json_output):
+        return RichProgress()
+    from qconsist.progress import ProgressLines
+
+    return ProgressLines()
 
 
 def _version_callback(value: bool) -> None:

@@ -19,16 +19,28 @@ def render_repeat(result) -> None:  # RepeatResult
     for run in result.runs:
         console.print(f"  run {run.index}: md5 {run.md5}  ({run.seconds:.2f} s)")
     console.print(result.verdict())
+    if result.producers is not None:
+        console.print(f"  producers: {result.producers.evidence()}")
+        for found in result.producers.varying:
+            console.print(f"  varies between runs: '{found.tensor}' from {found.producer} ({found.op_type}), in "
+                          f"{found.samples}/{result.producers.samples} steps; origin {', '.join(found.origins)}")
     for difference in result.differences:
         console.print(f"  {difference.line()}")
     for run, names in sorted(result.other_initializers.items()):
         console.print(f"  run {run}: other initializers differ: {', '.join(names)}")
+    if result.passed:
+        console.print(f"PASS: {len(result.runs)} calibrations agree")
+    elif result.by_chance:
+        console.print(f"FAIL: {len(result.runs)} calibrations agree by chance: a calibrated tensor's producer varies between runs")
+    else:
+        console.print(f"FAIL: {len(result.runs)} calibrations disagree")
 
 
 def repeat(
     source: Path = typer.Argument(..., parser=opt.read_path, help="A pipeline file (.toml) or an ONNX model (.onnx, then --inputs is required)."),
-    repeats: opt.Repeats = 3,
+    repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: calibrations (default 3).") = 3,
     inputs: Optional[str] = typer.Option(None, "--inputs", help=opt.INPUTS_HELP),
+    pipeline: opt.told(opt.PipelineFile, more="With an ONNX model: the images of --inputs.") = None,
     offset: opt.Offset = 0,
     count: opt.Count = None,
     method: str = typer.Option("MinMax", "--method", help="ONNX model only: MinMax, Entropy, Percentile or Distribution."),
@@ -45,8 +57,12 @@ def repeat(
     mode, on the same prepared samples) and say whether the quantized md5 depends on the calibrating machine,
     and which calibration tensors differ when it does.
 
-    Exit 0: all md5s agree; 1: they disagree (the differing tensors, by how much, and their nodes are listed);
-    2: error; 3: --ep cuda without the CUDA execution provider, or --isa without QEMU.
+    On a GPU execution provider the calibrated tensors' producers are also run again (each calibration
+    sample 3 times in one session): a tensor that varies makes an agreement luck, and the verdict says so.
+
+    Exit 0: all md5s agree; 1: they disagree (the differing tensors, by how much, and their nodes are listed),
+    or they agree while a calibrated tensor's producer varies between runs; 2: error; 3: --ep cuda without the
+    CUDA execution provider, or --isa without QEMU.
     """
     from qconsist.pipeline.runner import repeat_from_onnx, repeat_from_pipeline
 
@@ -61,20 +77,28 @@ def repeat(
     if source.suffix.lower() == ".toml":
         from qconsist.pipeline.config import load_pipeline
 
-        if inputs is not None or batch_size != 1:
-            raise ConfigError("`inputs` and `batch_size` apply to an ONNX model; a pipeline file declares "
+        if inputs is not None or batch_size != 1 or pipeline is not None:
+            raise ConfigError("`inputs`, `pipeline` and `batch_size` apply to an ONNX model; a pipeline file declares "
                               "[calibration] data and batch_size")
         result = repeat_from_pipeline(load_pipeline(source), repeats, progress)
     else:
         if inputs is None:
             raise ConfigError(f"{source} is not a pipeline file (.toml): give `inputs` with the calibration arrays")
+        preprocess = None
+        if pipeline is not None:
+            from qconsist.pipeline.config import load_pipeline
+
+            preprocess = load_pipeline(pipeline).preprocess
+            if preprocess is None:
+                raise ConfigError(f"pipeline file {pipeline} declares no [preprocess]: nothing prepares the images")
         result = repeat_from_onnx(source, _data(inputs, offset, count), repeats,
-                                  *_options(method, quant_format, per_channel, ep, batch_size), progress=progress)
+                                  *_options(method, quant_format, per_channel, ep, batch_size), progress=progress,
+                                  preprocess=preprocess)
     if json_output:
         print_json(result)
     else:
         render_repeat(result)
-    if not result.agree:
+    if not result.passed:
         raise typer.Exit(EXIT_DIVERGED)
 
 

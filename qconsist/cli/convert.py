@@ -14,9 +14,9 @@ from qconsist.errors import EXIT_OK
 def convert(
     prototxt: Path = typer.Argument(..., parser=opt.read_path, help="The Caffe network (deploy .prototxt)." + opt.PACKAGE_PATHS),
     caffemodel: Path = typer.Argument(..., parser=opt.read_path, help="Its weights (.caffemodel)."),
-    output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
+    output: opt.told(opt.Output, "The file to write: the ONNX model, written only once every check passed.") = ...,
     opset: int = typer.Option(17, "--opset", help="ai.onnx opset of the converted model (13-21)."),
-    dynamic_batch: opt.DynamicBatch = False,
+    dynamic_batch: opt.told(opt.DynamicBatch, more="As [convert] dynamic_batch in a pipeline file.") = False,
     check: bool = typer.Option(True, "--check/--no-check", help="Compare the converted model with the numpy Caffe reference on a seeded input."),
     force: opt.Force = False,
     json_output: opt.Json = False,

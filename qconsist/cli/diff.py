@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, stdout_console
+from qconsist.cli.table import Rows, more
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 _SHOWN = 12
@@ -56,13 +56,17 @@ def _render(result) -> None:  # result: DiffResult
             qparams = ch.quantization_parameters
             for change in qparams[:_SHOWN]:
                 console.print(f"    {change.name} (used by {', '.join(change.consumers[:3])})")
-            if len(qparams) > _SHOWN:
-                console.print(f"    ... {len(qparams) - _SHOWN} more scale / zero-point tensors")
+            cut = more(_SHOWN, len(qparams), "scale / zero-point tensors", "--json lists all")
+            if cut:
+                console.print(f"    {cut}")
     calib = result.calibration
     if calib.compared:
         console.print(f"calibration: {len(calib.changed)} tensor(s) changed range or scale")
         for entry in calib.changed[:_SHOWN]:
             console.print(f"  {entry.tensor}: {', '.join(entry.fields)}")
+        cut = more(_SHOWN, len(calib.changed), "tensors", "--json lists all")
+        if cut:
+            console.print(f"  {cut}")
     tolerance = result.tolerance
     if not tolerance.exact:
         per_node = f"; per node: {', '.join(f'{n.pattern} atol {n.atol:g} rtol {n.rtol:g}' for n in tolerance.nodes)}" if tolerance.nodes else ""
@@ -88,7 +92,32 @@ def _render(result) -> None:  # result: DiffResult
         _render_accuracy(console, result.accuracy)
     for note in result.notes:
         console.print(f"note: {note}")
-    console.print("verdict: identical" if result.passed else "verdict: diverged")
+    console.print("PASS — verdict: identical" if result.passed else "FAIL — verdict: diverged")
+
+
+_LONGEST_COMMAND = 400  # characters: a command longer than that is not copied from a terminal
+
+
+def _short_capture(command: str, other) -> str:
+    """A re-run command that names its raw tensors (``--raw A,B,…``, thousands of characters on a real model)
+    asks instead for the tensors that differ from the other run's dump (``--raw auto --reference OTHER``)."""
+    import shlex
+
+    if len(command) <= _LONGEST_COMMAND or " --raw " not in command:
+        return command
+    return command.rsplit(" --raw ", 1)[0] + f" --raw auto --reference {shlex.quote(str(Path(other).resolve()))}"
+
+
+def _shown_nodes(listed: list, first) -> list:
+    """The rows of the node table, in the graph's order: every origin and span, the first diverging node, then the
+    others up to ``_SHOWN`` rows."""
+    keep = {id(node) for node in listed if node.finding or node is first}
+    room = max(_SHOWN - len(keep), 0)
+    for node in listed:
+        if room and id(node) not in keep:
+            keep.add(id(node))
+            room -= 1
+    return [node for node in listed if id(node) in keep]
 
 
 def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
@@ -96,7 +125,7 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
 
     tensors, tolerance = result.tensors, result.tolerance
     if tensors.layout_unknown:
-        shown = ", ".join(tensors.layout_unknown[:5]) + (", ..." if len(tensors.layout_unknown) > 5 else "")
+        shown = ", ".join(tensors.layout_unknown[:5]) + (f", … {len(tensors.layout_unknown) - 5} more" if len(tensors.layout_unknown) > 5 else "")
         console.print(f"not compared: {len(tensors.layout_unknown)} tensor(s) whose layout ORT's graph does not establish ({shown})")
     if not tolerance.exact and tensors.nodes:
         beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
@@ -107,16 +136,17 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
     if not tensors.nodes:
         console.print(f"tensors: {tensors.compared} compared, all bit-identical in {tensors.samples} samples")
     else:
-        origins = tensors.origins
+        origins, spans = tensors.origins, tensors.spans
         console.print(
             f"tensors: {len(tensors.nodes)} of {tensors.compared} diverge ({tensors.space} graph); "
             f"first diverging node: {tensors.first.label}; origin nodes: {len(origins)}"
+            + (f"; spans: {len(spans)}" if spans else "")
         )
         columns = ["node", "op A / B", "kind", "samples", "mismatched elements", "max abs", "max rel", "max ULP / ±LSB"]
-        table = Table(*columns, *(["tolerance"] if not tolerance.exact else []))
-        for node in tensors.nodes[: max(_SHOWN, len(origins))] if len(tensors.nodes) else []:
-            if not node.origin and node is not tensors.first and len(table.rows) >= _SHOWN:
-                continue
+        table = Rows(*columns, *(["tolerance"] if not tolerance.exact else []))
+        listed = tensors.beyond  # with a tolerance, the nodes beyond it (or undecided); exact: every diverging node
+        shown = _shown_nodes(listed, tensors.first)
+        for node in shown:
             e = node.elements
             mismatch = f"{e.differing} / {e.elements} ({e.percent:.2f}%)" if e else "raw not kept"
             extra = "-"
@@ -124,20 +154,25 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
                 extra = str(e.max_ulp)
             elif e and e.histogram:
                 extra = " ".join(f"{k}:{v}" for k, v in histogram_items(e.histogram))
-            table.add_row(
-                node.label, f"{node.op_a} / {node.op_b}", "origin" if node.origin else "propagates",
+            table.add(
+                node.label, f"{node.op_a} / {node.op_b}", node.finding or "propagates",
                 f"{node.count}/{tensors.samples}", mismatch,
                 _num(e.max_abs) if e else "-", _num(e.max_rel) if e else "-", extra,
                 *([node.tolerance] if not tolerance.exact else []),
             )
-        console.print(table)
-        for node in origins:
-            why = f"; initializers differ: {', '.join(node.initializers_changed)}" if node.initializers_changed else ""
-            console.print(f"origin {node.label}: outputs differ while its inputs are bit-identical (samples {node.origin_samples[:8]}){why}")
+        if shown:
+            table.print(console)
+        what = "diverging nodes" if tolerance.exact else "nodes beyond the tolerance"
+        cut = more(len(shown), len(listed), what, "--json lists all")
+        if cut:
+            console.print(cut)
+        for node in tensors.nodes:
+            if node.finding:
+                console.print(_finding(node))
         if result.capture:
             console.print("element statistics need raw tensors; capture them with:")
-            for command in result.capture:
-                console.print(f"  {command}")
+            for command, other in zip(result.capture, (result.run_b, result.run_a)):
+                console.print(f"  {_short_capture(command, other)}")
         _render_replays(console, result.replays)
 
 
@@ -155,12 +190,26 @@ def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
             console.print(f"  {command}")
 
 
+def _finding(node) -> str:  # node: TensorDiff, an origin or a span
+    samples = f"samples {node.origin_samples[:8]}"
+    if node.is_span:
+        shown = ", ".join(node.unobserved[:6]) + (", ..." if len(node.unobserved) > 6 else "")
+        return (f"span ending at {node.label}: its output differs while its nearest observed inputs are identical "
+                f"({node.evidence()}; {samples}); not observed: {shown}; nodes inside: {', '.join(node.span)}")
+    if node.initializers_changed:
+        return f"origin {node.label}: outputs differ while every input it reads was compared ({node.evidence()}; {samples})"
+    if node.inputs or node.given or node.constants:
+        return f"origin {node.label}: outputs differ while every input it reads is identical ({node.evidence()}; {samples})"
+    return f"origin {node.label}: outputs differ ({samples}; recorded before qconsist kept an origin's evidence)"
+
+
 def _render_accuracy(console, change) -> None:  # change: AccuracyChange
     console.print(change.summary())
     for flip in change.flipped[:_SHOWN]:
         console.print(f"  {flip.describe()}")
-    if change.flipped_count > _SHOWN:
-        console.print(f"  ... {change.flipped_count - _SHOWN} more flipped predictions (--json lists {len(change.flipped)})")
+    cut = more(_SHOWN, change.flipped_count, "flipped predictions", f"--json lists {len(change.flipped)}")
+    if cut:
+        console.print(f"  {cut}")
 
 
 def diff(
@@ -169,13 +218,13 @@ def diff(
     explorer: Optional[Path] = typer.Option(None, "--explorer", help="Also write the per-node divergence as Google Model Explorer node data into this folder (status, mismatched, greatest_difference, origin .json)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
-    policy: opt.PolicyFile = None,
-    replay: bool = typer.Option(False, "--replay", help="Confirm each origin by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with run --dump --raw) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
+    policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): its [diff] tolerances (atol, rtol, per node); --atol/--rtol override them.") = None,
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin and span by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with `qconsist run --dump --raw`) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
-    With --replay, each origin is confirmed (or not) by running it alone on its recorded inputs.
+    With --replay, each origin and span is confirmed (or not) by running it alone on its recorded inputs.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
     different models or input sets).

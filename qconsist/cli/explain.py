@@ -64,8 +64,8 @@ def _render(result) -> None:  # result: OptimizerExplanation
 
 @opt.uses(inputs=opt.INPUTS.with_defaults(inputs=None))
 def explain(
-    run_a: Path = typer.Argument(..., help="An inference run with --dump."),
-    run_b: Path = typer.Argument(..., help="The same model on the same inputs with --dump, at another optimization level."),
+    run_a: Path = typer.Argument(..., help="An inference run with dumps (`qconsist run --dump`)."),
+    run_b: Path = typer.Argument(..., help="The same model on the same inputs with dumps, at another optimization level."),
     *,
     inputs: InputOptions,
     json_output: opt.Json = False,

@@ -22,12 +22,16 @@ def render_verdict(verdict) -> None:  # GateVerdict
         console.print(f"  first diverging node: {verdict.first_diverging_node} (origin nodes: {', '.join(verdict.origin_nodes) or 'none'})")
     for check in verdict.checks:
         console.print(f"  {check.status.value.upper():<14} {check.name}: {check.message}")
+    failed = [check.name for check in verdict.checks if check.failed]
+    passed = sum(1 for check in verdict.checks if check.status.value == "pass")
+    console.print(f"FAIL {verdict.model}: {len(failed)} check(s) failed: {', '.join(failed)}" if failed else
+                  f"PASS {verdict.model}: {passed} checks passed, {len(verdict.checks) - passed} not applicable")
 
 
 def gate(
     run: Path = typer.Argument(..., help="Candidate: a pipeline run or a nightly entry run directory."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline run of the same kind (omit: first release, nothing to compare)."),
-    policy: opt.PolicyFile = None,
+    policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): the checks and their tolerances.") = None,
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdict as JUnit XML to this file."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write a markdown summary to this file."),
     json_output: opt.Json = False,

@@ -33,15 +33,17 @@ def history(
         return
     console = stdout_console()
     console.print(f"{model}: {len(timeline.nights)} night(s) in {database}")
+    before: list[str] = []
     for row in timeline.nights:
         verdict = row["verdict"]
         word = "error" if verdict is None else ("pass" if verdict["passed"] else "FAIL")
         hashes = " ".join(f"{stage}={(h.get('md5') or '')[:8]}" for stage, h in row["hashes"].items())
         night = row["night_status"] if row["night_status"] != "complete" else ""
         console.print(f"  {row['night_id']}  {row['started']}  {word:<5} {hashes}  {night}".rstrip())
-        if verdict and verdict["reasons"]:
-            for reason in verdict["reasons"]:
-                console.print(f"      {reason}")
+        reasons = list(verdict["reasons"]) if verdict and verdict["reasons"] else []
+        for reason in reasons:  # a reason the night before gave too is named, not said again
+            console.print(f"      {reason.split(': ', 1)[0]}: as the night before" if reason in before else f"      {reason}")
+        before = reasons
         if row["error"]:
             console.print(f"      error: {row['error']}")
     if not timeline.changes:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
+from qconsist.cli.table import Rows
 from qconsist.errors import EXIT_DIVERGED, ConfigError
 
 if TYPE_CHECKING:
@@ -37,17 +37,20 @@ def _samples(**members):  # -> InputOptions
     return opt.INPUTS.build(**members)
 
 
-@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8), runs_dir=opt.RUNS)
+@opt.uses(inputs=opt.Group(_samples, **opt.INPUTS.members).with_defaults(count=8).told(
+    count="How many samples from --offset (default: 8).",
+    pipeline="Pipeline file whose [preprocess] prepares images. Its [quantize] and [calibration] serve --calibration-repeats."),
+    runs_dir=opt.RUNS)
 def locate_command(
     model: opt.ModelArg,
     *,
     inputs: InputOptions,
     stage: opt.Stage = None,
-    repeats: opt.Repeats = 4,
+    repeats: opt.told(opt.Repeats, "How many times the work is repeated and compared: fresh sessions per configuration (default 4).") = 4,
     batch_size: opt.BatchSize = 1,
     config: List[str] = typer.Option([], "--config", help="A configuration: SEARCH, then optionally /tf32=0|1, /workspace=0|1, /deterministic=0|1 (e.g. HEURISTIC/tf32=0); repeat or comma-separate; the first is the reference. Default: the matrix of --cudnn-conv-algo-search x --tf32."),
     algo_search: opt.AlgoSearches = [],  # noqa: B006 - typer's list default
-    tf32: opt.Tf32 = None,
+    tf32: opt.told(opt.Tf32, "cuda: use_tf32 on or off (default: both are explored).") = None,
     workspace_variants: bool = typer.Option(False, "--workspace-variants", help="Matrix: add each config with cudnn_conv_use_max_workspace=0."),
     deterministic_variants: bool = typer.Option(False, "--deterministic-variants", help="Matrix: add each config with deterministic compute."),
     contention: bool = typer.Option(False, "--contention", help="Repeat again while another process loads the GPU with changing convolutions."),
@@ -59,7 +62,7 @@ def locate_command(
     ep: opt.Ep = "cuda",
     calibration_repeats: int = typer.Option(0, "--calibration-repeats", help="Also calibrate N times on the CUDA EP per search mode and compare with the CPU (0: off)."),
     session_runs: int = typer.Option(3, "--session-runs", help="Runs of each config's reference session compared with its first run (run-to-run variation); 1: off."),
-    engines: opt.Engines = True,
+    engines: opt.told(opt.Engines, more="Default: on, per configuration.") = True,
     engine_runs: opt.EngineRuns = 3,
     rewrite: bool = typer.Option(True, "--rewrite/--no-rewrite", help="When a ConvTranspose / ScatterElements varies and no fast config is stable: measure the model with those nodes rewritten (determinize)."),
     runs_dir: Path,
@@ -137,12 +140,9 @@ def _render_repeats(report, console) -> None:
     runs = any(cfg.repeat("run-to-run") for cfg in report.configs)
     phases = (["run-to-run"] if runs else []) + ["quiet"] + (["contention"] if report.contention else [])
     titles = {"run-to-run": "runs of one session", "quiet": "fresh sessions", "contention": "sessions under contention"}
-    table = Table(title=f"Repeat stability: {report.repeats} fresh sessions per config"
-                  + (" and the runs of its first session" if runs else ""), title_justify="left")
-    table.add_column("config")
-    for phase in phases:
-        table.add_column(titles[phase])
-    table.add_column("repeat origins")
+    table = Rows("config", *(titles[phase] for phase in phases), "repeat origins",
+                 title=f"Repeat stability: {report.repeats} fresh sessions per config"
+                 + (" and the runs of its first session" if runs else ""))
     for cfg in report.configs:
         cells = []
         origins: list[str] = []
@@ -155,8 +155,8 @@ def _render_repeats(report, console) -> None:
             cells.append(f"{same}/{outcome.sessions} identical" if outcome.stable else
                          Text(f"{same}/{outcome.sessions} identical", style="red"))
             origins += [o for o in outcome.origins if o not in origins]
-        table.add_row(cfg.label, *cells, ", ".join(origins) or "-")
-    console.print(table)
+        table.add(cfg.label, *cells, ", ".join(origins) or "-")
+    table.print(console)
     if report.contention:
         load = report.contention
         who = f"a {load.backend} process" if load.workers == 1 else f"{load.workers} {load.backend} processes"
@@ -165,37 +165,32 @@ def _render_repeats(report, console) -> None:
 
 
 def _render_comparisons(report, console) -> None:
-    table = Table(title="Between configurations (same inputs, reference sessions)", title_justify="left")
-    for column in ("compared", "why", "result", "first diverging node", "origins", "int8 values changed",
-                   "output max diff", "top-1"):
-        table.add_column(column)
+    table = Rows("compared", "why", "result", "first diverging node", "origins", "int8 values changed",
+                 "output max diff", "top-1", title="Between configurations (same inputs, reference sessions)")
     kinds = report.kinds or [""] * len(report.comparisons)
     for result, why in zip(report.comparisons, kinds):
         pair = f"{result.reference} vs {result.other}"
         effect = result.effect
-        table.add_row(
+        table.add(
             pair, why, "identical" if result.identical else Text("differ", style="yellow"), result.first_node or "-",
             str(len(result.origins)), f"{result.int8_changed:,}", _abs(effect.greatest_abs),
             f"{effect.top1_agree}/{effect.samples}",
         )
-    console.print(table)
+    table.print(console)
 
 
 def _render_nodes(report, console) -> None:
     if not report.nodes:
         console.print("origin nodes: none: every observed tensor was bit-identical in every comparison")
         return
-    table = Table(title="Origin nodes: outputs differ while all inputs are bit-identical (sizes over those samples)",
-                  title_justify="left")
-    for column in ("node", "op", "why", "origin in", "differing elements", "greatest abs diff",
-                   "int8 changed downstream", "between"):
-        table.add_column(column)
+    table = Rows("node", "op", "why", "origin in", "differing elements", "greatest abs diff", "int8 changed downstream",
+                 "between", title="Origin nodes: outputs differ while all inputs are bit-identical (sizes over those samples)")
     samples = report.inputs.get("count") or "?"
     for node in report.nodes:
         between = node.between[0] + (f" (+{len(node.between) - 1})" if len(node.between) > 1 else "")
-        table.add_row(node.label, node.op_type, node.why, f"{node.samples}/{samples}", _pct(node.differing, node.elements),
-                      f"{node.greatest_abs:.3g}", f"{node.int8_downstream:,}", between)
-    console.print(table)
+        table.add(node.label, node.op_type, node.why, f"{node.samples}/{samples}", _pct(node.differing, node.elements),
+                  f"{node.greatest_abs:.3g}", f"{node.int8_downstream:,}", between)
+    table.print(console)
 
 
 def _render_tf32(report, console) -> None:
@@ -210,9 +205,8 @@ def _render_tf32(report, console) -> None:
 
 def _render_latency(report, console) -> None:
     rec = report.recommendation
-    table = Table(title="Latency per config (ms, batch 1)", title_justify="left")
-    for column in ("config", "first run", "median", "IQR", "spread", "vs fastest", "bit-stable", "observation"):
-        table.add_column(column)
+    table = Rows("config", "first run", "median", "IQR", "spread", "vs fastest", "bit-stable", "observation",
+                 title="Latency per config (ms, batch 1)")
     for cfg in report.configs:
         lat = cfg.latency
         ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat is not None and rec is not None else "-"
@@ -223,10 +217,10 @@ def _render_latency(report, console) -> None:
             faithful = Text("n/a: varies run to run", style="yellow")  # no observation can match production bit for bit
         else:
             faithful = Text("NOT faithful", style="red")
-        table.add_row(cfg.label, _ms(lat.first_run_ms if lat else None), _ms(lat.median_ms if lat else None),
+        table.add(cfg.label, _ms(lat.first_run_ms if lat else None), _ms(lat.median_ms if lat else None),
                       f"{_ms(lat.p25_ms)}-{_ms(lat.p75_ms)}" if lat else "-", f"{lat.spread:.1%}" if lat else "-",
-                      ratio, "yes" if cfg.stable else Text("no", style="red"), faithful)
-    console.print(table)
+                  ratio, "yes" if cfg.stable else Text("no", style="red"), faithful)
+    table.print(console)
 
 
 def _render_recommendation(report, console) -> None:

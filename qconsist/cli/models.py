@@ -22,8 +22,11 @@ def list_models(json_output: opt.Json = False) -> None:
         print_json(rows)
         return
     console = stdout_console()
-    for row in rows:
-        console.print(f"{row['name']}  {row['format']}  {row['source']}  {row['description']}")
+    columns = ("name", "format", "source", "description")
+    widths = {c: max(len(c), *(len(str(row[c])) for row in rows)) for c in columns[:-1]}
+    for row in [dict(zip(columns, columns)), *rows]:  # a header, then one aligned line per model
+        console.print("  ".join(f"{row[c]:<{widths[c]}}" for c in columns[:-1]) + f"  {row['description']}")
+    console.print(f"{len(rows)} model(s); qconsist models fetch NAME downloads one into the cache")
 
 
 def fetch(

@@ -17,6 +17,7 @@ def render_night(result) -> None:  # NightlyResult
     counts = result.summary()
     console.print(f"night {result.night_id}: {counts['pass']} pass, {counts['fail']} fail, {counts['error']} error"
                   + (f" ({result.executor} executor)" if result.executor != "local" else ""))
+    skipped = [entry.locate_skipped for entry in result.entries if entry.locate_skipped]
     for entry in result.entries:
         gpu = f"  [{entry.gpu_label}]" if entry.gpu_type or entry.gpus else ""
         console.print(f"  {entry.status.upper():<5} {entry.model}{gpu}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
@@ -25,7 +26,7 @@ def render_night(result) -> None:  # NightlyResult
         if entry.verdict is not None:
             for reason in entry.verdict.reasons:
                 console.print(f"        {reason}")
-        if entry.locate_skipped:
+        if entry.locate_skipped and skipped.count(entry.locate_skipped) == 1:
             console.print(f"        locate skipped: {entry.locate_skipped}")
         fix = entry.sensitivity
         if fix is not None:
@@ -41,17 +42,22 @@ def render_night(result) -> None:  # NightlyResult
     retried = result.retries()
     if retried:
         console.print(f"retries: {len(retried)} entr{'y' if len(retried) == 1 else 'ies'} needed a retry: {', '.join(retried)}")
+    for reason in dict.fromkeys(r for r in skipped if skipped.count(r) > 1):  # the same sentence once, not per entry
+        console.print(f"locate skipped for {skipped.count(reason)} entries: {reason}")
     for comparison in result.across_gpus:
         console.print(f"across GPU types: {comparison}")
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
+    failing = [entry.model for entry in result.entries if entry.status != "pass"]
+    console.print(f"FAIL night {result.night_id}: {len(failing)} of {len(result.entries)} entries did not pass: {', '.join(failing)}"
+                  if failing else f"PASS night {result.night_id}: {len(result.entries)} entries passed")
 
 
 def nightly(
     file: Path = typer.Argument(..., parser=opt.read_path, help="Nightly file (TOML), e.g. pipelines/nightly.toml."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this model, or one GPU type of it as NAME@TYPE (repeatable)."),
     runs_dir: opt.RunsDir = None,
-    history: opt.History = None,
+    history: opt.told(opt.History, "History database (default: the nightly file's history, else <runs_dir>/history.sqlite).") = None,
     executor: str = typer.Option("local", "--executor", help="Where the entries run: local (one after another, in this process) or ray (as Ray tasks; needs qconsist[ray])."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: an existing Ray cluster (auto, HEAD:6379 or ray://HEAD:10001); default: a local Ray started in this process."),
     max_retries: int = typer.Option(2, "--max-retries", help="ray: how many times an entry whose worker was lost (killed, out of memory, node gone) runs again."),

@@ -6,15 +6,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.table import Rows, more
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 if TYPE_CHECKING:
     from qconsist.inference.session import ExecutionOptions
     from qconsist.inputs.options import InputOptions
+
+
+NEGLIGIBLE = 5e-6  # a weight or bias off by no more than this is not ranked among the worst
 
 
 def _db(value: float | None) -> str:
@@ -34,26 +37,45 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
     from qconsist.diff.quantization import ranked_by_added
 
     ranked = result.tensors if sort == "sqnr" else ranked_by_added(result.tensors)
-    table = Table("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
+    table = Rows("node", "op", "SQNR dB", "added dB", "max abs", "mean abs", "cosine", "observed", "as")
     for e in ranked[:top]:
         added = "all (inputs identical)" if e.noise_starts else _db(e.added_db)
-        table.add_row(e.node, e.op_type, sqnr_cell(e.sqnr_db, e.figure), added, f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
-                      f"{e.cosine:.5f}" if e.figure == MEASURED else "-", e.observed, e.how)
-    console.print(table)
-    if len(ranked) > top:
-        console.print(f"... {len(ranked) - top} more (--top N, --json)")
+        table.add(e.node, e.op_type, sqnr_cell(e.sqnr_db, e.figure), added, f"{e.max_abs:.4g}", f"{e.mean_abs:.4g}",
+                  f"{e.cosine:.5f}" if e.figure == MEASURED else "-", e.observed, e.how)
+    table.print(console)
+    cut = more(top, len(ranked), "nodes", "--top N, --json")
+    if cut:
+        console.print(cut)
     for e in result.outputs:
         cosine = f", cosine {e.cosine:.6f}" if e.figure == MEASURED else ""
         console.print(f"final output {e.tensor}: {sqnr_phrase(e.sqnr_db, e.figure, 2)}, greatest abs difference {e.max_abs:.4g}{cosine}")
     if result.weights:
-        shown = ", ".join(f"{w.tensor} ({w.node}) {sqnr_phrase(w.sqnr_db, w.figure, 2)}" for w in result.weights[:3])
-        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}")
+        # a bias of a few millionths rounds to 0 (SQNR 0 dB) while changing nothing: not the worst weight
+        tiny = [w for w in result.weights if w.max_abs <= NEGLIGIBLE]
+        ranked = [w for w in result.weights if w.max_abs > NEGLIGIBLE]
+        shown = ", ".join(f"{w.tensor} ({w.node}) {sqnr_phrase(w.sqnr_db, w.figure, 2)}" for w in ranked[:3]) or "none above the negligible"
+        console.print(f"weights and biases: {len(result.weights)} dequantized, lowest SQNR: {shown}"
+                      + (f"; {len(tiny)} left out of the ranking: off by at most {NEGLIGIBLE:g} (--json lists them)" if tiny else ""))
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
 
 
-@opt.uses(inputs=opt.INPUTS.with_defaults(inputs="package:photos"), execution=opt.EXECUTION)
+def _evaluation_inputs(run: Path, inputs):  # -> InputSet
+    """The run's own evaluation inputs (sliced by ``offset``/``count``), as ``sensitivity`` takes them."""
+    from qconsist.errors import ConfigError
+    from qconsist.sensitivity.source import open_quantized_run
+
+    if inputs.pipeline is not None:
+        raise ConfigError("`pipeline` prepares the images of `inputs`: give `inputs` too (without it, the run's own "
+                          "evaluation inputs are used, prepared as the run prepared them)")
+    evaluation = open_quantized_run(run).inputs("evaluation")
+    return evaluation.subset(inputs.offset, inputs.count) if inputs.offset or inputs.count is not None else evaluation
+
+
+@opt.uses(inputs=opt.INPUTS.with_defaults(inputs=None).told(
+    inputs=opt.INPUTS_HELP[:-1] + " (default: the run's own evaluation inputs, prepared as the run prepared them)."),
+    execution=opt.EXECUTION)
 def quant_error(
     run: Path = typer.Argument(..., help="A pipeline run directory (its float and quantized stages)."),
     *,
@@ -79,7 +101,8 @@ def quant_error(
     if sort not in ("sqnr", "added"):
         raise ConfigError(f"`sort` must be sqnr or added, got {sort!r}")
     source = resolve_model(run, stage)
-    input_set = open_inputs(inputs, source)
+    input_set = (_evaluation_inputs(source.run.path if source.run is not None else run, inputs) if inputs.source is None
+                 else open_inputs(inputs, source))
     result = quantization_error(source.run or run, input_set, execution, float_stage=float_stage, quantized_stage=source.stage or "quantize",
                                 float_level=float_level, progress=progress_for(json_output))
     if json_output:

@@ -13,8 +13,8 @@ from qconsist.cli.app import stdout_console
 
 def report(
     items: Optional[List[Path]] = typer.Argument(None, help="Run directories (pipeline, inference, locate, nightly entry, night) or `qconsist diff --json` files."),
-    output: Path = typer.Option(..., "-o", "--output", help=opt.OUTPUT_HELP),
-    history: opt.History = None,
+    output: opt.told(opt.Output, "The file to write: the HTML page.") = ...,
+    history: opt.told(opt.History, "History database: write the history page from it (give no ITEMS then).") = None,
     models: Optional[List[str]] = typer.Option(None, "--model", help="With --history: only this model, or one GPU type of it as NAME@TYPE (repeatable)."),
     gpus: Optional[List[str]] = typer.Option(None, "--gpu", help="With --history: only the nights on this GPU type, as the page names it: H100, 'none (CPU)' (repeatable)."),
     nights: Optional[int] = typer.Option(None, "--nights", help="With --history: only the last N nights (default: all)."),

@@ -44,12 +44,25 @@ def list_command(
     if json_output:
         print_json(listing)
         return
+    _print_listing(listing.runs, runs_dir)
+
+
+def _print_listing(runs: list, runs_dir: Path) -> None:  # runs: RunInfo
+    """A header, one aligned line per run, newest first, then the count, the total size and how to free it."""
     console = stdout_console()
-    for run in listing.runs:
-        flags = " baseline" if run.baseline else ""
-        console.print(f"{run.name}  {run.kind}  {run.model}  {run.status}{flags}  {_age(run.age_seconds)}  {_size(run.size)}"
-                      + (f"  ({run.detail})" if run.detail and run.status != "complete" else ""))
-    console.print(f"{len(listing.runs)} run(s) in {runs_dir}")
+    ordered = sorted(runs, key=lambda run: run.age_seconds)
+    header = ("run", "kind", "model", "status", "age", "size")
+    rows = [(run.name, run.kind, run.model, run.status + (" baseline" if run.baseline else ""), _age(run.age_seconds),
+             _size(run.size), f"({run.detail})" if run.detail and run.status != "complete" else "") for run in ordered]
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))] if rows else []
+    if rows:
+        console.print("  ".join(f"{text:<{w}}" if i < 5 else f"{text:>{w}}" for i, (text, w) in enumerate(zip(header, widths))).rstrip())
+    for row in rows:
+        line = "  ".join(f"{text:<{w}}" if i < 5 else f"{text:>{w}}" for i, (text, w) in enumerate(zip(row, widths)))
+        console.print((line + (f"  {row[6]}" if row[6] else "")).rstrip())
+    total = sum(run.size for run in runs)
+    console.print(f"{len(runs)} run(s) in {runs_dir}, {_size(total)}"
+                  + ("; free space with qconsist runs rm --older-than 30d (--dry-run first)" if runs else ""))
 
 
 @opt.uses(runs_dir=opt.RUNS)
@@ -81,7 +94,7 @@ def rm(
     *,
     incomplete: bool = typer.Option(False, "--incomplete", help="Remove every incomplete run (interrupted or killed; never one still being written)."),
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove runs older than this age: 30d, 12h, 2w…"),
-    force: opt.Force = False,
+    force: opt.told(opt.Force, "Do what is refused by default: remove a run the history names as a baseline.", panel=None) = False,
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
     runs_dir: Path,
     history: opt.History = None,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List
 
 import typer
-from rich.table import Table
+from qconsist.cli.table import Rows, more
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
@@ -48,16 +48,17 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
     ops = Counter(n.op_type for n in result.nodes)
     console.print(f"quantizable nodes: {result.quantizable} ({', '.join(f'{op} {k}' for op, k in ops.most_common())})"
                   + (f", {result.unnamed} unnamed (cannot be excluded by name: [optimize] name_nodes = true names them)" if result.unnamed else "") + f"; probed: {result.strategy}")
-    table = Table("rank", "node", "op", "worst output dB", "gain dB", "top-1", "quant-error rank", "added dB", "SQNR dB")
+    table = Rows("rank", "node", "op", "worst output dB", "gain dB", "top-1", "quant-error rank", "added dB", "SQNR dB", name=1)
     for n in result.probed[:top]:
         worst = n.probe.worst if n.probe is not None else None
-        table.add_row(str(n.rank), n.node, n.op_type, f"{_db(worst.sqnr_db if worst else None)} {worst.label if worst else ''}",
+        table.add(str(n.rank), n.node, n.op_type, f"{_db(worst.sqnr_db if worst else None)} {worst.label if worst else ''}",
                       _db(n.gain_db) + (" (same model)" if n.same_model_as_baseline else ""),
                       _share(n.probe.top1_agreement if n.probe else None), str(n.first_pass_rank or "-"),
                       _db(n.first_pass.added_db if n.first_pass else None), _db(n.first_pass.sqnr_db if n.first_pass else None))
-    console.print(table)
-    if len(result.probed) > top:
-        console.print(f"... {len(result.probed) - top} more (--top N, --json)")
+    table.print(console)
+    cut = more(top, len(result.probed), "probed nodes", "--top N, --json")
+    if cut:
+        console.print(cut)
     a = result.agreement
     if a is not None:
         def rho(value: float | None) -> str:

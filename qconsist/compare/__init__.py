@@ -8,12 +8,12 @@ is: ``kinds``).
 """
 
 from qconsist.compare.kinds import JudgedOutput, OutputKind, class_scores_output, judged_outputs, parse_kinds
-from qconsist.compare.origin import ObservedGraph, ObservedNode, origins
+from qconsist.compare.origin import UNOBSERVED, ObservedGraph, ObservedNode, Proof, origins
 from qconsist.compare.output import OutputComparison, OutputEffect, OutputJudgement, batch_rows, compare_outputs, top1
 from qconsist.compare.statistics import HISTOGRAM_LIMIT, TensorStats, differing_mask, ulp_distance
 
 __all__ = [
     "HISTOGRAM_LIMIT", "JudgedOutput", "ObservedGraph", "ObservedNode", "OutputComparison", "OutputEffect",
-    "OutputJudgement", "OutputKind", "TensorStats", "batch_rows", "class_scores_output", "compare_outputs",
+    "OutputJudgement", "OutputKind", "Proof", "UNOBSERVED", "TensorStats", "batch_rows", "class_scores_output", "compare_outputs",
     "differing_mask", "judged_outputs", "origins", "parse_kinds", "top1", "ulp_distance",
 ]

@@ -38,12 +38,14 @@ class FlippedSample:
     class_b: int
     first: str | None = None  # the first node that diverges in this sample (None: no dumps, or none diverges)
     origins: list[str] = field(default_factory=list)
+    spans: list[str] = field(default_factory=list)  # spans ending at these nodes (tensors in between unobserved)
 
     def describe(self) -> str:
         label = f", label {self.label}" if self.label is not None else ""
         where = f"; first diverging node {self.first}" if self.first else ""
         origins = f"; origin {', '.join(self.origins)}" if self.origins else ""
-        return f"sample {self.sample} ({self.name}{label}): class {self.class_a} -> {self.class_b}{where}{origins}"
+        spans = f"; span ending at {', '.join(self.spans)}" if self.spans else ""
+        return f"sample {self.sample} ({self.name}{label}): class {self.class_a} -> {self.class_b}{where}{origins}{spans}"
 
 
 @serialized(derived=("change", "summary"))
@@ -135,7 +137,8 @@ def compare_predictions(output: str, a: Predictions, b: Predictions, names: list
         trace = traces.get(sample)
         change.flipped.append(FlippedSample(sample, names[sample] if sample < len(names) else str(sample), label,
                                             int(a.classes[sample]), int(b.classes[sample]),
-                                            trace.first if trace else None, list(trace.origins) if trace else []))
+                                            trace.first if trace else None, list(trace.origins) if trace else [],
+                                            list(trace.spans) if trace else []))
     return change
 
 

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from qconsist.onnxfile import node_label
 from qconsist.inference.dump import DumpPlan
+from qconsist.inference.graphmap import implicit_inputs
 from qconsist.inference.layout import describe, to_original
 
 # Where a quantized kernel's output scale and zero point are among its inputs (onnx and com.microsoft ops).
@@ -183,9 +184,15 @@ def _folded_forward(fgraph: Graph, qgraph: Graph, tensor: str) -> str:
     return tensor
 
 
-# preference when several observed tensors stand for one float tensor: the DequantizeLinear output ORT
-# computes, then an integer tensor dequantized here, then a float computed before quantization
-_PREFERENCE = {"DequantizeLinear output": 0, "dequantized": 1, "float": 2}
+# preference when several observed tensors stand for one float tensor: the tensor a subgraph reads (an outer
+# tensor of an If/Loop/Scan, by name: what the branch computes with), the DequantizeLinear output ORT computes,
+# then an integer tensor dequantized here, then a float computed before quantization
+_PREFERENCE = {"read by a subgraph": -1, "DequantizeLinear output": 0, "dequantized": 1, "float": 2}
+
+
+def _subgraph_reads(model: onnx.ModelProto) -> set[str]:
+    """The outer tensors the subgraphs of a model's nodes read."""
+    return {name for node in model.graph.node for name in implicit_inputs(node)}
 
 
 def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_model: onnx.ModelProto,
@@ -198,8 +205,16 @@ def match_tensors(float_plan: DumpPlan, quantized_plan: DumpPlan, quantized_mode
     float_columns.update({i.name: -1 for i in float_model.graph.input if i.name not in fgraph.constants})  # the sample itself
     found: dict[str, Match] = {}
     constants, internal = 0, []
+    # an outer tensor both models' subgraphs read by the same name: the quantized branch computes with that tensor
+    # whatever the quantizer made of it (it removed a Relu and gave the Conv's output the Relu's name: the branch
+    # reads the unrectified value), so that is the twin shown, not a DequantizeLinear the branch never reads
+    read_by_subgraphs = _subgraph_reads(quantized_model) & _subgraph_reads(float_model)
     for column, (origin, dtype) in enumerate(zip(quantized_plan.tensors, quantized_plan.dtypes)):
         integer = np.dtype(dtype).kind in "iu"
+        if (origin.name in read_by_subgraphs and origin.original == origin.name and not integer
+                and origin.name in float_columns and origin.how == "same"):
+            found[origin.name] = Match(float_columns[origin.name], column, origin.name, origin.name, None, "read by a subgraph")
+            continue
         start = _named_start(origin, qgraph, integer)
         if start is None:
             internal.append(origin.label)

@@ -38,6 +38,7 @@ from qconsist.compare.statistics import IDENTICAL, MEASURED
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
+from qconsist.inference.graphmap import node_reads
 from qconsist.inference.layout import to_original
 from qconsist.onnxfile import is_invented, read_onnx
 from qconsist.store.run import Run
@@ -132,7 +133,7 @@ def _added(errors: dict[str, TensorError], float_model: onnx.ModelProto) -> None
         if node is None or depth > 4:
             return []
         found: list[TensorError] = []
-        for source in node.input:
+        for source in node_reads(node):  # with the outer tensors its subgraphs read
             if source in errors:
                 found.append(errors[source])
             elif source and source not in graph.constants:

@@ -32,7 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
-from qconsist.inference.graphmap import node_names
+from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import serialized
@@ -115,28 +115,6 @@ class NodeReplay:
 
 
 # --- the isolated model -------------------------------------------------------------------------------------------
-
-
-def _subgraph_reads(graph: onnx.GraphProto) -> list[str]:
-    """The outer tensors a subgraph reads (its implicit inputs), nested subgraphs included."""
-    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
-    defined |= {o for node in graph.node for o in node.output if o}
-    reads: list[str] = []
-    for node in graph.node:
-        reads += [i for i in node.input if i]
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                reads += _subgraph_reads(sub)
-    return [name for name in dict.fromkeys(reads) if name not in defined]
-
-
-def node_reads(node: onnx.NodeProto) -> list[str]:
-    """Every tensor a node reads: its inputs, then the outer tensors its subgraphs read."""
-    reads = [i for i in node.input if i]
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            reads += _subgraph_reads(sub)
-    return list(dict.fromkeys(reads))
 
 
 def _declared(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

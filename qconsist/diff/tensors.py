@@ -1,10 +1,15 @@
-"""Tensor by tensor, in topological order: the first diverging node and every origin node.
+"""Tensor by tensor, in topological order: the first diverging node, every origin node and every span.
 
 Two dumps are compared in the optimized graph's own terms when ORT ran the same graph structure in both
 runs (``space = "optimized"``), else through the original model's tensors both dumps map to
-(``space = "original"``, e.g. optimization levels that fuse differently). An **origin** is a node whose
-output differs in some sample while all of its inputs are bit-identical in that sample (its initializers
-may differ: they are listed). Other diverging nodes only propagate a difference.
+(``space = "original"``, e.g. optimization levels that fuse differently). The rule is the comparison kernel's
+(``qconsist.compare.origin``): an **origin** is a node whose output differs in some sample while every input
+it reads was observed in both runs and is identical in that sample — activations bit for bit, graph inputs by
+the input set's digest, constants by value (whatever shape ORT stored them in; constants that differ are
+listed: the difference enters there). Where an input was not observed (fused away, internal to a kernel), the
+finding is a **span**: its nearest observed inputs upstream are identical, its output differs, and every node
+inside it is listed. Other diverging nodes only propagate a difference. Each finding carries its evidence:
+what was compared, how, and what was not observed.
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qconsist.compare import TensorStats, origins
+from qconsist.compare import UNOBSERVED, ObservedGraph, ObservedNode, Proof, TensorStats, origins
 from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import DTYPES, check_hash_functions
-from qconsist.inference.graphmap import GraphIndex, TensorOrigin
+from qconsist.inference.graphmap import TensorOrigin, node_names, node_reads, op_name
 from qconsist.inference.reader import LoadedDump
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import serialized
@@ -31,8 +36,10 @@ SAMPLES_KEPT = 1000  # sample indices listed per node (all are counted): a diff 
 
 
 def _counted(data: dict[str, Any]) -> dict[str, Any]:
-    """Diffs recorded before the counts: every sample and origin sample listed."""
-    return {"count": len(data["samples"]), "origin_count": len(data["origin_samples"]), **data}
+    """Diffs recorded before the counts: every sample and origin sample listed; before spans: an origin's
+    finding is "origin" (its evidence was not recorded)."""
+    return {"count": len(data["samples"]), "origin_count": len(data["origin_samples"]),
+            "finding": "origin" if data.get("origin") else "", **data}
 
 
 @serialized(upgrade=_counted)
@@ -51,7 +58,33 @@ class TensorDiff:
     elements: TensorStats | None = None  # element statistics, where both runs kept the raw tensors
     tolerance: str = ""  # with a tolerance: beyond | within | unknown (no raw tensors, fingerprints inconclusive)
     count: int = 0  # samples where it differs (``samples`` lists the first SAMPLES_KEPT)
-    origin_count: int = 0  # samples where it is an origin (``origin_samples`` lists the first SAMPLES_KEPT)
+    origin_count: int = 0  # samples where it is an origin or a span (``origin_samples`` lists the first SAMPLES_KEPT)
+    # the evidence of an origin or a span (empty for a node that propagates a difference):
+    finding: str = ""  # "origin" | "span" | "" (propagates, or a record written before spans)
+    inputs: list[str] = field(default_factory=list)  # observed tensors it rests on, compared bit for bit (fingerprints)
+    given: list[str] = field(default_factory=list)  # graph inputs it rests on: the same input set (digest)
+    constants: list[str] = field(default_factory=list)  # constants it rests on, compared by value
+    span: list[str] = field(default_factory=list)  # a span: the nodes inside it, in topological order
+    unobserved: list[str] = field(default_factory=list)  # a span: the tensors inside it observed in neither or one run
+
+    @property
+    def is_span(self) -> bool:
+        return self.finding == "span"
+
+    def evidence(self) -> str:
+        """What the finding rests on, in words: what was compared, how, and what was not observed."""
+        parts = []
+        if self.inputs:
+            parts.append(f"{len(self.inputs)} observed input(s) bit-identical ({', '.join(self.inputs[:4])}"
+                         f"{', ...' if len(self.inputs) > 4 else ''})")
+        if self.given:
+            parts.append(f"graph input(s) {', '.join(self.given)} from the same input set")
+        same = [c for c in self.constants if c not in self.initializers_changed]
+        if same:
+            parts.append(f"{len(same)} constant(s) identical by value")
+        if self.initializers_changed:
+            parts.append(f"constant(s) differ: {', '.join(self.initializers_changed)}")
+        return "; ".join(parts) or "no input"
 
     @property
     def beyond(self) -> bool:
@@ -66,6 +99,7 @@ class SampleTrace:
     sample: int
     first: str | None
     origins: list[str] = field(default_factory=list)
+    spans: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -91,13 +125,20 @@ class TensorComparison:
 
     @property
     def origins(self) -> list[TensorDiff]:
+        """Proven origins: every input they read observed and identical."""
         return [n for n in self.nodes if n.origin]
+
+    @property
+    def spans(self) -> list[TensorDiff]:
+        """Spans: identical observed inputs upstream, a differing output, unobserved tensors in between."""
+        return [n for n in self.nodes if n.is_span]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "space": self.space, "compared": self.compared, "not_compared": self.not_compared,
             "samples": self.samples, "first": self.first.label if self.first else None,
-            "origins": [n.label for n in self.origins], "nodes": [n.to_json() for n in self.nodes],
+            "origins": [n.label for n in self.origins], "spans": [n.label for n in self.spans],
+            "nodes": [n.to_json() for n in self.nodes],
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
             "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
             "traces": [t.__dict__ for t in self.traces],
@@ -119,40 +160,63 @@ def _load_model(path: Path, what: str) -> onnx.ModelProto:
     return read_onnx(path, external_data=True, what=what, error=RunStoreError)
 
 
-def _initializer_bytes(model: onnx.ModelProto) -> dict[str, bytes]:
-    return {i.name: numpy_helper.to_array(i).tobytes() for i in model.graph.initializer}
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The graph's constants by name: initializers and the outputs of Constant nodes."""
+    found = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.domain in ("", "ai.onnx"):
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None:
+                found[node.output[0]] = numpy_helper.to_array(value)
+    return found
 
 
-class _Graph:
-    """The graph the compared keys live in, with each key's nearest compared inputs."""
+def same_value(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Two constants hold the same values: the same element type and bytes, and the same shape once axes of
+    size 1 are dropped (ORT stores a per-channel constant as (1, 1, 1, C) where the model has (1, C, 1, 1))."""
+    if a is None or b is None:
+        return False
+    return a.dtype == b.dtype and _squeezed(a.shape) == _squeezed(b.shape) and a.tobytes() == b.tobytes()
 
-    def __init__(self, model: onnx.ModelProto, compared: set[str]) -> None:
-        self.index = GraphIndex.of(model, infer=False)
-        self.compared = compared
-        self._memo: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 
-    def inputs(self, key: str) -> tuple[frozenset[str], frozenset[str]]:
-        """(compared tensors, initializers) the value of ``key`` is computed from, nearest first."""
-        if key in self._memo:
-            return self._memo[key]
-        tensors: set[str] = set()
-        inits: set[str] = set()
-        node_index = self.index.producer.get(key)
-        if node_index is not None:
-            for name in self.index.graph.node[node_index].input:
-                if not name:
-                    continue
-                if name in self.index.initializers:
-                    inits.add(name)
-                elif name in self.compared or name in self.index.inputs:
-                    tensors.add(name)
-                else:
-                    more_tensors, more_inits = self.inputs(name)
-                    tensors |= more_tensors
-                    inits |= more_inits
-        result = (frozenset(tensors), frozenset(inits))
-        self._memo[key] = result
-        return result
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape if d != 1)
+
+
+def space_graph(model: onnx.ModelProto) -> ObservedGraph:
+    """The graph tensors are compared in (the original model or ORT's optimized graph) as the origin rule walks
+    it: every node in topological order with every tensor it reads — activations, the outer tensors its
+    subgraphs read, and its constants apart."""
+    graph = model.graph
+    constants = {i.name for i in graph.initializer} | {
+        n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.domain in ("", "ai.onnx")}
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    names = node_names(graph)
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for root in range(len(graph.node)):
+        stack = [(root, False)]
+        while stack:
+            index, done = stack.pop()
+            if done:
+                order.append(index)
+                continue
+            if state.get(index):
+                continue
+            state[index] = 1
+            stack.append((index, True))
+            stack.extend((producer[i], False) for i in node_reads(graph.node[index]) if i in producer and not state.get(producer[i]))
+    nodes = []
+    for index in order:
+        node = graph.node[index]
+        reads = node_reads(node)
+        if node.op_type == "Constant":
+            reads = []
+        nodes.append(ObservedNode(
+            name=names[index], label=names[index], op_type=op_name(node),
+            inputs=tuple(i for i in reads if i not in constants), outputs=tuple(o for o in node.output if o),
+            constants=tuple(i for i in reads if i in constants)))
+    return ObservedGraph(tuple(nodes), tuple(o.name for o in graph.output))
 
 
 def tensor_keys(dump: LoadedDump, space: str) -> dict[str, int]:
@@ -189,14 +253,21 @@ class _Bits:
 
 
 def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
-          nodes: list[tuple[list[int], list[int]]]) -> tuple[_Bits, _Bits]:
-    """Which shared tensors differ (bytes, type or shape) in which samples, and where each is an origin. Reads
-    the tables a block of samples at a time, field by field, and keeps one bit per sample and tensor, so memory
-    stays flat (50,000 samples × 416 tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records
-    were copied and shapes compared as strings)."""
+          nodes: list[tuple[list[int], list[int]]], by_value: Sequence[bool] = ()) -> tuple[_Bits, _Bits]:
+    """Which shared tensors differ (bytes, type or shape) in which samples, and where the origin rule holds for
+    each. ``by_value``: columns computed from constants alone, whose shapes are compared without their axes of
+    size 1 (the same bytes in the same order are the same values). Reads the tables a block of samples at a
+    time, field by field, and keeps one bit per sample and tensor, so memory stays flat (50,000 samples × 416
+    tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records were copied and shapes compared as
+    strings)."""
     canonical: dict[tuple[int, ...], int] = {}
     ids_a = np.array([canonical.setdefault(s, len(canonical)) for s in a.shapes] or [0], dtype=np.int64)
     ids_b = np.array([canonical.setdefault(s, len(canonical)) for s in b.shapes] or [0], dtype=np.int64)
+    squeezed: dict[tuple[int, ...], int] = {}
+    sq_a = np.array([squeezed.setdefault(_squeezed(s), len(squeezed)) for s in a.shapes] or [0], dtype=np.int64)
+    sq_b = np.array([squeezed.setdefault(_squeezed(s), len(squeezed)) for s in b.shapes] or [0], dtype=np.int64)
+    constant = np.zeros(len(cols_a), dtype=bool)
+    constant[[i for i, v in enumerate(by_value) if v]] = True
     samples = a.table.samples
     differ, origin = _Bits(samples, len(cols_a)), _Bits(samples, len(nodes))
     ia, ib = np.asarray(cols_a, dtype=np.int64), np.asarray(cols_b, dtype=np.int64)
@@ -205,7 +276,8 @@ def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
         ta, tb = a.table.block(start, stop), b.table.block(start, stop)
         block = ta["hash"][:, ia] != tb["hash"][:, ib]
         block |= ta["dtype"][:, ia] != tb["dtype"][:, ib]
-        block |= ids_a[ta["shape"][:, ia]] != ids_b[tb["shape"][:, ib]]
+        shape_a, shape_b = ta["shape"][:, ia], tb["shape"][:, ib]
+        block |= np.where(constant, sq_a[shape_a] != sq_b[shape_b], ids_a[shape_a] != ids_b[shape_b])
         differ.put(start, block)
         origin.put(start, origins(block, nodes))
     return differ, origin
@@ -245,26 +317,33 @@ def compare_tensors(
     if space == "original":
         _check_axis_order(a, b, keys_a, keys_b, shared)
     cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
-    graph = _Graph(graph_a, set(shared))
-    inits_a, inits_b = _initializer_bytes(graph_a), _initializer_bytes(graph_b)
+    graph = space_graph(graph_a)
+    constants = (_constants(graph_a), _constants(graph_b))
     position = {k: i for i, k in enumerate(shared)}
     result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]),
                               tolerance=tolerance)
     if space == "original":
         result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
-    # each compared tensor is a node of this graph: its inputs are the nearest compared tensors it is computed from
-    nodes = [([position[t] for t in graph.inputs(key)[0] if t in position], [p]) for p, key in enumerate(shared)]
-    differ, origin = _scan(a, b, cols_a, cols_b, nodes)
+    # what each compared tensor rests on: the nearest observed tensors upstream (its producer's own inputs where
+    # every one was observed: an origin; else a span), the graph inputs and the constants
+    proofs = [graph.proof(key, position) for key in shared]
+    same_inputs = bool(a.inputs_digest) and a.inputs_digest == b.inputs_digest
+    nodes = [([position[t] for t in proof.inputs] + ([UNOBSERVED] if proof.given and not same_inputs else []), [p])
+             for p, proof in enumerate(proofs)]
+    by_value = [not proof.inputs and not proof.given for proof in proofs]
+    differ, origin = _scan(a, b, cols_a, cols_b, nodes, by_value)
 
     def rows_of(key: str) -> np.ndarray:
         return differ.column(position[key])
 
     labels = [_label(a.tensors[ca], b.tensors[cb]) for ca, cb in zip(cols_a, cols_b)]
-    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), graph, labels, (inits_a, inits_b))
+    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), (graph, proofs), labels, constants)
     for sample in focus:
         diverging = differ.row(int(sample))
+        found = [int(p) for p in origin.row(int(sample))]
         result.traces.append(SampleTrace(int(sample), labels[int(diverging[0])] if diverging.size else None,
-                                         [labels[int(p)] for p in origin.row(int(sample))]))
+                                         [labels[p] for p in found if not proofs[p].span],
+                                         [labels[p] for p in found if proofs[p].span]))
     _element_stats(a, b, result, keys_a, keys_b, rows_of)
     if not tolerance.exact:
         for node in result.nodes:
@@ -293,23 +372,33 @@ def _space(a: LoadedDump, b: LoadedDump, original_a: Path | None,
 
 
 def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],
-               columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], graph: _Graph, labels: list[str],
-               initializers: tuple[dict[str, bytes], dict[str, bytes]]) -> None:
-    """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order."""
-    (cols_a, cols_b), (differ, origin), (inits_a, inits_b) = columns, flags, initializers
+               columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], proved: tuple[ObservedGraph, list[Proof]],
+               labels: list[str], constants: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> None:
+    """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order; origins and
+    spans with their evidence."""
+    (cols_a, cols_b), (differ, origin), (graph, proofs), (constants_a, constants_b) = columns, flags, proved, constants
     for p, key in enumerate(shared):
         rows = differ.column(p)
         if not rows.size:
             continue
         origin_rows = origin.column(p)
-        changed = sorted(i for i in graph.inputs(key)[1] if inits_a.get(i) != inits_b.get(i))
+        proof = proofs[p]
+        changed = sorted(c for c in proof.constants if not same_value(constants_a.get(c), constants_b.get(c)))
         ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
-        result.nodes.append(TensorDiff(
+        finding = ("span" if proof.span else "origin") if origin_rows.size else ""
+        node = TensorDiff(
             key=key, label=labels[p], op_a=ta.op_type, op_b=tb.op_type, covers=sorted(set(ta.covers) | set(tb.covers)),
-            samples=rows[:SAMPLES_KEPT].tolist(), origin=bool(origin_rows.size),
+            samples=rows[:SAMPLES_KEPT].tolist(), origin=finding == "origin",
             origin_samples=origin_rows[:SAMPLES_KEPT].tolist(), initializers_changed=changed,
             summary=_summary(a, b, int(rows[0]), cols_a[p], cols_b[p]), count=int(rows.size), origin_count=int(origin_rows.size),
-        ))
+            finding=finding,
+        )
+        if finding:
+            node.inputs, node.given, node.constants = list(proof.inputs), list(proof.given), list(proof.constants)
+            if proof.span:
+                node.span = [graph.nodes[i].label for i in proof.nodes]
+                node.unobserved = list(proof.unobserved)
+        result.nodes.append(node)
 
 
 def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int], shared: list[str]) -> None:
@@ -359,7 +448,7 @@ def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_
                    rows_of: Callable[[str], np.ndarray]) -> None:
     """Element statistics from raw tensors, where both runs kept them (every diverging node with a tolerance;
     ``rows_of``: each diverging node's samples)."""
-    chosen = [n for n in result.nodes if n.origin or n is result.first]
+    chosen = [n for n in result.nodes if n.finding or n is result.first]
     others = [n for n in result.nodes if n not in chosen]
     chosen += others if not result.tolerance.exact else others[:MAX_ELEMENT_NODES]
     kept = np.array(sorted(a.raw_samples() & b.raw_samples()), dtype=np.int64)
@@ -388,5 +477,5 @@ def _element_stats(a: LoadedDump, b: LoadedDump, result: TensorComparison, keys_
     for node in result.nodes:
         if node.key in missing:
             node.elements = None
-    key_nodes = [n for n in result.nodes if n.origin or n is result.first]
+    key_nodes = [n for n in result.nodes if n.finding or n is result.first]
     result.raw_missing = [n.key for n in key_nodes if n.key in missing]

@@ -1,4 +1,4 @@
-"""``qconsist diff --replay``: each origin the diff names, replayed from the two runs' own records.
+"""``qconsist diff --replay``: each origin and span the diff names, replayed from the two runs' own records.
 
 For an origin (the tensor the diff found differing while the nearest tensors both runs observed are
 identical), the span replayed is every original node between those observed tensors and it (``span_nodes``).
@@ -20,11 +20,11 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, node_reads, replay_nodes
+from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, replay_nodes
 from qconsist.diff.runs import DiffResult, capture_command
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
-from qconsist.inference.graphmap import node_names
+from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.reader import LoadedDump, load_dump
 from qconsist.inference.session import ExecutionOptions
 from qconsist.onnxfile import read_onnx
@@ -209,13 +209,14 @@ def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], la
 
 
 def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
-    """Replay every origin of ``result`` (a diff of two inference runs with dumps); the replays are also put in
-    ``result.replays``. Nothing to replay (no origin) gives an empty list."""
+    """Replay every origin and every span of ``result`` (a diff of two inference runs with dumps); the replays are
+    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list."""
     result.replays = []
     if result.tensors is None:
         result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
         return []
-    if not result.tensors.origins:
+    findings = [n for n in result.tensors.nodes if n.finding]  # origins and spans (compare.origin)
+    if not findings:
         return []
     run_a, run_b = Run.open(result.run_a), Run.open(result.run_b)
     dumps = (load_dump(run_a), load_dump(run_b))
@@ -228,7 +229,7 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[N
     observed = set(columns[0]) & set(columns[1])
     by_name = {t.name: t.original for t in dumps[0].tensors}
     replays = []
-    for origin in result.tensors.origins:
+    for origin in findings:
         tensor = origin.key if result.tensors.space == "original" else by_name.get(origin.key)
         if not tensor:
             replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=(

@@ -5,3 +5,7 @@ from qconsist.gate.policy import Policy, load_policy, parse_policy
 from qconsist.gate.verdict import CheckResult, CheckStatus, GateVerdict
 
 __all__ = ["CheckResult", "CheckStatus", "GateVerdict", "Policy", "evaluate_gate", "load_policy", "parse_policy"]
+
+from qconsist.front import callable_package  # noqa: E402
+
+callable_package(__name__)  # qconsist.gate(run, baseline): the top-level call (qconsist.api.gate)

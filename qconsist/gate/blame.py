@@ -21,6 +21,7 @@ from qconsist.compare.kinds import JudgedOutput
 from qconsist.diff.quantization import QuantErrorResult, TensorError, quantization_error
 from qconsist.errors import RunStoreError
 from qconsist.gate.evidence import Side, evaluation_inputs, load_side
+from qconsist.inference.graphmap import node_reads
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import to_number
 
@@ -40,7 +41,7 @@ def _ancestors(model: onnx.ModelProto, tensor: str) -> set[str]:
         found.add(name)
         node = producer.get(name)
         if node is not None:
-            todo += [i for i in node.input if i]
+            todo += node_reads(node)  # with the outer tensors its subgraphs read
     return found
 
 

@@ -56,7 +56,9 @@ def changed_stages(candidate: Side, baseline: Side, hash_kind: str) -> list[dict
             continue
         detail = compared.stage(name)
         metadata_only = detail is not None and detail.same_computation
-        params = sorted(_differing_keys(stage.get("params", {}), (other or {}).get("params", {})))
+        mine_params, their_params = stage.get("params", {}), (other or {}).get("params", {})
+        params = [f"{key} {_value_at(their_params, key)} → {_value_at(mine_params, key)}"  # calibration_count 12 → 8
+                  for key in sorted(_differing_keys(mine_params, their_params))]
         changes.append({"stage": name, "from": theirs, "to": mine, "params_changed": params,
                         "metadata_only": metadata_only, "metadata": list(detail.metadata) if detail else []})
     return changes
@@ -75,6 +77,17 @@ def _describe_change(change: dict[str, Any], kind: str) -> str:
 def _artifact_of(stage: dict[str, Any] | None) -> dict[str, Any]:
     artifact = (stage or {}).get("artifact")
     return artifact if isinstance(artifact, dict) else {}
+
+
+def _value_at(params: Any, dotted: str) -> str:
+    """The value of a dotted parameter key (``calibration.count``) as text, ``unset`` where it is not there."""
+    value = params
+    for part in dotted.split(".") if dotted != "value" else []:
+        if not isinstance(value, dict) or part not in value:
+            return "unset"
+        value = value[part]
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "…"
 
 
 def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -96,7 +109,9 @@ def _divergence_note(divergence: dict[str, Any] | None) -> str:
         return ""
     listed = divergence.get("origin_nodes") or []
     origins = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "") or "none"
-    return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins})"
+    spans = divergence.get("span_nodes") or []
+    within = (f"; spans ending at: {', '.join(spans[:4])}" + (f" and {len(spans) - 4} more" if len(spans) > 4 else "")) if spans else ""
+    return f"; the evaluation dumps first diverge at node {divergence['first_diverging_node']} (origin nodes: {origins}{within})"
 
 
 def check_baseline_is_another_run(candidate: Side, baseline: Side | None) -> CheckResult | None:
@@ -152,6 +167,11 @@ def check_calibration_repeat(candidate: Side, policy: Policy) -> CheckResult:
     md5s = repeat.md5s
     repeats = len(md5s)
     measured = {"repeats": repeats, "distinct_md5": len(set(md5s)), "md5": md5s}
+    if repeat.producers is not None:
+        measured["producers_varying"] = [v.tensor for v in repeat.producers.varying]
+    if repeat.by_chance:  # one md5, but a calibrated tensor's producer varies between runs on this EP
+        return CheckResult("calibration.repeat", FAIL, f"{repeat.verdict()} ({repeat.producers.evidence()})",  # type: ignore[union-attr]
+                           tolerance, measured)
     if repeat.agree:
         return CheckResult("calibration.repeat", PASS, f"{repeats} calibrations gave identical quantized models", tolerance, measured)
     shown = ", ".join(sorted({d.tensor for d in repeat.differences})[:5])

@@ -28,6 +28,7 @@ def run_divergence(reference: Path, candidate: Path) -> dict[str, Any]:
         "identical": result.passed,
         "first_diverging_node": tensors.first.label if tensors and tensors.first else None,
         "origin_nodes": [node.label for node in tensors.origins] if tensors else [],
+        "span_nodes": [node.label for node in tensors.spans] if tensors else [],  # unobserved tensors in between
         "tensors": tensors.compared if tensors else None,
         "diff": result.to_json(),
     }

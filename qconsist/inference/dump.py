@@ -40,8 +40,9 @@ from onnx import version_converter
 
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
+from qconsist.inference.batch import ONE, Split, probe_splits
 from qconsist.inference.fingerprint import fingerprint_row
-from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, op_name, structure_hash
+from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import ai_onnx_opset, read_onnx
@@ -96,7 +97,8 @@ class DumpPlan:
     tensors: list[TensorOrigin]  # dumped tensors, column order
     dtypes: list[str]
     session: object  # ort.InferenceSession of the exposed graph, optimizations off
-    batched: list[bool] = field(default_factory=list)  # per column: its first axis is the batch (split per sample)
+    splits: list[Split] = field(default_factory=list)  # per column: how a step's tensor divides among its samples
+    left_out: dict[str, str] = field(default_factory=dict)  # tensors not recorded, and why (not a tensor, unsplittable)
     layouts: Layouts | None = None  # axis labels of the original and the optimized graph
     repair: str = ""  # what qconsist changed in the graph ORT saved so that ORT reloads it ("" nothing)
 
@@ -118,12 +120,25 @@ class DumpPlan:
             arrays[c] = to_original(arrays[c], self.tensors[c].layout)
         return arrays
 
+    @property
+    def batched(self) -> list[bool]:
+        """Per column: its first axis holds the samples, one row each (the device dump's split)."""
+        return [s.kind == "first" or (s.kind == "axis" and s.axis == 0) for s in self.splits]
+
+    @property
+    def device_splits(self) -> bool:
+        """Whether the device dump splits every column as ``splits`` says (first axis, one row a sample, or
+        shared); other splits are made on the host."""
+        return all(s.kind in ("shared", "first") or (s.kind == "axis" and s.axis == 0 and s.size == 1) for s in self.splits)
+
     def rows(self, arrays: list[np.ndarray], count: int) -> list[list[np.ndarray]]:
-        """One step's tensors as ``count`` samples: batched tensors split along their first axis (each row
-        keeps a batch axis of 1, as a step of one sample computes it), the others shared by every row."""
+        """One step's tensors as ``count`` samples, each tensor divided as its split says (``batch``: a batched
+        tensor keeps its batch axis with a sample's extent, as a step of one sample computes it; a shared one is
+        every row's; a shape-valued one holds a step of one sample's values)."""
         if count == 1:
             return [arrays]
-        return [[a[r:r + 1] if batched else a for a, batched in zip(arrays, self.batched)] for r in range(count)]
+        parts = [split.rows(a, count, t.name) for a, split, t in zip(arrays, self.splits, self.tensors)]
+        return [[part[r] for part in parts] for r in range(count)]
 
 
 def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -145,37 +160,53 @@ def expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return exposed, names
 
 
-def batched_columns(session: Any, names: list[str], probe: dict[str, np.ndarray],
-                    put_back: Callable[[list[np.ndarray]], list[np.ndarray]] = lambda arrays: arrays) -> list[bool]:
-    """Which tensors carry the batch: their first axis (in the recorded axis order, ``put_back``) doubles when
-    one sample becomes two (asked of the session itself; a tensor computed from constants keeps its shape)."""
-    one = put_back(session.run(names, probe))
-    two = put_back(session.run(names, {k: np.concatenate([v, v]) for k, v in probe.items()}))
-    return [a.ndim > 0 and b.ndim == a.ndim and b.shape[0] == 2 * a.shape[0] for a, b in zip(one, two)]
+@dataclass(frozen=True)
+class Probe:
+    """Two different samples and how to stack them: for steps of several samples, the dump asks the session
+    which part of each tensor belongs to which sample (``batch.probe_splits``)."""
+
+    first: dict[str, np.ndarray]
+    second: dict[str, np.ndarray]
+    stack: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]]
 
 
-def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
-              probe: dict[str, np.ndarray] | None = None) -> DumpPlan:
+def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None) -> DumpPlan:
     """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session.
-    ``probe`` (one sample): for steps of several samples, find which tensors carry the batch."""
+    ``probe``: for steps of several samples, find how each tensor divides among them; a tensor that cannot be
+    divided is left out (``left_out``), a final output that cannot refuses the run."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     create_session(model_path, options, optimized_model_filepath=optimized_path)
     original = read_onnx(model_path, external_data=True)
     optimized = read_onnx(optimized_path, external_data=True, what="ORT's optimized graph")
     optimized, repair = reloadable(optimized, optimized_path, options)
+    produced = produced_outputs(optimized)
+    if produced:
+        onnx.save(optimized, str(optimized_path))
+        repair = "; ".join(filter(None, [repair, produced]))
     exposed, names = expose_all(optimized)
-    session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE)
+    # its idle threads sleep: spinning, they took the cores from the fingerprint worker and production (on 2
+    # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged)
+    session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE, spinning=False)
     runtime, ranks = {}, {}
+    left_out: dict[str, str] = {}
     for out in session.get_outputs():
+        if not out.type.startswith("tensor("):  # a sequence, map or optional: not a tensor to fingerprint
+            left_out[out.name] = f"not a tensor ({out.type})"
+            continue
         shape = tuple(out.shape) if all(isinstance(d, int) for d in out.shape) else None
         runtime[out.name] = (_ORT_TYPES.get(out.type, out.type), shape)
         if out.shape:  # [] is a scalar or an unknown shape: no rank
             ranks[out.name] = len(out.shape)
+    outputs = [o.name for o in optimized.graph.output]
+    not_tensors = [n for n in outputs if n in left_out]
+    if not_tensors:
+        raise UnsupportedModelError(f"output {not_tensors[0]!r} is {left_out[not_tensors[0]][14:-1]}, not a tensor; "
+                                    "qconsist records tensors")
+    names = [n for n in names if n not in left_out]
     origins, layouts = map_tensors(original, optimized, runtime, ranks)
     by_name = {t.name: t for t in origins}
     tensors = [by_name[n] for n in names]
-    outputs = [o.name for o in optimized.graph.output]
     # the graph's outputs are the original model's outputs, in their own order whatever ORT did inside
     tensors = [dataclasses.replace(t, layout=(), how="same", original=t.name)
                if t.name in outputs and (t.layout or t.how == "layout unknown") else t for t in tensors]
@@ -194,8 +225,58 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path,
         layouts=layouts,
         repair=repair,
     )
-    plan.batched = batched_columns(session, names, probe, plan.to_original) if probe is not None else [True] * len(names)
+    plan.left_out = left_out
+    plan.splits = [ONE] * len(names)
+    if probe is not None:
+        plan.splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
+                                   probe.stack, "the dump of the model")
+        _leave_out_unsplittable(plan)
     return plan
+
+
+def _leave_out_unsplittable(plan: DumpPlan) -> None:
+    """Drop the columns no sample owns a part of (``Split`` kind unknown): reported, never sliced."""
+    unknown = {t.name: s.why for t, s in zip(plan.tensors, plan.splits) if s.kind == "unknown"}
+    final = [n for n in plan.outputs if n in unknown]
+    if final:
+        raise UnsupportedModelError(f"output {final[0]!r} cannot be split into the samples of a step ({unknown[final[0]]}); "
+                                    "run with `batch_size` 1")
+    if not unknown:
+        return
+    keep = [c for c, t in enumerate(plan.tensors) if t.name not in unknown]
+    plan.tensors = [plan.tensors[c] for c in keep]
+    plan.dtypes = [plan.dtypes[c] for c in keep]
+    plan.splits = [plan.splits[c] for c in keep]
+    plan.left_out.update({name: f"no batch axis: {why}" for name, why in unknown.items()})
+    log.warning("dump: %d tensor(s) left out at this batch size, their batch axis cannot be established (%s)",
+                len(unknown), ", ".join(list(unknown)[:5]))
+
+
+def produced_outputs(optimized: onnx.ModelProto) -> str:
+    """Give every graph output of ORT's saved graph a node that produces it, in place: an output ORT folded into
+    a constant (a ``Shape`` of a fixed input) is an initializer no node computes, so the dump would hold no
+    column for it; its initializer is renamed and an ``Identity`` gives the output its name (the faithfulness
+    check compares it with production like any output). A graph input that is also an output is refused, in
+    one line. Returns what was changed ("" nothing)."""
+    graph = optimized.graph
+    made = {o for node in graph.node for o in node.output}
+    initializers = {init.name: init for init in graph.initializer}
+    inputs = {i.name for i in graph.input}
+    changed = []
+    for output in graph.output:
+        if output.name in made:
+            continue
+        if output.name in initializers:
+            constant = f"{output.name}__qconsist_constant"
+            initializers[output.name].name = constant
+            graph.node.append(onnx.helper.make_node("Identity", [constant], [output.name], name=f"{output.name}__qconsist_output"))
+            changed.append(output.name)
+        elif output.name in inputs:
+            raise UnsupportedModelError(f"output {output.name!r} is the model's input {output.name!r} itself: no node "
+                                        "computes it, so there is nothing to observe")
+    if not changed:
+        return ""
+    return f"output(s) {', '.join(changed)}, constants ORT folded, produced by an Identity so that they are dumped"
 
 
 def reloadable(optimized: onnx.ModelProto, path: Path, options: ExecutionOptions) -> tuple[onnx.ModelProto, str]:
@@ -331,6 +412,15 @@ class DumpRecorder:
         else:
             self._pending = self._pool.submit(self._record, index, produced, arrays, rows)
 
+    def start(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` (loading the fingerprint kernels) in the worker before the first step is recorded, so
+        that it overlaps what the run does meanwhile; the next ``submit`` or ``wait`` waits for it."""
+        self.wait()
+        if self._pool is None:
+            work()
+        else:
+            self._pending = self._pool.submit(work)
+
     def wait(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -392,7 +482,7 @@ def _topological(graph: onnx.GraphProto) -> list[int]:
                 continue
             state[index] = 1
             stack.append((index, True))
-            for inp in graph.node[index].input:
+            for inp in node_reads(graph.node[index]):
                 dep = producer.get(inp)
                 if dep is not None and not state.get(dep):
                     stack.append((dep, False))
@@ -410,8 +500,10 @@ def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
         node = graph.node[index]
         outputs = tuple(o for o in node.output if o)
         label = next((labels[o] for o in outputs if o in labels), names[index])
+        reads = node_reads(node)
         nodes.append(ObservedNode(
             name=names[index], label=label, op_type=op_name(node),
-            inputs=tuple(i for i in node.input if i and i not in initializers), outputs=outputs,
+            inputs=tuple(i for i in reads if i not in initializers), outputs=outputs,
+            constants=tuple(i for i in reads if i in initializers),
         ))
     return ObservedGraph(tuple(nodes), tuple(plan.outputs))

@@ -72,15 +72,23 @@ def fingerprint_row(arrays: list[np.ndarray], shapes: ShapeTable, last: np.ndarr
 
     A column whose bytes hash, element type and shape equal ``last``'s (the previous sample's records: a
     dequantized weight, any tensor computed from constants) reuses its statistics instead of recomputing them:
-    equal hashes are what the comparison takes as equal bytes, so the statistics are the same."""
+    equal hashes are what the comparison takes as equal bytes, so the statistics are the same.
+
+    Run for every sample of a dump (hundreds of tensors each), so the bookkeeping around the kernels is kept
+    to plain Python values: the previous records read once as lists, element type codes looked up per dtype."""
+    count = len(arrays)
+    if last is not None and len(last):
+        known = min(count, len(last))
+        last_hash, last_shape, last_dtype = (last[name][:known].tolist() for name in ("hash", "shape", "dtype"))
+    else:
+        known, last_hash, last_shape, last_dtype = 0, [], [], []
     records = []
     for column, array in enumerate(arrays):
         array = np.asarray(array)
         digest, shape_id = tensor_hash(array), shapes.id(array.shape)
-        previous = last[column] if last is not None and column < len(last) else None
-        if (previous is not None and int(previous["hash"]) == digest and int(previous["shape"]) == shape_id
-                and int(previous["dtype"]) == dtype_code(array.dtype)):
-            records.append(previous.item())
+        if (column < known and last_hash[column] == digest and last_shape[column] == shape_id
+                and last_dtype[column] == dtype_code(array.dtype)):
+            records.append(last[column].item())  # type: ignore[index]
         else:
             records.append(fingerprint(array, shape_id, digest))
     return np.array(records, dtype=RECORD)

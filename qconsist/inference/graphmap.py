@@ -57,6 +57,105 @@ def op_name(node: onnx.NodeProto) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
 
 
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """The outer tensors a node's subgraphs (``If`` branches, ``Loop``/``Scan`` bodies) read: names their nodes
+    use that the subgraph neither takes as an input, holds as an initializer nor computes itself."""
+    found: dict[str, None] = {}
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        for graph in graphs:
+            local = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+            local |= {o for inner in graph.node for o in inner.output if o}
+            for inner in graph.node:
+                for name in [*inner.input, *implicit_inputs(inner)]:
+                    if name and name not in local:
+                        found[name] = None
+    return list(found)
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor a node reads: its inputs, then the outer tensors its subgraphs read."""
+    explicit = [i for i in node.input if i]
+    return explicit + [i for i in implicit_inputs(node) if i not in explicit]
+
+
+def unchanged_tensors(original: onnx.ModelProto, optimized: onnx.ModelProto) -> set[str]:
+    """Tensors of ``optimized`` computed exactly as in ``original``: the same node (op, domain, attributes,
+    inputs and outputs) makes them, from graph inputs, initializers of the same type and shape, and tensors that
+    are themselves unchanged. Such a tensor holds the original's value in the original's layout, whatever the
+    labels of ``layout.py`` can establish (at level disable ORT runs the original graph: every tensor)."""
+    opsets = {o.domain or "ai.onnx": o.version for o in original.opset_import}
+    defaults: dict[tuple[str, str], dict[str, object]] = {}
+
+    def key(node: onnx.NodeProto) -> bytes:
+        """The node's bytes with its attributes in name order and those equal to the schema's default left out:
+        ORT saves its graph with the defaults written (QuantizeLinear's axis 1) and attributes in its own order."""
+        domain = node.domain or "ai.onnx"
+        if (node.op_type, domain) not in defaults:
+            defaults[(node.op_type, domain)] = _defaults(node.op_type, domain, opsets.get(domain))
+        default = defaults[(node.op_type, domain)]
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.ClearField("doc_string")  # "Added by EnsureUniqueDQForNodeUnit"
+        del copy.attribute[:]
+        copy.attribute.extend(sorted((a for a in node.attribute if not (a.name in default and _value(a) == default[a.name])),
+                                     key=lambda a: a.name))
+        return copy.SerializeToString(deterministic=True)
+
+    original_nodes = {out: key(node) for node in original.graph.node for out in node.output if out}
+    shapes = {i.name: (i.data_type, tuple(i.dims)) for i in original.graph.initializer}
+    same_inits = {i.name for i in optimized.graph.initializer if shapes.get(i.name) == (i.data_type, tuple(i.dims))}
+    ready = ({v.name for v in original.graph.input} & {v.name for v in optimized.graph.input}) | same_inits
+    # a copy of an original node under new names (EnsureUniqueDQForNodeUnit, which runs even at level disable,
+    # gives each consumer of a DequantizeLinear its own: '<output>/duplicated') computes the original's value
+    def body(node: onnx.NodeProto) -> bytes:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.ClearField("name")
+        copy.ClearField("output")
+        return key(copy)
+
+    bodies = {body(node): list(node.output) for node in original.graph.node if len(node.output) == 1 and node.output[0]}
+    copies: dict[str, str] = {}  # a copy's output -> the original tensor it equals
+    unchanged: set[str] = set()
+    for node in optimized.graph.node:  # ORT saves its graph in topological order
+        outputs = [o for o in node.output if o]
+        reads = node_reads(node)
+        if any(i in copies for i in node.input):
+            node = _reading(node, copies)
+        if outputs and all(original_nodes.get(o) == key(node) for o in outputs) and all(i in ready or i in copies for i in reads):
+            unchanged.update(outputs)
+            ready.update(outputs)
+        elif len(outputs) == 1 and outputs[0] not in original_nodes and all(i in ready or i in copies for i in reads):
+            twin = bodies.get(body(node))
+            if twin:
+                copies[outputs[0]] = twin[0]
+    return unchanged
+
+
+def _value(attribute: onnx.AttributeProto) -> object:
+    value = onnx.helper.get_attribute_value(attribute)
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _defaults(op_type: str, domain: str, version: int | None) -> dict[str, object]:
+    """The attributes of ``op_type``'s schema that have a default, with it (none for an unknown op)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version or onnx.defs.onnx_opset_version(), "" if domain == "ai.onnx" else domain)
+    except onnx.defs.SchemaError:  # an op onnx does not know (a contrib op): no defaults left out
+        return {}
+    return {name: _value(a.default_value) for name, a in schema.attributes.items() if a.default_value.type}
+
+
+def _reading(node: onnx.NodeProto, copies: dict[str, str]) -> onnx.NodeProto:
+    """``node`` reading the original tensors its inputs are copies of."""
+    renamed = onnx.NodeProto()
+    renamed.CopyFrom(node)
+    renamed.ClearField("input")
+    renamed.input.extend(copies.get(i, i) for i in node.input)
+    return renamed
+
+
 def node_names(graph: onnx.GraphProto) -> list[str]:
     """Node names, with a stable invented name, marked as such, for unnamed nodes (``onnxfile.node_label``)."""
     return [node_label(node, i) for i, node in enumerate(graph.node)]
@@ -88,9 +187,8 @@ class GraphIndex:
             for out in node.output:
                 if out:
                     producer[out] = i
-            for inp in node.input:
-                if inp:
-                    consumers.setdefault(inp, []).append(i)
+            for inp in node_reads(node):
+                consumers.setdefault(inp, []).append(i)
         types, ranks = {}, {}
         for value in list(graph.value_info) + list(graph.output) + list(graph.input):
             typed = _value_type(value)
@@ -102,7 +200,8 @@ class GraphIndex:
         return cls(graph, node_names(graph), producer, consumers, inits, {v.name for v in graph.input} - inits, types, ranks)
 
     def activation_inputs(self, node: onnx.NodeProto) -> list[str]:
-        return [i for i in node.input if i and i not in self.initializers]
+        """The tensors a node reads that are no initializers: its inputs and its subgraphs' outer tensors."""
+        return [i for i in node_reads(node) if i not in self.initializers]
 
 
 def _value_type(value: onnx.ValueInfoProto) -> tuple[str, tuple | None] | None:
@@ -163,7 +262,7 @@ def _covered(orig: GraphIndex, target: str, starts: set[str]) -> list[int]:
         if index is None or index in seen:
             continue
         seen.add(index)
-        stack.extend(i for i in orig.graph.node[index].input if i)
+        stack.extend(node_reads(orig.graph.node[index]))
     return sorted(seen)
 
 
@@ -230,11 +329,14 @@ def map_tensors(
             found.append((index, out, target, how, anchor, _covered(orig, anchor, node_starts) if anchor else []))
     inferred = GraphIndex.of(optimized).ranks  # onnx's shape inference knows a scalar's rank where ORT says []
     layouts = Layouts.of(original, optimized, orig.ranks, {**inferred, **(runtime_ranks or {})})
+    unchanged = unchanged_tensors(original, optimized)
     result: list[TensorOrigin] = []
     for index, out, target, how, anchor, covered in found:
         node = optimized.graph.node[index]
         layout: tuple[int, ...] = ()
-        if target is not None:
+        if target is not None and target == out and out in unchanged:
+            pass  # computed as in the original, from the original's tensors: its layout
+        elif target is not None:
             perm = layouts.permutation(out, target)
             if perm is None:
                 how, target = "layout unknown", None

@@ -67,6 +67,28 @@ def _kernels() -> dict[str, object]:
     return _compiled
 
 
+def prepare(dtypes: "list[str] | tuple[str, ...]") -> None:
+    """Load the compiled kernels and every specialization a dump of tensors of ``dtypes`` will call, now:
+    numba finds the machine code in its cache, but the first call of each signature still imports numba's
+    typing modules and loads that code (1.1–2.1 s on the 2 cores here, more where Python writes no bytecode),
+    which a dump otherwise paid in its first sample. A dump calls this once before its first step, in its
+    fingerprint worker (``recording.HostDump``)."""
+    for name in dict.fromkeys(dtypes):
+        try:
+            kind = np.dtype(name)
+        except TypeError:
+            continue
+        if kind.kind not in "fiub":
+            continue
+        sample = np.zeros(SMALL + 1, dtype=kind)
+        kernels = _kernels()
+        words = sample.view(np.uint8)[: sample.nbytes // 8 * 8].view(np.uint64)
+        kernels["hash_words"](words, 0)  # type: ignore[operator]
+        statistics(sample)
+        if kind.kind == "f":
+            kernels["finite_stats"](sample)  # type: ignore[operator]  # read when a tensor holds NaN or Inf
+
+
 def _fmix(x: int) -> int:
     x &= 0xFFFFFFFFFFFFFFFF
     x ^= x >> 33
@@ -142,25 +164,37 @@ def statistics(array: np.ndarray) -> tuple[float, float, float, int, int] | None
             _numpy_turn(values.size)
             return found
     kernels = _kernels()
-    acc = np.int64(0) if values.dtype in _EXACT_INT else np.float64(0.0)
+    constants = _CONSTANTS.get(values.dtype) or _constants(values.dtype)
     if values.dtype.kind == "f":
-        bits = np.dtype(f"int{8 * values.itemsize}")
-        keys, mask, shift = values.view(bits), bits.type(np.iinfo(bits).max), bits.type(8 * values.itemsize - 1)
-        info = np.iinfo(bits)
-        lo, hi, s = kernels["stats"](  # type: ignore[operator]
-            values, keys, mask, shift, bits.type(info.max), bits.type(info.min), acc)
+        bits, mask, shift, lo_key, hi_key = constants
+        lo, hi, s = kernels["stats"](values, values.view(bits), mask, shift, lo_key, hi_key, np.float64(0.0))  # type: ignore[operator]
         if not np.isfinite(s):  # a NaN or an Inf: read again for exact counts
             lo, hi, s, count, nan, inf = kernels["finite_stats"](values)  # type: ignore[operator]
             if count == 0:
                 return np.nan, np.nan, np.nan, int(nan), int(inf)
             return float(lo), float(hi), float(s) / count, int(nan), int(inf)
-        lo, hi = (np.array([k ^ ((k >> shift) & mask)], dtype=bits).view(values.dtype)[0] for k in (lo, hi))
-        return float(lo), float(hi), float(s) / values.size, 0, 0
-    info = np.iinfo(values.dtype)
-    lo, hi, s = kernels["int_stats"](  # type: ignore[operator]
-        values, values.dtype.type(info.max), values.dtype.type(info.min), acc)
+        lo, hi = np.array([lo, hi], dtype=bits)
+        keys = np.array([lo ^ ((lo >> shift) & mask), hi ^ ((hi >> shift) & mask)], dtype=bits).view(values.dtype)
+        return float(keys[0]), float(keys[1]), float(s) / values.size, 0, 0
+    lo_start, hi_start, acc = constants
+    lo, hi, s = kernels["int_stats"](values, lo_start, hi_start, acc)  # type: ignore[operator]
     mean = (int(s) if values.dtype in _EXACT_INT else float(s)) / values.size
     return float(lo), float(hi), float(mean), 0, 0
+
+
+_CONSTANTS: dict[np.dtype, tuple] = {}  # per element type: what ``statistics`` passes the kernels (made once)
+
+
+def _constants(dtype: np.dtype) -> tuple:
+    if dtype.kind == "f":
+        bits = np.dtype(f"int{8 * dtype.itemsize}")
+        info = np.iinfo(bits)
+        found: tuple = (bits, bits.type(info.max), bits.type(8 * dtype.itemsize - 1), bits.type(info.max), bits.type(info.min))
+    else:
+        info = np.iinfo(dtype)
+        found = (dtype.type(info.max), dtype.type(info.min), np.int64(0) if dtype in _EXACT_INT else np.float64(0.0))
+    _CONSTANTS[dtype] = found
+    return found
 
 
 def _ordered_extremes(values: np.ndarray) -> tuple[float, float]:

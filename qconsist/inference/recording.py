@@ -15,6 +15,7 @@ final outputs against production's bit for bit, and ``finish`` with the same ``D
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -22,10 +23,13 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from qconsist.inference import dump as dump_module
+from qconsist.inference import kernels
 from qconsist.inference.device import DeviceDump as GpuFingerprints
 from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode
+from qconsist.inference.host_binding import HostBinding
 from qconsist.inference.kernels import HASH_NAME
-from qconsist.inference.session import ExecutionOptions
+from qconsist.errors import QconsistError, UnsupportedModelError
+from qconsist.inference.session import ExecutionOptions, ort_message
 from qconsist.store.atomic import write_json_atomic
 from qconsist.store.fingerprints import FORMAT as TABLE_FORMAT
 from qconsist.store.fingerprints import TableWriter
@@ -124,6 +128,8 @@ class _Dump:
             "table": table,
             "outputs": self.plan.outputs,
             "mismatched_samples": mismatched,
+            "splits": [split.to_json() for split in self.plan.splits],  # how each column divides among a step's samples
+            "left_out": dict(self.plan.left_out),  # tensors not recorded, and why
         }
 
     def close(self) -> None:
@@ -131,15 +137,27 @@ class _Dump:
 
 
 class HostDump(_Dump):
-    """Tensors copied to numpy and fingerprinted on the CPU, a step behind the dump session (worker thread)."""
+    """Tensors written by ORT into reused host buffers (``host_binding.HostBinding``) and fingerprinted on the
+    CPU, a step behind the dump session (worker thread)."""
 
     _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
 
+    def __init__(self, plan: DumpPlan, options: ExecutionOptions, run_dir: Path, samples: int,
+                 raw_columns: set[int], raw: dict[str, Any], differing: Callable[[int, np.ndarray], set[int]] | None) -> None:
+        super().__init__(plan, options, run_dir, samples, raw_columns, raw, differing)
+        self.binding = HostBinding(plan.session, self.names, plan.dtypes)
+        # start-up: the kernels' first calls load numba (seconds), in the worker while the run gets ready
+        self._starting = _needs_kernels(plan.session)
+        if self._starting:
+            self.recorder.start(lambda: kernels.prepare(plan.dtypes))
+
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
-        session: Any = self.plan.session
+        if self._starting:  # start-up's end, not the step's: its time is the run's start-up, not a sample's
+            self._starting = False
+            self.recorder.wait()
 
         def work() -> None:
-            self._arrays = self.plan.to_original(session.run(self.names, step))
+            self._arrays = self.plan.to_original(_dumped(lambda: self.binding.run(step)))
             self.recorder.wait()
 
         self._timed(work)
@@ -165,15 +183,49 @@ class DeviceDump(_Dump):
         # column, since which differ from the reference is known only once the records are
         self.host_columns = range(len(self.names)) if auto_raw else sorted(set(self.recorder.final_columns) | raw_columns)
 
+    _waiting: tuple[int, list[np.ndarray]] | None = None  # the step whose records are on their way: index, production's outputs
+
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
-        self._found = self._timed(lambda: self.device.run(step, count, self.host_columns))
+        # the step before's records come back as this step is submitted (the GPU fingerprinted them meanwhile)
+        self._found = self._timed(lambda: _dumped(lambda: self.device.submit(step, count, self.host_columns)))
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
-        records, host = self._found
+        self._record(self._found)
+        self._waiting = (index, produced)
+
+    def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary:
+        self._record(self._timed(self.device.collect))
+        return super().finish(samples, distinct)
+
+    def _record(self, found: tuple[np.ndarray, dict[int, np.ndarray]] | None) -> None:
+        if found is None or self._waiting is None:
+            return
+        (index, produced), (records, host) = self._waiting, found
+        self._waiting = None
         self._timed(lambda: self.recorder.record_device(index, produced, host, records))
 
     def _parts(self, samples: int) -> dict[str, float]:
         return {k: v / samples for k, v in self.device.seconds.items()}
+
+
+def _needs_kernels(session: Any) -> bool:
+    """Whether a dump's tensors will be fingerprinted by the compiled kernels (one of them, by the graph's shapes,
+    holds more elements than ``kernels.SMALL`` or has a size known only at run time), not by numpy alone."""
+    for out in session.get_outputs():
+        dims = list(out.shape or [])
+        if any(not isinstance(d, int) for d in dims) or int(np.prod(dims, dtype=np.int64)) > kernels.SMALL:
+            return True
+    return False
+
+
+def _dumped(run: Callable[[], Any]) -> Any:
+    """The dump session's run; onnxruntime failing on the model is the model's failure, said in one line."""
+    try:
+        return run()
+    except QconsistError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
+        raise UnsupportedModelError(f"onnxruntime cannot run the model (its dumped graph): {ort_message(exc)}") from None
 
 
 def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Path, samples: int, on_device: bool,
@@ -182,7 +234,10 @@ def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Pat
     """The recorder a run needs: none without a plan, else a dump on the device or on the host."""
     if plan is None:
         return NoDump()
-    if on_device:
+    if on_device and not plan.device_splits:
+        logging.getLogger(__name__).warning("dump: some tensors hold their samples on another axis than the first; "
+                                            "fingerprinting on the host")
+    if on_device and plan.device_splits:
         return DeviceDump(plan, options, run_dir, samples, raw_columns, raw, differing, raw_mode is RawMode.AUTO)
     return HostDump(plan, options, run_dir, samples, raw_columns, raw, differing)
 

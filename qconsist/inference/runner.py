@@ -14,8 +14,10 @@ output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
+from concurrent.futures import Future, ThreadPoolExecutor
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,7 +32,8 @@ from qconsist.compare.accuracy import AccuracyCounter, labels_array
 from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_kinds
 from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
-from qconsist.inference.dump import DumpPlan, RawMode, RawSelection, observed_graph, plan_dump, select_raw
+from qconsist.inference.batch import ONE, Split, distinct_second, probe_splits
+from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, observed_graph, plan_dump, select_raw
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
@@ -38,14 +41,15 @@ from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, make_recorder
 from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
+from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
 from qconsist.inputs.record import SAMPLES_FILE, record_inputs
-from qconsist.inputs.stream import SampleInfo
+from qconsist.inputs.stream import SampleInfo, stack
 from qconsist.onnxfile import read_onnx
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
-from qconsist.store.arrays import OutputWriter, ShapeTable, sample_rows
+from qconsist.store.arrays import OutputWriter, ShapeTable
 from qconsist.store.atomic import write_bytes_atomic
 from qconsist.store.hashing import hash_artifact, hash_file
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
@@ -172,21 +176,26 @@ def _model_record(source: ModelSource) -> _ModelRecord:
     return _ModelRecord(record, stages, model)
 
 
-def _rows(step: dict[str, np.ndarray]) -> int:
-    first = next(iter(step.values()))
-    return int(first.shape[0]) if first.ndim else 1
-
-
 def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
     """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
     sample gives, per row, what the original gives for the sample (within float rounding). Whether the graph
     computes per sample is the graph's property, checked on the CPU EP at the run's optimization level: on the
     CUDA EP the kernels themselves depend on the batch (open_nsfw QDQ on the H100: batch 2 and batch 1 one
     quantization step apart in ``prob``), which is what a run at another batch size is there to show."""
-    options = ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
-                               disabled_optimizers=options.disabled_optimizers)
+    _restamp_write(source, target)
+    return _restamp_check(source, target, sample, options)
+
+
+def _restamp_write(source: Path, target: Path) -> None:
     original = read_onnx(source, external_data=True)
     write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
+
+
+def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
+    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
+    3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions)."""
+    options = ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
+                               disabled_optimizers=options.disabled_optimizers)
     try:
         restamped = create_session(target, options)
         pair = restamped.run(None, {k: np.concatenate([v, v]) for k, v in sample.items()})
@@ -241,22 +250,62 @@ class _Prepared:
     plan: DumpPlan | None
     reference: _Reference | None
     recorder: StepRecorder
+    splits: list[Split]  # per output: how a step's output divides among its samples
 
 
 def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory,
              model: _ModelRecord) -> _Prepared:
-    options, batch = request.options, request.batch_size
+    options = request.options
     model_path = source.path
+    check: Future | None = None
     if request.dynamic_batch:
-        model_path = _restamp(source.path, run.file("model/model.onnx"), inputs.sample(0), options)
+        _check_outputs(create_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
+        model_path = run.file("model/model.onnx")
+        _restamp_write(source.path, model_path)
+        # the check (CPU sessions) runs beside the run's own sessions, off the start-up's critical path; the run
+        # waits for its verdict before its first step
+        check = _BESIDE.submit(_restamp_check, source.path, model_path, inputs.sample(0), options)
         restamped = {k: v for k, v in hash_artifact(model_path, run.path).to_json().items() if k != "initializers"}
         model.record["dynamic_batch"] = {"path": "model/model.onnx", **restamped}
+    try:
+        prepared = _sessions(source, inputs, request, run, model_path)
+    except BaseException:
+        if check is not None:
+            check.result()  # the check's verdict first: a re-stamped graph that is wrong may be why
+        raise
+    if check is not None:
+        try:
+            check.result()
+        except BaseException:
+            prepared.recorder.close()
+            raise
+    return prepared
+
+
+_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="qconsist-restamp-check")
+
+
+def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path) -> _Prepared:
+    options, batch = request.options, request.batch_size
     production = create_session(model_path, options)
+    _check_outputs(production, source.path)
     if batch != 1:
         check_batching(input_specs(production), batch, len(inputs))
     outputs = [o.name for o in production.get_outputs()]
-    probe = inputs.sample(0) if batch != 1 else None
+    # the probe runs steps of 1 and 2 samples: a model whose batch is fixed at the step's size cannot (``batch.ONE``)
+    free = all(axis is not None for axis in input_axes(input_specs(production)).values())
+    probe = _probe(inputs) if batch != 1 and len(inputs) > 1 and free else None
     plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
+    splits = [ONE] * len(outputs)
+    if plan is not None:
+        splits = [plan.splits[plan.column(name)] for name in outputs]
+    elif probe is not None:
+        splits = probe_splits(lambda feed: _run(production, feed, source.path), probe.first, probe.second, probe.stack,
+                              f"model {source.path}")
+        unknown = [(n, s) for n, s in zip(outputs, splits) if s.kind == "unknown"]
+        if unknown:
+            raise UnsupportedModelError(f"output {unknown[0][0]!r} cannot be split into the samples of a step "
+                                        f"({unknown[0][1].why}); run with `batch_size` 1")
     reference = _Reference(request.reference, plan, len(inputs)) if plan and request.reference else None
     raw_columns = select_raw(plan, request.raw) if plan else set()
     if plan is not None and request.raw.mode is RawMode.AUTO:
@@ -264,7 +313,30 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     raw = {**request.raw.to_json(), "reference": str(request.reference) if request.reference else None, "dir": "dump/raw"}
     recorder = make_recorder(plan, options, run.path, len(inputs), _on_device(plan, request), raw_columns, raw,
                              request.raw.mode, reference.differing if reference else None)
-    return _Prepared(model_path, production, outputs, plan, reference, recorder)
+    return _Prepared(model_path, production, outputs, plan, reference, recorder, splits)
+
+
+def _probe(inputs: InputSet) -> Probe:
+    """Samples 0 and another that differs from it, stacked as the run's steps stack them."""
+    first = inputs.sample(0)
+    second = distinct_second(inputs.sample, len(inputs), first)
+    return Probe(first, second, lambda samples: stack(samples, 0, inputs.axes))
+
+
+def _check_outputs(session: Any, path: Path) -> None:
+    """Every output is a tensor (a sequence, map or optional output is refused in one line)."""
+    for out in session.get_outputs():
+        if not out.type.startswith("tensor("):
+            raise UnsupportedModelError(f"model {path}: output {out.name!r} is {out.type}, not a tensor; qconsist "
+                                        "records tensors")
+
+
+def _run(session: Any, feed: dict[str, np.ndarray], path: Path, where: str = "") -> list[np.ndarray]:
+    """``session.run`` of every output; onnxruntime's failure on the model is the model's, said in one line."""
+    try:
+        return session.run(None, feed)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
+        raise UnsupportedModelError(f"onnxruntime cannot run model {path}{where}: {ort_message(exc)}") from None
 
 
 def _on_device(plan: DumpPlan | None, request: RunRequest) -> bool:
@@ -334,15 +406,17 @@ def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tup
     loop = _Loop([], 0.0, counter)
     recorder = prepared.recorder
     for index, step, step_infos in stream:  # input workers prepare the next steps meanwhile (inputs.stream)
-        count = _rows(step)
+        count = len(step_infos)
         loop.infos += step_infos
         recorder.before(step, count)
         start = time.perf_counter()
-        produced = prepared.production.run(None, step)
+        where = f" on sample {index}" if count == 1 else f" on samples {index}..{index + count - 1}"
+        produced = _run(prepared.production, step, prepared.model_path, where)
         loop.seconds += time.perf_counter() - start
-        writer.write_step(produced, count)
+        rows = [split.rows(array, count, name) for split, array, name in zip(prepared.splits, produced, prepared.outputs)]
+        writer.write_step(produced, count, rows)
         if counter is not None:
-            counter.add(sample_rows(produced[position], count), labels[index:index + count])
+            counter.add(np.stack([np.asarray(r) for r in rows[position]]), labels[index:index + count])
         recorder.after(index, produced, count)
         task.advance(count)
     return loop
@@ -362,6 +436,9 @@ def run_inference(
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
     label = f"run-{source.describe().get('name') or source.path.stem}"
+    if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
+        axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
+        inputs = dataclasses.replace(inputs, axes=axes or None)
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
         stream = inputs.steps(request.batch_size, borrowed=True)  # the input workers start while the model loads

@@ -398,9 +398,12 @@ def open_ort_session(
     disabled_optimizers: Sequence[str] = (),
     fallback: bool = True,
     log_verbose: bool = False,
+    spinning: bool = True,
 ) -> Session:
     """The one ``onnxruntime.InferenceSession`` construction (no availability check, no error translation),
-    made inside ``ort_logged()`` and returned as a ``Session``."""
+    made inside ``ort_logged()`` and returned as a ``Session``. ``spinning`` False: the intra-op threads sleep
+    when idle instead of spinning (``session.intra_op.allow_spinning=0``; which kernels run, and how the work is
+    split between threads, do not change)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -416,6 +419,8 @@ def open_ort_session(
         so.optimized_model_filepath = str(optimized_model_filepath)
     if log_verbose:
         so.log_severity_level = 0
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = options.ort_providers() if fallback else options.ort_providers()[:1]
     source = model if isinstance(model, bytes) else str(model)
     disabled = sorted({*options.disabled_optimizers, *disabled_optimizers})
@@ -445,18 +450,21 @@ def create_session(
     level: OptimizationLevel | None = None,
     optimized_model_filepath: Path | None = None,
     disabled_optimizers: Sequence[str] = (),
+    spinning: bool = True,
 ) -> Session:
     """An onnxruntime session of ``model`` (a path or serialized bytes) run as ``options`` say.
 
     ``level`` overrides the options' optimization level (the dump reloads ORT's optimized graph with
     optimizations off); ``optimized_model_filepath`` makes ORT save the graph it optimized;
-    ``disabled_optimizers`` names graph transformers to switch off besides the options' own. Raises
+    ``disabled_optimizers`` names graph transformers to switch off besides the options' own; ``spinning``
+    False lets its idle intra-op threads sleep (the dump's session, which shares the cores with the fingerprint
+    worker and production: ``open_ort_session``). Raises
     ``UnavailableError`` when the provider cannot run here, ``UnsupportedModelError`` (one line) when onnxruntime cannot load the model.
     """
     require_provider(options.provider)
     try:
         session = open_ort_session(model, options, level=level, optimized_model_filepath=optimized_model_filepath,
-                                   disabled_optimizers=disabled_optimizers)
+                                   disabled_optimizers=disabled_optimizers, spinning=spinning)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph / InvalidArgument / … types
         raise _load_failure(model, options, exc, level, optimized_model_filepath, disabled_optimizers) from None
     ort_name = provider_spec(options.provider).ort_name
@@ -607,12 +615,13 @@ def provider_available(name: str) -> bool:
 
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
 
 
-_FED = {np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")}
+_FED = {np.dtype(t) for t in _ORT_TYPES.values()}
 
 
 def input_specs(session: Any) -> list[InputSpec]:
@@ -651,6 +660,9 @@ def graph_input_specs(path: Path) -> list[InputSpec]:
         if value.name in inits:
             continue
         tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or tensor.elem_type == onnx.TensorProto.UNDEFINED:
+            kind = value.type.WhichOneof("value") or "value of no type"
+            raise UnsupportedModelError(f"model input '{value.name}' is a {kind.replace('_type', '')}, which qconsist cannot feed")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims))
     return with_multiples(specs, lambda: model)

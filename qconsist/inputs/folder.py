@@ -10,6 +10,8 @@
   labelled by their class folder. A class folder without images is refused (it would shift the numbering),
   and so is a folder holding images both at its top and in subfolders.
 * **A flat folder of ``.npy`` files**, one sample each, sorted by file name.
+* **A flat folder of ``.npz`` files**, one sample each, sorted by file name: each file's members are the model's
+  inputs by name, fed exactly as they are (kind ``steps``: no batch axis added).
 
 Hidden entries (a leading ``.``) are ignored. Names are whatever the file system holds, including bytes that
 are not UTF-8 (Python's surrogate escapes); the order is the same on every machine.
@@ -29,7 +31,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".we
 
 @dataclass
 class FolderContents:
-    kind: str  # "images" | "arrays"
+    kind: str  # "images" | "arrays" | "steps" (.npz files, each fed as it is)
     files: list[Path]
     names: list[str]
     labels: Labels | None = None
@@ -65,10 +67,15 @@ def scan_folder(folder: Path, labels_file: Path | None = None) -> FolderContents
     entries = _entries(folder)
     images = [Path(e.path) for e in entries if _is_image(e)]
     arrays = [Path(e.path) for e in entries if e.name.lower().endswith(".npy") and e.is_file()]
+    feeds = [Path(e.path) for e in entries if e.name.lower().endswith(".npz") and e.is_file()]
     folders = [Path(e.path) for e in entries if e.is_dir()]
     classes_path = folder / CLASSES_FILE
-    if images and arrays:
-        raise InputError(f"input folder {folder} mixes images and .npy files; keep one kind")
+    if sum(map(bool, (images, arrays, feeds))) > 1:
+        raise InputError(f"input folder {folder} mixes images, .npy and .npz files; keep one kind")
+    if feeds:
+        if labels_file is not None:
+            raise ConfigError(f"input folder {folder} holds arrays; labels are read for images")
+        return FolderContents("steps", feeds, [p.name for p in feeds])
     if arrays:
         if labels_file is not None:
             raise ConfigError(f"input folder {folder} holds arrays; labels are read for images")
@@ -82,7 +89,7 @@ def scan_folder(folder: Path, labels_file: Path | None = None) -> FolderContents
         return FolderContents("images", images, names, _flat_labels(folder, labels_file, classes_path))
     if folders:
         return _class_tree(folder, folders, labels_file, classes_path)
-    raise InputError(f"input folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) and no .npy files")
+    raise InputError(f"input folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}) no .npy and no .npz files")
 
 
 def _flat_labels(folder: Path, labels_file: Path | None, classes_path: Path) -> Labels | None:

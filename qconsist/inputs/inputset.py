@@ -6,7 +6,9 @@ Sources:
 * ``package:photos:augmented:COUNT[:SEED]`` — COUNT samples made from those photographs by seeded random
   crops and flips (``qconsist.inputs.augment``), each made when read: an evaluation of any size
 * a folder (``qconsist.inputs.folder``): images, flat or one subfolder per class (labelled by it), a flat
-  image folder with a labels file, or ``.npy`` files, one sample each
+  image folder with a labels file, ``.npy`` files, one sample each, or ``.npz`` files, one sample each whose
+  members are the model's inputs by name, fed exactly as they are (no batch axis added: rank-0 scales, fixed
+  first axes, a state whose batch axis is 1)
 * a ``.npy`` file: one array stacked on axis 0 (``N × sample shape``) for a single-input model
 * a ``.npz`` file: one stacked array per input name (or one array for a single-input model)
 
@@ -28,11 +30,12 @@ import numpy as np
 
 from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs import augment
+from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import file_digest, legacy_digest, set_digest, SHA256, XXH3
 from qconsist.inputs.folder import IMAGE_SUFFIXES, scan_folder
 from qconsist.inputs.labels import Labels, read_labels
 from qconsist.inputs.loaders import (
-    Augmented, Checked, ImageFiles, NpyFiles, Offset, Picked, Stacked, check_sample, load_npy,
+    Augmented, Checked, ImageFiles, NpyFiles, NpzFiles, Offset, Picked, Stacked, check_sample, load_npy,
 )
 from qconsist.inputs.photos import package_photos
 from qconsist.inputs.package import is_package_path, resolve_package_path
@@ -69,6 +72,8 @@ class InputSet:
     offset: int = 0  # where the first sample lies in the set ``source`` names
     workers: int | None = None  # input workers of ``batches`` (None: as many as help, ``stream.resolve_workers``)
     file: Path | None = None  # the one file a stacked set is read from
+    axes: dict[str, int] | None = None  # set by ``checked``: each input's batch axis, where steps stack samples
+    exact: bool = False  # samples fed exactly as they are (a folder of .npz files): NaN and Inf are values
     _infos: list[SampleInfo] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -117,7 +122,7 @@ class InputSet:
         samples' digests (``sample_infos``)."""
         check_batch_size(size)
         workers = resolve_workers(self.workers, len(self.names), getattr(self._load, "parallel", False))
-        return self._kept(steps(self._load, len(self.names), size, workers, borrowed))  # workers start now
+        return self._kept(steps(self._load, len(self.names), size, workers, borrowed, self.axes))  # workers start now
 
     def _kept(self, made: Iterator[Step]) -> Iterator[Step]:
         infos: list[SampleInfo] = []
@@ -134,13 +139,17 @@ class InputSet:
 
     def step(self, start: int, stop: int) -> Sample:
         """Samples ``start .. stop-1`` stacked on axis 0, made here."""
-        return stack([self._load(i) for i in range(start, min(stop, len(self.names)))], start)
+        return stack([self._load(i) for i in range(start, min(stop, len(self.names)))], start, self.axes)
 
     def sample_infos(self) -> list[SampleInfo]:
         """Each sample's digest (and file digest, image mode), from the last complete pass or a new one."""
         if self._infos is None or len(self._infos) != len(self.names):
-            for _ in self.steps(max(1, min(32, len(self.names)))):
-                pass
+            try:
+                for _ in self.steps(max(1, min(32, len(self.names)))):
+                    pass
+            except ShapeMismatchError:  # samples that do not stack (rank-0 inputs, sizes that vary): one at a time
+                for _ in self.steps(1):
+                    pass
         return list(self._infos or [])
 
     def digest(self, kind: str = XXH3) -> str:
@@ -163,6 +172,8 @@ class InputSet:
             data["dtype"] = dict(self.stored)
         if self.cast:
             data["cast"] = dict(self.cast)
+        if self.exact:
+            data["exact"] = True  # fed as they are: no axis added, NaN and Inf values allowed
         if self.file is not None:
             data["file_digest"] = XXH3 + ":" + file_digest(self.file).hex()
         if self.labels is not None:
@@ -173,7 +184,7 @@ class InputSet:
         """Wrap the loader so every sample is checked against the model's inputs (names, rank, fixed dims)."""
         if self.kind == "images" and self.preprocess is not None:
             check_spatial(specs, self.preprocess)
-        load = Checked(self._load, list(specs), self.names)
+        load = Checked(self._load, list(specs), self.names, finite=not self.exact)
         if len(self.names):
             load(0)  # fail early with a clear message
         if batch_size != 1:
@@ -183,7 +194,8 @@ class InputSet:
         if len(specs) == 1 and len(stored) == 1:
             stored = {specs[0].name: next(iter(stored.values()))}
         cast = {name: f"{stored[name]} -> {dtype}" for name, dtype in wanted.items() if name in stored and stored[name] != dtype}
-        return self._derived(_load=load, cast=cast or None)
+        axes = {name: axis for name, axis in input_axes(specs).items() if axis}
+        return self._derived(_load=load, cast=cast or None, axes=axes or None)
 
 
 def check_spatial(specs: Sequence[InputSpec], preprocess: Preprocess) -> None:
@@ -212,16 +224,30 @@ def check_batch_size(size: int) -> int:
 
 
 def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
-    """The model takes steps of ``size`` samples (and the last, smaller step): its batch dimension is free."""
+    """The model takes steps of ``size`` samples (and the last, smaller step): every input has a free batch
+    axis (``axes.input_axes``: the one its graph names)."""
     check_batch_size(size)
+    if size == 1 or count <= 1:
+        return
+    axes = input_axes(specs)
     for spec in specs:
+        if axes[spec.name] is not None:
+            continue
         first = spec.shape[0] if spec.shape else None
         sizes = {size} | ({count % size} if count % size else set())
-        if isinstance(first, int) and first > 0 and sizes != {first}:
+        fixed = bool(spec.shape) and all(isinstance(d, int) and d > 0 for d in spec.shape)
+        if fixed and sizes == {first}:
+            continue  # every step is the model's fixed batch (stacked on axis 0)
+        if fixed:
             raise ShapeMismatchError(
                 f"model input '{spec.name}' has a fixed batch dimension of {first}; `batch_size` {size} needs a "
                 "dynamic one: convert with [convert] dynamic_batch = true, or re-stamp the model with `dynamic_batch`"
             )
+        shown = "[" + ", ".join("?" if not isinstance(d, int) or d <= 0 else str(d) for d in spec.shape) + "]"
+        raise ShapeMismatchError(
+            f"model input '{spec.name}' (shape {shown}) has no batch axis its graph names; `batch_size` {size} "
+            "stacks samples on it: run with `batch_size` 1"
+        )
 
 
 def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str,
@@ -294,6 +320,8 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
         found = scan_folder(path, Path(labels) if labels is not None else None)
         if found.kind == "images":
             return _image_set(str(path), found.files, preprocess, input_name, found.names, found.labels)
+        if found.kind == "steps":
+            return InputSet(str(path), "arrays", found.names, NpzFiles(found.files), exact=True)
         return InputSet(str(path), "arrays", found.names, NpyFiles(found.files, input_name))
     suffix = path.suffix.lower()
     if suffix == ".npy":

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from qconsist.errors import InputError, ShapeMismatchError
+from qconsist.errors import InputError, QconsistError, ShapeMismatchError
+from qconsist.store.confine import load_npz
 
 Sample = dict[str, np.ndarray]
 
@@ -76,6 +77,28 @@ class NpyFiles(Loader):
         return self.paths[index]
 
 
+class NpzFiles(Loader):
+    """A folder of ``.npz`` files, one sample each: its members are the model's inputs by name, fed exactly as
+    they are (nothing added or removed: a rank-0 scale stays rank 0, a state ``[2, 1, 128]`` keeps its axes; NaN
+    and infinities are values like any other, as ONNX's own ``IsNaN`` tests feed them)."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(paths)
+
+    def prepare(self, index: int) -> tuple[Sample, str | None]:
+        path = self.paths[index]
+        try:
+            arrays = load_npz(path, f"input file {path}")
+        except QconsistError as exc:
+            raise InputError(exc.message) from None
+        if not arrays:
+            raise InputError(f"input file {path} holds no arrays")
+        return {name: np.array(a, order="C", copy=True) for name, a in arrays.items()}, None  # rank 0 stays rank 0
+
+    def file(self, index: int) -> Path | None:
+        return self.paths[index]
+
+
 class Stacked(Loader):
     """Arrays stacked on axis 0 (a ``.npy`` memory map, or a ``.npz`` read into memory), one per input name."""
 
@@ -118,17 +141,28 @@ class Checked(Loader):
     """Another loader's samples checked against the model's inputs (``check_sample``): names, rank, fixed
     dimensions, element type (floats cast), finite values."""
 
-    def __init__(self, base: Any, specs: Sequence[Any], names: Sequence[str]) -> None:  # specs: InputSpec
-        self.base, self.specs, self.names = base, list(specs), names
+    def __init__(self, base: Any, specs: Sequence[Any], names: Sequence[str], finite: bool = True) -> None:  # specs: InputSpec
+        self.base, self.specs, self.names, self.finite = base, list(specs), names, finite
         self.parallel = getattr(base, "parallel", False)
 
     def prepare(self, index: int) -> tuple[Sample, str | None]:
         sample, mode = prepare(self.base, index)
-        return check_sample(sample, self.specs, self.names[index]), mode
+        return check_sample(sample, self.specs, self.names[index], self.finite), mode
 
     def file(self, index: int) -> Path | None:
         return file_of(self.base, index)
 
+
+def _layout_hint(found: list[int], wanted: list) -> str:
+    """Where an image batch's channels sit at the other end from the model's (NCHW given, [?, H, W, 3] wanted, or
+    the reverse), the [preprocess] layout that would match, said as a possibility: shapes alone prove nothing."""
+    if len(found) != 4 or len(wanted) != 4:
+        return ""
+    if found[1] in (1, 3) and wanted[3] == found[1] and wanted[1:3] in ([found[2], found[3]], ["?", "?"]):
+        return '; if the model takes channels last, declare [preprocess] layout = "NHWC"'
+    if found[3] in (1, 3) and wanted[1] == found[3] and wanted[2:4] in ([found[1], found[2]], ["?", "?"]):
+        return '; if the model takes channels first, declare [preprocess] layout = "NCHW"'
+    return ""
 
 def prepare(loader: Any, index: int) -> tuple[Sample, str | None]:
     """Sample ``index`` of any loader (a ``Loader``, or a plain function of the index)."""
@@ -148,8 +182,9 @@ def load_npy(path: Path) -> np.ndarray:
         raise InputError(f"cannot read array file {path}: {exc}") from None
 
 
-def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
-    """``sample`` fitted to the model's inputs ``specs`` (``InputSpec``), or a one-line error naming it."""
+def check_sample(sample: Sample, specs: Sequence[Any], label: str, finite: bool = True) -> Sample:
+    """``sample`` fitted to the model's inputs ``specs`` (``InputSpec``), or a one-line error naming it; with
+    ``finite`` (every form but the exact one) a NaN or infinite value is such an error."""
     if len(specs) == 1 and len(sample) == 1 and next(iter(sample)) not in {specs[0].name}:
         sample = {specs[0].name: next(iter(sample.values()))}
     wanted = {s.name for s in specs}
@@ -166,6 +201,7 @@ def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
             shown = ["?" if not isinstance(d, int) or d <= 0 else d for d in spec.shape]
             raise ShapeMismatchError(
                 f"sample {label}: input '{spec.name}' has shape {list(arr.shape)}, the model wants {shown}"
+                + _layout_hint(list(arr.shape), shown)
             )
         if arr.dtype != spec.dtype:
             if np.issubdtype(arr.dtype, np.floating) and np.issubdtype(spec.dtype, np.floating):
@@ -174,7 +210,7 @@ def check_sample(sample: Sample, specs: Sequence[Any], label: str) -> Sample:
                 raise ShapeMismatchError(
                     f"sample {label}: input '{spec.name}' is {arr.dtype}, the model wants {spec.dtype}"
                 )
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        if finite and arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             nan = int(np.isnan(arr).sum())
             raise InputError(
                 f"sample {label}: input '{spec.name}' holds {nan} NaN and {int((~np.isfinite(arr)).sum()) - nan} "

@@ -73,6 +73,9 @@ class Preprocess:
         try:
             for key, value in data.items():
                 if key in ("resize", "crop"):
+                    if value is not None and not isinstance(value, (list, tuple)):  # resize = 256
+                        raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r} "
+                                          f"(a square: {key} = [{value}, {value}])")
                     kwargs[key] = tuple(int(v) for v in value) if value is not None else None
                 elif key in ("mean", "std"):
                     kwargs[key] = tuple(float(v) for v in value)

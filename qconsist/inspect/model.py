@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from qconsist.errors import InputError, RunStoreError
+from qconsist.inference.graphmap import node_reads
 from qconsist.onnxfile import read_onnx
 from qconsist.store.hashing import hash_file
 from qconsist.store.serde import serialized
@@ -85,7 +86,7 @@ def _quantized(graph: onnx.GraphProto, constants: set[str]) -> tuple[int, int, C
     producer = {out: node for node in graph.node for out in node.output if out}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
-        for name in node.input:
+        for name in node_reads(node):  # with the outer tensors its subgraphs read
             consumers.setdefault(name, []).append(node)
     quantized, computing, floating = 0, 0, Counter()
     for node in graph.node:
@@ -95,7 +96,7 @@ def _quantized(graph: onnx.GraphProto, constants: set[str]) -> tuple[int, int, C
         if node.op_type.startswith("QLinear") or node.op_type in _INTEGER_KERNELS:
             quantized += 1
             continue
-        activations = [i for i in node.input if i and i not in constants]
+        activations = [i for i in node_reads(node) if i not in constants]
         outputs = [o for o in node.output if o]
         reads = bool(activations) and all(getattr(producer.get(i), "op_type", None) == "DequantizeLinear" for i in activations)
         writes = bool(outputs) and all(consumers.get(o) and all(c.op_type == "QuantizeLinear" for c in consumers[o]) for o in outputs)

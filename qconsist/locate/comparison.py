@@ -102,9 +102,11 @@ class PairComparison:
             hashes: tuple[Mapping[str, int], Mapping[str, int]] | None = None) -> None:
         """Compare one sample. ``hashes`` may carry precomputed hashes of both sides' tensors."""
         differs = np.zeros(len(self._names), dtype=bool)
+        missing = np.zeros(len(self._names), dtype=bool)  # not observed on a side in this sample: unknown
         for column, name in enumerate(self._names):
             a, b = reference.get(name), other.get(name)
             if a is None or b is None:
+                missing[column] = True
                 continue
             self._compared.add(name)
             if hashes is not None and name in hashes[0] and name in hashes[1]:
@@ -115,6 +117,8 @@ class PairComparison:
                 differs[column] = True
                 self._stats.setdefault(name, TensorStats(name)).add(sample, a, b)
         for index in np.flatnonzero(origins(differs, self._columns)[0]):
+            if missing[[c for c in self._columns[index][0]]].any():
+                continue  # an input not observed in this sample: never an origin (compare.origin)
             self._origin_samples[int(index)].append(sample)
             for out in self.graph.nodes[index].outputs:
                 if differs[self._names.index(out)]:

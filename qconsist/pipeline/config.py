@@ -258,9 +258,6 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
         evaluation = _data(eval_table, base, required=declared is None)  # only outputs: the calibration inputs
         eval_table.finish()
     top.finish()
-    if model.kind is ModelKind.ONNX and isinstance(data.get("convert"), dict) and "dynamic_batch" in data["convert"]:
-        raise ConfigError(f"{origin}: convert.dynamic_batch does not apply to an ONNX model (an ONNX entry takes "
-                          "convert.opset and convert.check); export it with a dynamic batch")
     return PipelineConfig(
         name=name, path=path, model=model, calibration=calibration, stages=stages, preprocess=preprocess,
         evaluation=evaluation, runs_dir=runs_dir, outputs=outputs,

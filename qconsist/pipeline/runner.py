@@ -30,6 +30,7 @@ from qconsist.environment import fingerprint
 from qconsist.errors import InputError, QconsistError
 from qconsist.inference.session import input_specs, require_provider
 from qconsist.inputs.inputset import InputSet, check_spatial
+from qconsist.inputs.preprocess import Preprocess
 from qconsist.inputs.record import record_inputs
 from qconsist.onnxfile import read_onnx
 from qconsist.pipeline.inputs import open_data
@@ -69,8 +70,8 @@ class PipelineResult:
     @property
     def passed(self) -> bool:
         """True unless a stage check failed (a final output's SQNR below the floor) or repeated calibration ran
-        and the quantized models disagreed."""
-        return not self.failures and (self.repeat is None or self.repeat.agree)
+        and the quantized models disagreed (or agreed while a calibrated tensor's producer varies between runs)."""
+        return not self.failures and (self.repeat is None or self.repeat.passed)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -172,7 +173,8 @@ def run_stages(stages: Sequence[Stage], config: PipelineConfig, context: StageCo
     for stage in stages:
         mark(stage.name)
         context.previous = records[-1].name if records else None
-        record = stage.run(source, target(stage.name), config.options(stage.name), context)
+        with context.progress.task(f"stage {stage.name}", None):
+            record = stage.run(source, target(stage.name), config.options(stage.name), context)
         records.append(record)
         source = record.path
     return records
@@ -258,11 +260,13 @@ def repeat_from_onnx(
     options: QuantizeOptions = QuantizeOptions(),
     calibration: CalibrationOptions = CalibrationOptions(),
     progress: Progress = NULL_PROGRESS,
+    preprocess: Preprocess | None = None,
 ) -> RepeatResult:
-    """Calibrate an ONNX model ``n`` times on ``data`` (arrays, or images only through a pipeline file)."""
+    """Calibrate an ONNX model ``n`` times on ``data`` (arrays; images prepared by ``preprocess``, a pipeline
+    file's)."""
     if not Path(model).is_file():
         raise InputError(f"model file {model} does not exist")
     check_onnx_entry(Path(model))
     input_name = input_specs(Path(model))[0].name
-    inputs = open_data(data, None, input_name, "calibration")
+    inputs = open_data(data, preprocess, input_name, "calibration")
     return repeat_calibration(Path(model), inputs, n, options, calibration, progress=progress)

@@ -19,6 +19,7 @@ from qconsist.report.html import (
 )
 from qconsist.locate.report import LocateReport
 from qconsist.locate.run import load_report
+from qconsist.report.run_page import inference_parts, pipeline_parts
 from qconsist.report.sensitivity import sensitivity_section
 from qconsist.report.sensitivity import state as sensitivity_state
 from qconsist.report.sensitivity import title as sensitivity_title
@@ -103,11 +104,16 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
     rows = []
     for entry in entries:
         verdict = entry.get("verdict") or {}
-        detail = entry.get("error") or "; ".join(verdict.get("reasons") or []) or "all checks passed"
+        failed = [c.get("name") for c in verdict.get("checks") or [] if c.get("status") == "fail"]
+        # each reason is said once, in the model's section: here the checks that failed, linked to it
+        detail = (_esc(entry["error"]) if entry.get("error") else
+                  f"{len(failed)} check(s) failed: " + ", ".join(f"<b>{_esc(name)}</b>" for name in failed)
+                  + f' (<a href="#model-{_esc(entry["model"])}">reasons</a>)' if failed else
+                  _esc("; ".join(verdict.get("reasons") or []) or "all checks passed"))
         rows.append(f"<tr><td><a href=\"#model-{entry['model']}\">{entry['model']}</a></td>"
                     f"<td class=\"status-{'pass' if entry['status'] == 'pass' else 'fail'}\">{entry['status']}</td>"
                     f"<td>{_esc(entry.get('gpu_label') or '—')}</td>"
-                    f"<td>{_esc(detail)}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
+                    f"<td>{detail}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
                     f"<td>{entry.get('seconds', 0):.1f}</td></tr>")
     history = (f'<p class="history-link">Every night of these models, at a glance: <a href="{_esc(history_page)}">the history '
                "page</a> (hashes, verdicts, figures and what changed first, by model and GPU type).</p>") if history_page else ""
@@ -173,17 +179,44 @@ def explorer_section(diff: dict[str, Any], folder: Path | None, relative_to: Pat
             f"extra):</p><p><code>{_esc(command)}</code></p>")
 
 
+def _diff_subject(diff: dict[str, Any]) -> str:
+    """Which runs the diff compared, and what differed between them (options, batch) as the diff recorded it."""
+    a, b = Path(str(diff.get("run_a") or "A")).name, Path(str(diff.get("run_b") or "B")).name
+    differed = [str(line).replace("'", "").replace(" -> ", " → ") for line in diff.get("options") or []]
+    return f"A {a} vs B {b}" + (f" — differing in {'; '.join(differed)}" if differed else "")
+
+
+def _final_outputs(final: dict[str, Any]) -> str:
+    """The final outputs' comparison in words and formatted figures (no raw field names)."""
+    samples = final.get("samples")
+    differing = final.get("differing_samples") or []
+    greatest = final.get("greatest_abs")
+    rows = [("samples compared", str(samples)),
+            ("samples whose outputs differ", f"{len(differing)}" + (f" ({', '.join(map(str, differing[:12]))}"
+                                                                    + (", …" if len(differing) > 12 else "") + ")" if differing else "")),
+            ("greatest |difference|", f"{float(greatest):.4g}" if isinstance(greatest, (int, float)) else "—"),
+            ("top-1 agreement", f"{final.get('top1_agree')}/{samples} ({100 * float(final.get('top1_agreement') or 0):.1f}%)"
+             if final.get("top1_agreement") is not None else "—"),
+            ("bit-identical", "yes" if final.get("identical") else "no")]
+    return "<h2>Final outputs</h2><table>" + "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
 def _diff_parts(diff: dict[str, Any], label: str, explorer: str = "") -> list[str]:
     stage = (diff.get("artifacts") or {}).get("first_differing_stage")
     first = (diff.get("tensors") or {}).get("first")
     identical = bool(diff.get("passed"))
-    parts = [banner("pass" if identical else "fail", f"diff {label}: " + ("identical" if identical else "diverged"),
-                    f"first changed stage: {stage or 'none'}; first diverging node: {first or 'none'}"), "<main>"]
+    runs = [f"<tr><th>{side}</th><td><code>{_esc(diff.get(key) or '?')}</code></td></tr>"
+            for side, key in (("run A", "run_a"), ("run B", "run_b"))]
+    differed = [f"<li><code>{_esc(line)}</code></li>" for line in diff.get("options") or []]
+    parts = [banner("pass" if identical else "fail", f"{'PASS' if identical else 'FAIL'} — diff {_diff_subject(diff)}: "
+                    + ("identical" if identical else "diverged"),
+                    f"first changed stage: {stage or 'none'}; first diverging node: {first or 'none'} ({label})"), "<main>",
+             "<table>" + "".join(runs) + "</table>",
+             ("<p>What differed between the runs' options:</p><ul>" + "".join(differed) + "</ul>") if differed else
+             '<p class="muted">The runs recorded the same execution options.</p>']
     final = diff.get("outputs") or {}
     if final:
-        parts.append("<h2>Final outputs</h2><table>" + "".join(
-            f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in final.items() if not isinstance(v, (dict, list))
-        ) + "</table>")
+        parts.append(_final_outputs(final))
     parts.append(divergence_section(diff))
     if explorer:
         parts.append(explorer)
@@ -215,6 +248,10 @@ def _run_parts(path: Path, relative_to: Path | None = None) -> tuple[str, list[s
                               "</main>"]
     _verified(run)
     name = run.name
+    if run.kind == "pipeline":
+        return name, pipeline_parts(run)
+    if run.kind == "inference":
+        return name, inference_parts(run)
     body = [banner("neutral", f"{manifest.kind} run {manifest.run_id}", name), "<main>",
             artifacts_section(run.stages)]
     if run.kind == "inference" and run.inference.accuracy is not None:

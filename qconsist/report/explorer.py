@@ -5,7 +5,8 @@ Model Explorer's node-data format: ``{graph id: {"results": {node id: {"value": 
 where the ONNX adapter's graph id is the graph's name (``<main>`` when it has none) and a node id is the ONNX
 node's name. One file per measure, since Model Explorer shows one value per node per file:
 
-* ``status.json``: 0 bit-identical, 1 propagates a difference, 2 origin (thresholds: green, orange, red);
+* ``status.json``: 0 bit-identical, 1 propagates a difference, 2 origin, 3 inside a span (tensors in between not
+  observed: the difference starts somewhere among these nodes) (thresholds: green, orange, red, purple);
 * ``mismatched.json``: the share of mismatched elements (0..1) where raw tensors were kept, else the share of
   samples whose tensor differs;
 * ``greatest_difference.json``: the greatest absolute difference where raw tensors were kept, else the
@@ -34,9 +35,9 @@ from qconsist.store.atomic import write_json_atomic
 from qconsist.store.run import Run
 
 MEASURES = ("status", "mismatched", "greatest_difference", "origin")
-IDENTICAL, PROPAGATES, ORIGIN = 0, 1, 2
+IDENTICAL, PROPAGATES, ORIGIN, SPAN = 0, 1, 2, 3
 _STATUS_COLOURS = [{"value": IDENTICAL, "bgColor": "#a5d6a7"}, {"value": PROPAGATES, "bgColor": "#ffcc80"},
-                   {"value": ORIGIN, "bgColor": "#ef5350"}]
+                   {"value": ORIGIN, "bgColor": "#ef5350"}, {"value": SPAN, "bgColor": "#ce93d8"}]
 _GRADIENT = [{"stop": 0, "bgColor": "#fff9c4"}, {"stop": 1, "bgColor": "#c62828"}]
 
 
@@ -107,9 +108,9 @@ def explorer_overlay(diff: DiffResult) -> ExplorerOverlay:
     known = set(names)
     for node in tensors.nodes:
         share = node.elements.percent / 100 if node.elements is not None else node.count / max(tensors.samples, 1)
-        targets = [n for n in (*node.covers, node.label, producer.get(node.key)) if n in known]
+        targets = [n for n in (*node.covers, *node.span, node.label, producer.get(node.key)) if n in known]
         for name in dict.fromkeys(targets):
-            put(name, ORIGIN if node.origin else PROPAGATES, share, _greatest(node))
+            put(name, SPAN if node.is_span else ORIGIN if node.origin else PROPAGATES, share, _greatest(node))
     keys_a = tensor_keys(load_dump(run_a), tensors.space)
     keys_b = tensor_keys(load_dump(run_b), tensors.space)
     for key in keys_a:  # the other compared tensors are bit-identical in every sample

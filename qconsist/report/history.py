@@ -187,7 +187,7 @@ def _strip(summary: HistorySummary, series_list: Sequence[Series], every_model: 
             attributes = {"data-model": series.model, **attributes}
         rows.append(StripRow(series.key if every_model else " / ".join(series.gpus), cells, attributes))
     label = "every model" if every_model else series_list[0].model
-    return status_strip_svg(rows, [n.date for n in summary.nights], f"{label}: status night by night")
+    return status_strip_svg(rows, [n.started for n in summary.nights], f"{label}: status night by night")
 
 
 def _events(series_list: Sequence[Series]) -> str:
@@ -307,11 +307,18 @@ def _figures_section(summary: HistorySummary) -> str:
                 lines.append(TrendLine(series.key, colours[series.key], tuple(points),
                                        {"data-model": series.model, "data-gpu": "|".join(series.gpus)}))
         scale = figure.scale.value
-        values = {point.value for line in lines for point in line.points}
-        same = f": {value_text(values.pop(), scale)} on every night" if len(values) == 1 else ""  # a low plot says so
-        parts.append(f'<figure{_attributes(None, [g for line in lines for g in line.attributes["data-gpu"].split("|")])}>'
-                     f"<figcaption>{escape(figure.label)}{escape(same)} <span class=\"muted\">({escape(name)})</span></figcaption>"
-                     + trend_svg(lines, [n.date for n in summary.nights], scale, figure.label, 110 if same else 210) + "</figure>")
+        models = sorted({line.attributes["data-model"] for line in lines})
+        # a magnitude is in its model's own units (probabilities, logits, pixels): one axis per model
+        groups = [(model, [line for line in lines if line.attributes["data-model"] == model]) for model in models] \
+            if scale == "log" and len(models) > 1 else [(None, lines)]
+        for model, group in groups:
+            values = {point.value for line in group for point in line.points}
+            same = f": {value_text(values.pop(), scale)} on every night" if len(values) == 1 else ""  # a low plot says so
+            whose = f" — {model}" if model else ""
+            parts.append(f'<figure{_attributes(model, [g for line in group for g in line.attributes["data-gpu"].split("|")])}>'
+                         f"<figcaption>{escape(figure.label)}{escape(whose)}{escape(same)} <span class=\"muted\">({escape(name)})</span></figcaption>"
+                         + trend_svg(group, [n.started for n in summary.nights], scale, figure.label + whose, 110 if same else 210)
+                         + "</figure>")
     return "\n".join(parts)
 
 

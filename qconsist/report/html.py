@@ -32,6 +32,10 @@ main {{ padding: 16px 24px; }}
 h2 {{ border-bottom: 2px solid #e0e0e0; padding-bottom: 4px; margin-top: 28px; }}
 table {{ border-collapse: collapse; margin: 8px 0; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
+table {{ max-width: 100%; }}
+td code {{ overflow-wrap: anywhere; }} /* a long node or initializer list wraps inside the page's width */
+td[class^="status-"] {{ white-space: nowrap; }}
+.reasons-line {{ color: {FAIL_COLOUR}; font-weight: 600; }}
 th {{ background: #eceff1; }}
 td.status-pass {{ background: #c8e6c9; }} td.status-fail {{ background: #ffcdd2; font-weight: 600; }}
 td.status-not_applicable {{ background: #eeeeee; color: #555; }}
@@ -65,8 +69,14 @@ def _fmt(value: Any) -> str:
 
 def verdict_section(verdict: dict[str, Any]) -> str:
     parts = ["<h2>Verdict</h2>"]
-    if verdict.get("reasons"):
-        parts.append('<ol class="reasons">' + "".join(f"<li>{escape(r)}</li>" for r in verdict["reasons"]) + "</ol>")
+    failed = [check["name"] for check in verdict.get("checks", []) if check.get("status") == "fail"]
+    listed = {f"{check['name']}: {check['message']}" for check in verdict.get("checks", [])}
+    if failed:  # each reason once: its check's row below says it
+        parts.append(f'<p class="reasons-line">{len(failed)} check(s) failed: '
+                     + ", ".join(f"<b>{escape(name)}</b>" for name in failed) + " (their figures in the table below).</p>")
+    others = [r for r in verdict.get("reasons") or [] if r not in listed]
+    if others:
+        parts.append('<ol class="reasons">' + "".join(f"<li>{escape(r)}</li>" for r in others) + "</ol>")
     meta = [
         ("candidate", verdict.get("candidate")), ("baseline", verdict.get("baseline") or "none (first night)"),
         ("policy", (verdict.get("policy") or {}).get("source")),
@@ -130,9 +140,9 @@ def diff_points(diff: dict[str, Any]) -> tuple[list[NodePoint], str | None, list
     nodes = tensors.get("nodes") or []
     points = []
     for node in nodes:
-        value, _ = node_magnitude(node)
+        value, exact = node_magnitude(node)
         points.append(NodePoint(str(node.get("label")), value if math.isfinite(value) or math.isinf(value) else 0.0,
-                                bool(node.get("origin"))))
+                                bool(node.get("origin")), exact=exact))
     return points, tensors.get("first"), [n for n in nodes if n.get("origin")]
 
 
@@ -150,21 +160,41 @@ def divergence_section(diff: dict[str, Any] | None, against: str = "") -> str:
         return title + f"<p>All {compared} compared tensors are bit-identical.</p>"
     exact = sum(1 for n in tensors.get("nodes") or [] if node_magnitude(n)[1])
     out = [title, f"<p>Divergence starts at <code>{escape(first)}</code>: {len(points)} of {compared} compared tensors "
-                  f"differ. Bars: greatest |difference| per diverging node, in topological order ({exact} exact from raw "
-                  "tensors, the others a lower bound from the fingerprints' min, max and mean).</p>",
+                  f"differ. Bars: greatest |difference| per diverging node, in topological order: {exact} exact from raw "
+                  f"tensors (solid), {len(points) - exact} a lower bound from the fingerprints' min, max and mean "
+                  "(hatched, ≥).</p>",
            divergence_svg(points, first), "<h2>Origin nodes</h2>"]
     if origins:
-        out.append("<p>Nodes whose outputs differ although all their inputs are bit-identical:</p><table>"
+        out.append("<p>Nodes whose outputs differ although every input they read was observed and is identical "
+                   "(constants by value; those that differ are listed):</p><table>"
                    "<tr><th>node</th><th>op</th><th>initializers changed</th><th>greatest |diff|</th><th>samples</th></tr>")
         for row in origins:
             value, exact_value = node_magnitude(row)
-            shown = _fmt(value) + ("" if exact_value else " (lower bound)")
+            if exact_value:
+                shown = _fmt(value)
+            elif value > 0:
+                shown = f"≥ {_fmt(value)} (lower bound)"
+            else:  # the fingerprints differ, their min, max and mean do not
+                shown = "&gt; 0 (min, max and mean equal; raw tensors would tell)"
             inits = ", ".join(row.get("initializers_changed") or []) or "none"
             out.append(f"<tr><td><code>{escape(str(row.get('label')))}</code></td><td>{_fmt(row.get('op_b'))}</td>"
                        f"<td><code>{escape(inits[:300])}</code></td><td>{shown}</td><td>{_fmt(row.get('origin_samples'))}</td></tr>")
         out.append("</table>")
     else:
         out.append('<p class="muted">No origin node among the compared tensors.</p>')
+    spans = [n for n in tensors.get("nodes") or [] if n.get("finding") == "span"]
+    if spans:
+        out.append("<h2>Spans</h2><p>Tensors that differ although the nearest observed tensors upstream are identical; "
+                   "some tensors in between were not observed, so the difference starts somewhere among the nodes "
+                   "listed:</p><table><tr><th>span ending at</th><th>nodes inside</th><th>not observed</th>"
+                   "<th>greatest |diff|</th><th>samples</th></tr>")
+        for row in spans:
+            value, exact_value = node_magnitude(row)
+            shown = _fmt(value) + ("" if exact_value else " (lower bound)")
+            inside, hidden = ", ".join(row.get("span") or []), ", ".join(row.get("unobserved") or [])
+            out.append(f"<tr><td><code>{escape(str(row.get('label')))}</code></td><td><code>{escape(inside[:600])}</code></td>"
+                       f"<td><code>{escape(hidden[:300])}</code></td><td>{shown}</td><td>{_fmt(row.get('origin_samples'))}</td></tr>")
+        out.append("</table>")
     for replay in diff.get("replays") or []:  # diff --replay: one line per origin
         out.append(f"<p>Replay of <code>{escape(str(replay.get('label')))}</code>: {escape(str(replay.get('summary')))}</p>")
     return "\n".join(out)

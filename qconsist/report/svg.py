@@ -111,6 +111,7 @@ class NodePoint:
     max_abs_diff: float
     origin: bool = False
     mismatched_fraction: float = 0.0
+    exact: bool = True  # False: a lower bound (the fingerprints' min, max and mean), drawn hatched
 
 
 def divergence_svg(points: list[NodePoint], first: str | None, width: int = 960, height: int = 260) -> str:
@@ -121,16 +122,24 @@ def divergence_svg(points: list[NodePoint], first: str | None, width: int = 960,
     scale = LogScale.covering(p.max_abs_diff for p in points)
     step = frame.plot_w / len(points)
     parts = [frame.open("divergence", "per-node divergence"), frame.box(), *frame.grid(scale.ticks())]
+    if not all(p.exact for p in points):
+        parts.append(f'<defs><pattern id="lower-bound" width="4" height="4" patternUnits="userSpaceOnUse" '
+                     f'patternTransform="rotate(45)"><rect width="4" height="4" fill="#fff"/>'
+                     f'<rect width="2" height="4" fill="{BAR_COLOUR}"/></pattern></defs>')
     bar_w = max(1.0, step * 0.8)
     for index, point in enumerate(points):
         if not point.max_abs_diff > 0:  # identical (0) or not a number: no bar
             continue
         h = max(0.04, scale.position(point.max_abs_diff)) * frame.plot_h  # the smallest difference stays visible
         x = frame.left + index * step
-        title = escape(f"{index}: {point.name} max abs diff {point.max_abs_diff:.3g}")
+        bound = "" if point.exact else "≥ "
+        title = escape(f"{index}: {point.name} max abs diff {bound}{point.max_abs_diff:.3g}"
+                       + ("" if point.exact else " (lower bound from the fingerprints)"))
+        fill = BAR_COLOUR if point.exact else "url(#lower-bound)"
         parts.append(
-            f'<rect class="bar" x="{x:.2f}" y="{frame.top + frame.plot_h - h:.2f}" width="{bar_w:.2f}" height="{h:.2f}" '
-            f'fill="{BAR_COLOUR}"><title>{title}</title></rect>'
+            f'<rect class="bar{"" if point.exact else " lower-bound"}" x="{x:.2f}" y="{frame.top + frame.plot_h - h:.2f}" '
+            f'width="{bar_w:.2f}" height="{h:.2f}" fill="{fill}" stroke="{BAR_COLOUR}" stroke-width="0.5">'
+            f'<title>{title}</title></rect>'
         )
     for index, point in enumerate(points):
         if point.origin:
@@ -144,7 +153,8 @@ def divergence_svg(points: list[NodePoint], first: str | None, width: int = 960,
         dx = 5 if anchor == "start" else -5
         parts.append(f'<text x="{x + dx:.1f}" y="{frame.top + 14}" font-size="12" fill="{FIRST_COLOUR}" text-anchor="{anchor}">first diverging: {escape(first)}</text>')
     parts.append(f'<text x="{frame.left + frame.plot_w / 2:.1f}" y="{height - 4}" font-size="12" text-anchor="middle" fill="#333">'
-                 f'{len(points)} nodes in topological order → (bar: greatest |difference|, log scale; ◆ origin node)</text>')
+                 f'{len(points)} nodes in topological order → (bar: greatest |difference|, log scale; hatched: a lower '
+                 f'bound; ◆ origin node)</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -162,8 +172,20 @@ def _night_x(frame: Frame, count: int, column: int) -> float:
     return frame.left + (column + 0.5) * frame.plot_w / max(count, 1)
 
 
+def date_labels(stamps: Sequence[str], shown: Sequence[int]) -> dict[int, str]:
+    """The labels of the nights ``shown`` (``stamps``: when each night started, ISO UTC): the day (``11-26``), and
+    the time as well (``11-26 03:10``) where several nights shown share a day, so that no two ticks read alike."""
+    days = [stamps[i][5:10] for i in shown]
+    labels = {}
+    for index, day in zip(shown, days):
+        clock = stamps[index][11:16]
+        labels[index] = f"{day} {clock}" if days.count(day) > 1 and clock else day
+    return labels
+
+
 def _date_axis(frame: Frame, dates: Sequence[str], y: float) -> list[str]:
-    """Date labels under the nights: at most about a dozen, always the last night's."""
+    """Date labels under the nights (``dates``: when each started): at most about a dozen, always the last
+    night's, each distinct (``date_labels``)."""
     step = max(1, math.ceil(len(dates) / 12))
     shown = [i for i in range(len(dates)) if i % step == 0]
     if dates and shown[-1] != len(dates) - 1:
@@ -171,10 +193,11 @@ def _date_axis(frame: Frame, dates: Sequence[str], y: float) -> list[str]:
             shown.pop()
         shown.append(len(dates) - 1)
     parts = []
+    labels = date_labels(dates, shown)
     for index in shown:
         x = _night_x(frame, len(dates), index)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 4:.1f}" y2="{y:.1f}" stroke="#999"/>')
-        parts.append(f'<text x="{x:.1f}" y="{y + 12:.1f}" font-size="11" text-anchor="middle" fill="#555">{escape(dates[index][5:])}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{y + 12:.1f}" font-size="11" text-anchor="middle" fill="#555">{escape(labels[index])}</text>')
     return parts
 
 

@@ -38,7 +38,8 @@ from qconsist.stages.caffe.reference import weights_by_layer
 from qconsist.stages.caffe.repair import repair_model
 from qconsist.store.atomic import write_bytes_atomic
 from qconsist.compare import compare_outputs
-from qconsist.inference.session import create_session, onnxruntime_limits, outputs_of
+from qconsist.inference.model import with_dynamic_batch
+from qconsist.inference.session import MEASUREMENT, create_session, onnxruntime_limits, outputs_of
 from qconsist.tomlfile import guard
 from qconsist.stages.base import StageRecord
 from qconsist.store.atomic import write_atomic
@@ -411,6 +412,58 @@ def upgrade_opset(entry: Path, model: onnx.ModelProto, opset: int, output: Path,
     return params, checks
 
 
+def make_batch_dynamic(entry: Path, target: Path, evaluation=None) -> tuple[dict, dict | None]:
+    """Re-stamp the ONNX model at ``target`` (the entry, copied or raised) so that its inputs and outputs take
+    any batch (``with_dynamic_batch``), written back once checked: ``onnx.checker``, onnxruntime, and — with
+    ``evaluation`` — a step of the entry's fixed batch (the evaluation samples, repeated where there are fewer)
+    through the entry against each of its samples alone through the re-stamped model, within
+    ``UPGRADE_ATOL + UPGRADE_RTOL·|x|``: the graph must compute per sample. Returns what was re-stamped and the
+    comparison (None without ``evaluation``)."""
+    model = read_onnx(target)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    fixed = {i.name: i.type.tensor_type.shape.dim[0].dim_value for i in inputs
+             if i.type.HasField("tensor_type") and len(i.type.tensor_type.shape.dim)
+             and i.type.tensor_type.shape.dim[0].HasField("dim_value")}
+    if not fixed:
+        raise ConfigError(f"convert.dynamic_batch: {entry} has no input with a fixed first dimension (its batch is "
+                          "already dynamic): remove the setting")
+    if len(set(fixed.values())) > 1 or len(fixed) < len(inputs):
+        raise UnsupportedModelError(f"convert.dynamic_batch: {entry}'s inputs do not share one fixed batch "
+                                    f"(first dimensions {fixed}); export it with a dynamic batch")
+    batch = next(iter(fixed.values()))
+    restamped = with_dynamic_batch(model)
+    try:
+        onnx.checker.check_model(restamped, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise UnsupportedModelError(f"{entry} with a dynamic batch fails onnx.checker: {' '.join(str(exc).split())[:200]}") from None
+    data = restamped.SerializeToString()
+    dynamic = create_session(data, MEASUREMENT)
+    record = {"fixed_batch": batch, "inputs": sorted(fixed)}
+    comparison = None
+    if evaluation is not None:
+        if len(evaluation) == 0:
+            raise InputError(f"convert.dynamic_batch: the evaluation set {evaluation.source} is empty")
+        original = create_session(target, MEASUREMENT)
+        samples = [evaluation.sample(i % len(evaluation)) for i in range(batch)]
+        names = [o.name for o in original.get_outputs()]
+        step = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+        try:
+            whole = original.run(names, step)
+            alone = [dynamic.run(names, sample) for sample in samples]
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
+            raise UnsupportedModelError(f"convert.dynamic_batch: {entry} does not run on one sample once its batch of "
+                                        f"{batch} is dynamic: {' '.join(str(exc).split())[:200]}") from None
+        result = compare_outputs([{n: w[r:r + 1] for n, w in zip(names, whole)} for r in range(batch)],
+                                 [dict(zip(names, a)) for a in alone], atol=UPGRADE_ATOL, rtol=UPGRADE_RTOL)
+        if not result.passed:
+            raise FidelityError(f"convert.dynamic_batch: {entry} does not compute per sample (a step of {batch} "
+                                f"against each sample alone): {result.summary()}")
+        comparison = result.to_json()
+    write_bytes_atomic(Path(target), data)
+    return record, comparison
+
+
 class ConvertStage:
     """Caffe → ONNX (or, for an ONNX entry, the checked source model copied in)."""
 
@@ -437,9 +490,6 @@ class ConvertStage:
         result = None
         if "onnx" in files:  # an ONNX entry, given or bundled: nothing to convert, the opset raised if asked
             entry = Path(files["onnx"])
-            if options.dynamic_batch:
-                raise ConfigError("convert.dynamic_batch does not apply to an ONNX model (an ONNX entry takes "
-                                  "convert.opset and convert.check); export it with a dynamic batch")
             model = check_onnx_entry(entry)
             opset = onnx_opset(model)
             if options.opset is not None and options.opset != opset:
@@ -449,6 +499,9 @@ class ConvertStage:
                 write_atomic(target, lambda tmp: shutil.copyfile(entry, tmp))
                 params = {"entry": "onnx", "source": str(entry), "opset": opset, "ir_version": model.ir_version}
                 checks = {"onnx_checker": "passed", "onnxruntime_load": "passed"}
+            if options.dynamic_batch:
+                evaluation = context.evaluation(entry) if context.evaluation and options.check else None
+                params["dynamic_batch"], checks["dynamic_batch_vs_entry"] = make_batch_dynamic(entry, target, evaluation)
         else:
             result = convert_file(files["prototxt"], files["caffemodel"], target, options)
             params = {**options.to_json(), "opset": result.opset, "ir_version": result.ir_version, "repairs": result.repairs,

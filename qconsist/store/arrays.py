@@ -9,8 +9,9 @@ it is closed. The result is a plain ``.npy`` (version 1.0) that ``numpy.load(...
 ``outputs/o<i>.npy`` for output ``i`` (the order of ``sections.inference.outputs``):
 
 * every sample of the same shape: an array of shape ``(samples, *sample shape)``; sample ``s`` is ``[s]``,
-  the sample's array as the session gave it for that sample (a batched output keeps a batch axis of 1, an
-  output without a batch axis is the step's whole output, once per sample of the step);
+  the sample's array as a step of one sample gives it (the runner divides a step's output along its own batch
+  axis, ``qconsist.inference.batch``: a batched output keeps its batch axis with the sample's extent, an output
+  without one is the step's whole output, once per sample of the step);
 * shapes that vary by sample (a detector's boxes): a flat array of every sample's elements in sample order,
   and ``outputs/o<i>.index.npy``: per sample its element offset and shape (an id into
   ``sections.inference.output_shapes``).
@@ -113,15 +114,24 @@ class OutputWriter:
         self._outputs = [_Output(StreamedArray(folder / f"o{i}.npy")) for i in range(len(self.names))]
         self._written = 0
 
-    def write_step(self, produced: Sequence[np.ndarray], count: int) -> None:
-        """One step's outputs as the session gave them, for ``count`` samples: an output whose first axis is
-        the step's is split per sample (each keeps an axis of 1); any other is the whole output of each."""
-        for name, output, array in zip(self.names, self._outputs, produced):
-            array = np.asarray(array)
-            if array.dtype.hasobject:
-                raise UnsupportedModelError(f"output {name!r} is not a tensor of numbers ({type(array).__name__} of "
-                                            f"{array.dtype}); qconsist records tensors")
-            rows = sample_rows(array, count)
+    def write_step(self, produced: Sequence[np.ndarray], count: int,
+                   split: Sequence[Sequence[np.ndarray]] | None = None) -> None:
+        """One step's outputs as the session gave them, for ``count`` samples, and ``split``: each output
+        already divided into its samples' parts (the runner's, by the batch axis the graph gives it); without
+        it, an output whose first axis is the step's is split per sample (each keeps an axis of 1) and any
+        other is the whole output of each."""
+        for k, (name, output, array) in enumerate(zip(self.names, self._outputs, produced)):
+            if not isinstance(array, np.ndarray) or array.dtype.hasobject:
+                raise UnsupportedModelError(f"output {name!r} is not a tensor of numbers ({type(array).__name__}); "
+                                            "qconsist records tensors")
+            if split is not None:
+                parts = [np.asarray(p) for p in split[k]]
+                if any(p.shape != parts[0].shape for p in parts):
+                    raise UnsupportedModelError(f"output {name!r}: the samples of a step have parts of different "
+                                                "shapes; run with `batch_size` 1")
+                rows = np.stack(parts) if count > 1 else array[None]
+            else:
+                rows = sample_rows(array, count)
             output.add(self._written, tuple(rows.shape[1:]))
             output.file.append(rows)
         self._written += count

@@ -68,8 +68,14 @@ _BLOCK = 2048  # samples per block when a table is read whole
 
 
 def dtype_code(dtype: np.dtype | str) -> int:
-    dtype = np.dtype(dtype)
-    return _CODES.get(dtype.name, 0) if dtype.kind != "V" else 0
+    found = _CODE_OF.get(dtype)  # type: ignore[call-overload]
+    if found is None:
+        kind = np.dtype(dtype)
+        found = _CODE_OF[dtype] = _CODES.get(kind.name, 0) if kind.kind != "V" else 0  # type: ignore[index]
+    return found
+
+
+_CODE_OF: dict[np.dtype | str, int] = {}  # dtype_code's answers (``dtype.name`` costs microseconds: once per dtype)
 
 
 def stat_type(code: int) -> np.dtype | None:
@@ -157,26 +163,32 @@ class TableWriter:
         found = rows["dtype"][(rows["dtype"] != 0)]
         if found.size and not np.array_equal(np.broadcast_to(self.layout.codes, rows.shape)[rows["dtype"] != 0], found):
             raise ValueError("a tensor's element type differs from its column's")
-        hashes = rows["hash"]
-        self._hashes[start:start + count] = hashes
+        # the fields read once as plain arrays (a field of a 56-byte record array is a strided view: every
+        # comparison on it was several times slower; a step of 32 samples × 416 tensors on the GPU path)
+        fields = {name: np.ascontiguousarray(rows[name]) for name in ("hash", "nan", "inf", "shape")}
         before = self._last if self._last is not None else None
-        previous = np.concatenate([before[np.newaxis], rows[:-1]]) if before is not None else np.concatenate([rows[:1], rows[:-1]])
-        changed = hashes != previous["hash"]
+
+        def previous(name: str) -> np.ndarray:
+            first = before[name][np.newaxis] if before is not None else fields[name][:1]
+            return np.concatenate([first, fields[name][:-1]])
+
+        hashes = fields["hash"]
+        self._hashes[start:start + count] = hashes
+        changed = hashes != previous("hash")
         if before is None:
             changed[0] = True
         entries = self.layout.full_rows(rows)[np.repeat(changed, self.layout.widths, axis=1)]
         self._starts[start + 1:start + count + 1] = self._starts[start] + np.cumsum((changed * self.layout.widths).sum(axis=1))
         self._stats.append(entries)
-        events = ((rows["nan"] != previous["nan"]) | (rows["inf"] != previous["inf"])
-                  | (rows["shape"] != previous["shape"]))
+        events = ((fields["nan"] != previous("nan")) | (fields["inf"] != previous("inf"))
+                  | (fields["shape"] != previous("shape")))
         if before is None:
             events[0] = True
         where, column = np.nonzero(events)
         if where.size:
             records = np.zeros(where.size, dtype=EVENT)
             records["sample"], records["column"] = start + where, column
-            picked = rows[where, column]
-            records["shape"], records["nan"], records["inf"] = picked["shape"], picked["nan"], picked["inf"]
+            records["shape"], records["nan"], records["inf"] = (fields[name][where, column] for name in ("shape", "nan", "inf"))
             self._events.append(records)
         self._last = rows[-1].copy()
         self._next += count

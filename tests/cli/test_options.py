@@ -41,6 +41,20 @@ def _options():
     return table
 
 
+def _meaning(help_text: str) -> str:
+    """What a flag means, whatever the command: its help's first clause, without the defaults in parentheses or
+    what the command adds after a colon (``Do what is refused by default: remove a run …``)."""
+    sentence = re.sub(r" ?\([^)]*\)", "", help_text).split(". ")[0].rstrip(".")
+    prefix = "cuda: " if sentence.startswith("cuda: ") else ""
+    return prefix + sentence[len(prefix):].split(": ")[0]
+
+
+def test_meaning_is_the_first_clause():
+    assert _meaning("How many samples from --offset (default: 8).") == "How many samples from --offset"
+    assert _meaning("Do what is refused by default: remove a run the history names as a baseline.") == "Do what is refused by default"
+    assert _meaning("cuda: use_tf32 on or off (default: both are explored).") == "cuda: use_tf32 on or off"
+
+
 def test_every_shared_flag_has_one_name_and_one_meaning():
     by_flag, by_param = defaultdict(dict), defaultdict(set)
     for (command, flag), (param, help_text, primary) in _options().items():
@@ -51,7 +65,7 @@ def test_every_shared_flag_has_one_name_and_one_meaning():
     assert {"--json", "--inputs", "--ep", "--offset", "--count", "--runs-dir", "--run-id", "--stage", "--pipeline",
             "--history", "--repeats", "--cudnn-conv-algo-search", "--tf32"} <= set(shared)
     for flag, uses in shared.items():
-        meanings = {help_text for _, help_text in uses.values()}
+        meanings = {_meaning(help_text) for _, help_text in uses.values()}
         assert len(meanings) == 1, f"{flag} means {len(meanings)} things: {uses}"
         assert len({param for param, _ in uses.values()}) == 1, f"{flag} reaches differently named parameters: {uses}"
     # one parameter, one flag (no --db here and --history there)

@@ -80,7 +80,7 @@ def test_cli_tolerance_and_per_node_policy(level_runs, tmp_path):
 def test_identical_runs_pass_with_a_tolerance(runs_identical):
     result = runner.invoke(app, ["diff", *runs_identical, "--atol", "0.5", "--rtol", "0.1"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "verdict: identical"
+    assert result.stdout.splitlines()[-1] == "PASS — verdict: identical"
     assert "output prob: Mismatched elements: 0 / " in result.stdout
 
 

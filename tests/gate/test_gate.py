@@ -125,6 +125,21 @@ def test_disagreeing_calibration_repeat_fails(gate_runs, tmp_path):
     assert check.message == "2 calibrations disagree (2 distinct md5)"
 
 
+def test_calibration_repeat_that_agreed_by_chance_fails(gate_runs, tmp_path):
+    """Issue 31 item 6: one md5, but the producer of a calibrated tensor varies between runs on the EP."""
+    from qconsist.calibration.producers import ProducerCheck, VaryingTensor
+
+    found = ProducerCheck("cuda", 4, 3, 2, [VaryingTensor("upscore", "deconvolution3", "ConvTranspose", ("deconvolution3",), 4)])
+    copy = _edited_copy(gate_runs["same"], tmp_path, lambda d: d["sections"]["calib_repeat"].update(producers=found.to_json()))
+    check = evaluate_gate(copy, gate_runs["baseline"], Policy()).check("calibration.repeat")
+    assert check.status is CheckStatus.FAIL
+    assert check.message == (
+        "2 calibrations agree, but `upscore`'s range comes from `deconvolution3`, whose output varies between runs on "
+        "this EP: the md5 can still change; pin or determinize (2 calibrated tensor(s) compared over 3 runs of 4 "
+        "calibration step(s) in one cuda session)")
+    assert check.measured["producers_varying"] == ["upscore"] and check.measured["distinct_md5"] == 1
+
+
 def test_gate_refuses_other_run_kinds(gate_runs, tmp_path):
     copy = _edited_copy(gate_runs["same"], tmp_path, lambda d: d.update(kind="locate"))
     with pytest.raises(RunStoreError, match=r"is of kind 'locate'; the gate judges a pipeline run or a nightly entry"):

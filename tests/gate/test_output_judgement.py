@@ -42,7 +42,7 @@ def test_destroyed_map_fails_the_quantize_check_and_keeps_the_run(map_model, tmp
     lines = result.stdout.splitlines()
     assert lines[5].startswith("  check quantize: max abs diff ")
     assert re.search(r"vs optimize; map \(map\): SQNR 0\.0 dB, cosine 0\.00000, greatest difference \d+\.\d+ on 6 evaluation "
-                     r"inputs$", lines[5]), lines[5]  # the one wording of a judgement (compare/output.describe_judgement)
+                     r"inputs: FAILED \(floor 15 dB\)$", lines[5]), lines[5]  # the one wording of a judgement (compare/output.describe_judgement)
     assert lines[7] == ("FAILED check quantize: output map (map): SQNR 0.0 dB against the float model (optimize stage), "
                         "below the floor of 15 dB ([quantize] min_sqnr_db)")
     assert re.fullmatch(r"  map: nodes losing most on the way \(quant-error, SQNR in -> out\): conv3 \(Conv, \d+\.\d -> 0\.0 dB\)",

@@ -124,3 +124,44 @@ def test_open_nsfw_qdq_restamped_runs_at_batch_32_on_the_cuda_ep(nsfw_run, tmp_p
     assert restamped["path"] == "model/model.onnx"
     outputs = diff_runs(runs[1], runs[32]).outputs
     assert outputs.samples == 21 and outputs.greatest_abs <= 0.02  # a few quantization steps at most
+
+
+def test_one_fused_launch_gives_the_two_kernels_records_bit_for_bit(nsfw_models, photo_samples, tmp_path):
+    """``fingerprint_arena`` (one launch per step, the segment reduced by the block that finishes it) against
+    ``chunk_stats`` + ``segment_reduce`` on the same arena of open_nsfw QDQ at batch 4 (the counters reset, so a
+    second step agrees too); and the records that come back a step late (``submit``) equal ``run``'s, with the
+    final output copied back through pinned memory."""
+    import cupy as cp
+
+    from qconsist.inference import device
+    from qconsist.inference.dump import plan_dump
+    from qconsist.store.arrays import ShapeTable
+
+    model = nsfw_models["qdq"]
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "HEURISTIC"})
+    plan = plan_dump(model, options, tmp_path / "plan")
+    names = [t.name for t in plan.tensors]
+    dd = device.DeviceDump(plan.session, names, plan.dtypes, [True] * len(names), ShapeTable())
+    records, _ = dd.run(photo_samples[1], 1)  # the two kernels then read the same arena
+    layout, t = dd._layouts[1], dd._layouts[1].tables
+    n = int(t["seg_bytes"].size)
+    device._module["chunk_stats"]((layout.chunks,), (device.THREADS,), (
+        layout.buffer, t["seg_offset"], t["seg_bytes"], t["seg_kind"], t["chunk_segment"], t["chunk_word"],
+        np.int32(device.CHUNK_WORDS), t["p_hash"], t["p_lo"], t["p_hi"], t["p_sum"], t["p_nan"], t["p_inf"]))
+    out = cp.empty((6, n), cp.uint64)
+    device._module["segment_reduce"](((n + 127) // 128,), (128,), (
+        np.int32(n), t["seg_bytes"], t["seg_kind"], t["first_chunk"], t["p_hash"], t["p_lo"], t["p_hi"], t["p_sum"],
+        t["p_nan"], t["p_inf"], out[0], out[1].view(cp.float64), out[2].view(cp.float64), out[3].view(cp.float64),
+        out[4], out[5]))
+    two = dd._records(layout, out.get(), 1)
+    assert records.tobytes() == two.tobytes()
+    assert int(t["seg_done"].sum()) == 0
+    again, _ = dd.run(photo_samples[1], 1)
+    assert again.tobytes() == records.tobytes()
+    late = [dd.submit(s, 1, [names.index(o) for o in plan.outputs]) for s in photo_samples]
+    late.append(dd.collect())
+    assert late[0] is None
+    for sample, found in zip(photo_samples, late[1:]):
+        expected, _ = dd.run(sample, 1)
+        assert found[0].tobytes() == expected.tobytes()
+        assert np.array_equal(found[1][names.index(plan.outputs[0])], plan.session.run([plan.outputs[0]], sample)[0])

@@ -36,7 +36,7 @@ def test_pipeline_run_prints_artifacts_md5_and_verdict(small_models, tmp_path):
         md5 = hashlib.md5((run / stage / "model.onnx").read_bytes()).hexdigest()
         assert line.startswith(f"  {stage:<11} {stage}/model.onnx  md5 {md5}  (")
     assert lines[4].startswith("  check optimize: max abs diff ") and lines[4].endswith("(atol 1e-05, rtol 0.0001): passed")
-    assert lines[5].startswith("  check quantize: max abs diff ") and lines[5].endswith("on 4 evaluation inputs")
+    assert lines[5].startswith("  check quantize: max abs diff ") and lines[5].endswith("on 4 evaluation inputs: passed (floor 15 dB)")
     quant_md5 = hashlib.md5((run / "quantize" / "model.onnx").read_bytes()).hexdigest()
     assert lines[6] == f"calibration repeat: 2 calibrations agree: md5 {quant_md5}"
 

@@ -66,7 +66,6 @@ def test_method_parameters(tmp_path):
         ({**MINIMAL, "quantize": {"per_channel": "yes"}}, r"quantize.per_channel must be true or false, got 'yes'"),
         ({**MINIMAL, "quantize": {"activation_type": "int4"}}, r"quantize.activation_type must be one of int8, uint8, int16, uint16"),
         ({**MINIMAL, "optimize": {"atol": True}}, r"optimize.atol must be a number, got True"),
-        ({**MINIMAL, "convert": {"dynamic_batch": True}}, r"convert.dynamic_batch does not apply to an ONNX model \(an ONNX entry takes convert.opset and convert.check\)"),
         ({**MINIMAL, "evaluation": {"offset": 3}}, r"evaluation.data is missing"),
         ({**MINIMAL, "model": "m.onnx"}, r"p.toml: \[model\] must be a table"),
     ],

@@ -113,9 +113,12 @@ def test_page_is_self_contained_and_tells_what_changed_first(weeks, page):
     # the nights table folds the nights that repeat the night before: 17 passing nights in one row
     assert f"({CHANGED_DAY - 1} nights)</a>" in html
     assert html.count('<td class="md5-changed">') == 2 * 3  # changed and restored, per key
-    figures = ["accuracy.top1", "accuracy.top5", "labels.accuracy", "drift.float.max_abs_diff", "drift.float.top1_agreement",
-               "drift.baseline.max_abs_diff", "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5"]
-    assert re.findall(r"\(([a-z0-9_.]+)\)</span></figcaption>", html) == figures  # a plot per figure, accuracy first
+    # a plot per figure, accuracy first; a magnitude (log axis, the model's own units) one plot per model
+    figures = ["accuracy.top1", "accuracy.top5", "labels.accuracy", "drift.float.max_abs_diff", "drift.float.max_abs_diff",
+               "drift.float.top1_agreement", "drift.baseline.max_abs_diff", "drift.baseline.max_abs_diff",
+               "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5"]
+    assert re.findall(r"\(([a-z0-9_.]+)\)</span></figcaption>", html) == figures
+    assert re.findall(r'<figure data-model="([^"]+)"[^>]*><figcaption>[^<]* — \1', html) == ["convnet", "convnet-percentile"] * 2
     assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="trend"') == len(figures)
     assert html.count('class="md5-changed"') > 0 and "worker was lost 3 time(s)" in html
 
@@ -278,3 +281,20 @@ def test_bad_history_inputs_are_one_line_and_exit_2(weeks, tmp_path):
     _error(runner.invoke(app, ["report", "--history", str(weeks.database), "-o", str(weeks.database)]),
            f"output {weeks.database} would overwrite the input {weeks.database.resolve()}; choose another file (or --force)")
     assert not out.exists()
+
+
+def test_history_command_says_a_repeated_reason_once(weeks):
+    """Nights that fail for the same reason as the night before name the check instead of repeating it."""
+    result = CliRunner().invoke(app, ["history", "convnet", "--history", str(weeks.database)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    reasons = [line for line in lines if line.startswith("      ") and not line.startswith("      error")]
+    full = [line for line in reasons if not line.endswith(": as the night before")]
+    assert len(full) == len(set(full))  # no reason printed in full twice in a row…
+    repeated = [line for line in reasons if line.endswith(": as the night before")]
+    assert repeated and all(re.fullmatch(r"      [a-z_.]+: as the night before", line) for line in repeated)
+    for index, line in enumerate(lines):  # …and each short one follows a night that gave that check's reason
+        if line in repeated:
+            check = line.strip().split(":")[0]
+            earlier = [text for text in lines[:index] if text.startswith(f"      {check}: ")]
+            assert earlier, line

@@ -61,8 +61,10 @@ def test_report_is_self_contained_and_names_the_divergence(two_nights):
     assert "<script" not in html.lower()
     assert not re.search(r'(src|href)="(https?:|file:|/)', html)  # nothing outside the file
     assert f"Divergence starts at <code>{escape(verdict.first_diverging_node)}</code>" in html
-    assert "artifacts: stage &#x27;quantize&#x27; changed" in html
-    assert "<svg" in html and 'class="bar"' in html and 'class="origin"' in html
+    assert '<td>artifacts</td><td class="status-fail">fail</td><td>stage &#x27;quantize&#x27; changed' in html
+    assert html.count("stage &#x27;quantize&#x27; changed (md5") == 1  # each reason once: in its check's row
+    assert "1 check(s) failed: <b>artifacts</b>" in html or "2 check(s) failed: <b>artifacts</b>" in html
+    assert "<svg" in html and 'class="bar' in html and 'class="origin"' in html
     assert "Not measured: execution provider cuda (CUDAExecutionProvider) is not in this onnxruntime" in html  # the GPU matrix says why it is empty
 
 
@@ -98,7 +100,7 @@ def test_report_command_on_runs_and_diff(two_nights, tmp_path):
     assert result.exit_code == 0, result.output
     html = out.read_text()
     assert html.count('<div class="banner') == 3
-    assert "diff diff: diverged" in html and "pipeline run" in html
+    assert "FAIL — diff A " in html and ": diverged" in html and "PASS — pipeline run " in html
 
 
 def test_report_errors(tmp_path):

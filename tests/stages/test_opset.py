@@ -98,6 +98,3 @@ def test_an_onnx_entry_opset_is_only_raised(tmp_path):
                             tmp_path / "p.toml")
     with pytest.raises(ConfigError, match=r"^convert.opset 13 is older than .*m.onnx's opset 17: an ONNX entry's opset can only be raised"):
         run_pipeline(config, runs_dir=tmp_path / "runs", run_id="older")
-    with pytest.raises(ConfigError, match=r"p.toml: convert.dynamic_batch does not apply to an ONNX model"):
-        parse_pipeline({"model": {"onnx": str(model)}, "convert": {"dynamic_batch": True}, "calibration": {"data": str(arrays)}},
-                       tmp_path / "p.toml")

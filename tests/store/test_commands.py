@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -91,8 +92,13 @@ def test_runs_list_show_and_statuses(runs_copy, tmp_path):
     assert listing["pipeline"]["model"] == "tiny" and listing["pipeline"]["size"] > 1000
     assert listing["stuck"]["running"] is True and listing["stuck"]["detail"] == "being written by a live process"
     text = runner.invoke(app, ["runs", "list", "--runs-dir", str(runs)]).stdout.splitlines()
-    assert text[-1] == f"7 run(s) in {runs}"
-    assert any(line.startswith("pipeline2  pipeline  tiny  modified  ") and "quantize/model.onnx was modified" in line for line in text)
+    total = sum(r["size"] for r in listing.values())
+    assert re.fullmatch(rf"7 run\(s\) in {re.escape(str(runs))}, [\d.]+ (KB|MB); free space with qconsist runs rm "
+                        r"--older-than 30d \(--dry-run first\)", text[-1]) and total > 0
+    assert text[0].split() == ["run", "kind", "model", "status", "age", "size"]
+    assert [line.split()[0] for line in text[1:-1]] == sorted(listing, key=lambda name: listing[name]["age_seconds"])  # newest first
+    assert any(re.match(r"pipeline2 +pipeline +tiny +modified +", line) and "quantize/model.onnx was modified" in line for line in text)
+    assert len({line.index(" pipeline ") for line in text[1:-1] if " pipeline " in line}) == 1  # aligned
     shown = runner.invoke(app, ["runs", "show", str(runs_copy["pipeline2"])])
     assert shown.exit_code == 0
     assert shown.stdout.splitlines()[0].startswith(f"run {runs_copy['pipeline2']}: pipeline run of tiny, modified, started ")

@@ -20,7 +20,8 @@ QCONSIST = str(Path(sys.executable).parent / "qconsist")
 
 
 def _interrupt_when(command: list[str], ready, cwd: Path, timeout: float = 120) -> tuple[int, str, str]:
-    """Start ``command``, wait until ``ready()``, send SIGINT; (exit code, stdout, stderr)."""
+    """Start ``command``, wait until ``ready()``, send SIGINT; (exit code, stdout, stderr without the progress
+    lines a piped command prints every 10 s of work)."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None and not ready():
@@ -29,7 +30,7 @@ def _interrupt_when(command: list[str], ready, cwd: Path, timeout: float = 120) 
     assert ready(), "never reached the point to interrupt"
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
-    return process.returncode, out, err
+    return process.returncode, out, "".join(line for line in err.splitlines(keepends=True) if not line.startswith("progress "))
 
 
 def _stage(marker: Path) -> str | None:

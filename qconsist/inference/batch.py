@@ -1,0 +1,156 @@
+"""Where each tensor of a step holds its samples: its batch axis, established by running the model.
+
+A step of several samples is recorded sample by sample, as a step of one sample computes it, so that a run at
+batch N compares with a run at batch 1. Which part of a tensor belongs to which sample is the graph's property,
+and it is asked of the session itself (``probe_splits``): two different samples are run alone and together,
+and every tensor is classified by what it became:
+
+* ``axis``: the two samples' tensors lie one after the other along one axis (``axis``), each taking as much of
+  it as it took alone — the batch axis, 0 for most, 1 for a recurrent state ``[2, B, 128]``, and the merged axis
+  of a ``Flatten(axis=0)`` ``[1, B*C*H*W]`` whose samples are contiguous. A sample's part keeps that axis with
+  its own extent, as the step of one sample gave it.
+* ``shared``: the same tensor whatever the step holds (computed from constants): every sample records it whole.
+* ``shape``: an integer tensor that carries the number of samples (``Shape``'s output ``[N, C, H, W]``, a
+  computed size ``N * C``): the entries that scale with the step are recorded divided by its size, the value
+  a step of one sample computes; the others as they are.
+* ``unknown``: none of these (the samples mixed, the batch merged under another axis, a shape that depends on
+  the sample, a value that is not a tensor): it cannot be split faithfully and is never sliced as if its first
+  axis were the batch. The dump reports it and leaves it out; a final output of this kind refuses the step.
+
+A step of one sample is recorded as it is, whatever the classification. A model whose batch is fixed at the
+step's size cannot run the probe's steps: its tensors are split by their first axis where it has the step's size
+(``ONE``), as before the probe, and the run's record says so (``kind`` ``first``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from qconsist.errors import UnsupportedModelError
+
+Sample = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one tensor of a step is divided among its samples (module docstring)."""
+
+    kind: str  # "axis" | "shared" | "shape" | "unknown" | "first" (nothing probed: ``ONE``)
+    axis: int | None = None  # kind axis: the axis holding the samples one after the other
+    size: int = 1  # kind axis: a sample's extent along it, in the probe
+    positions: tuple[int, ...] = ()  # kind shape: flat positions of the entries that carry the step's size
+    why: str = ""  # kind unknown: what the probe saw
+
+    def rows(self, array: Any, count: int, name: str = "") -> list[np.ndarray]:
+        """``array`` (one step of ``count`` samples) as one array per sample."""
+        if count == 1:
+            return [array]
+        if self.kind == "shared":
+            return [array] * count
+        if self.kind == "first":
+            array = np.asarray(array)
+            if array.ndim and array.shape[0] == count:
+                return [array[r:r + 1] for r in range(count)]
+            return [array] * count
+        if self.kind == "unknown":
+            raise UnsupportedModelError(f"tensor {name!r} cannot be split into the samples of a step ({self.why}); "
+                                        "run with `batch_size` 1")
+        array = np.asarray(array)
+        if self.kind == "shape":
+            flat = np.array(array).reshape(-1)
+            flat[list(self.positions)] //= count
+            return [flat.reshape(array.shape)] * count
+        axis = int(self.axis or 0)
+        extent = array.shape[axis] if array.ndim > axis else -1
+        if extent < 0 or extent % count:
+            raise UnsupportedModelError(f"tensor {name!r}: axis {axis} of shape {list(array.shape)} does not hold "
+                                        f"{count} samples; run with `batch_size` 1")
+        part = extent // count
+        lead = (slice(None),) * axis
+        return [array[lead + (slice(r * part, (r + 1) * part),)] for r in range(count)]
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "axis":
+            data.update(axis=self.axis, size=self.size)
+        if self.kind == "shape":
+            data["positions"] = list(self.positions)
+        if self.why:
+            data["why"] = self.why
+        return data
+
+
+# a step's tensor where nothing was probed: its first axis where it has the step's size, else the whole tensor for
+# each sample — steps of one sample (recorded as they are), and a model whose batch is fixed at the step's size,
+# which cannot run a step of another size to be probed (it was qconsist's only rule before the probe)
+ONE = Split("first")
+
+
+def _close(left: np.ndarray, right: np.ndarray) -> bool:
+    """The same tensor within the rounding a kernel may change with the step's size."""
+    if left.shape != right.shape or left.dtype != right.dtype:
+        return False
+    if np.array_equal(left, right, equal_nan=left.dtype.kind in "fc"):
+        return True
+    if left.dtype.kind in "fc":
+        scale = float(np.nanmax(np.abs(left))) if left.size else 0.0
+        return bool(np.allclose(left, right, rtol=1e-4, atol=1e-5 * max(scale, 1e-30), equal_nan=True))
+    if left.dtype.kind in "iu":
+        return bool(np.abs(left.astype(np.int64) - right.astype(np.int64)).max(initial=0) <= 1)
+    return False
+
+
+def classify(one: Any, other: Any, both: Any) -> Split:
+    """The split of a tensor that is ``one`` and ``other`` for two samples alone and ``both`` for the two
+    together (module docstring)."""
+    if not all(isinstance(x, np.ndarray) for x in (one, other, both)):
+        return Split("unknown", why="not a tensor")
+    if one.shape != other.shape:
+        return Split("unknown", why="its shape depends on the sample")
+    if both.ndim != one.ndim or both.dtype != one.dtype:
+        return Split("unknown", why="its rank changes with the step")
+    if both.shape == one.shape:
+        if np.array_equal(one, other) and np.array_equal(one, both):
+            return Split("shared")
+        if one.dtype.kind in "iu" and np.array_equal(one, other):
+            changed = np.flatnonzero(both.reshape(-1) != one.reshape(-1))
+            if changed.size and np.array_equal(both.reshape(-1)[changed], 2 * one.reshape(-1)[changed]):
+                return Split("shape", positions=tuple(int(p) for p in changed))
+        return Split("unknown", why="it mixes the samples of a step")
+    for axis in range(one.ndim):
+        extent = one.shape[axis]
+        if extent == 0 or both.shape[axis] != 2 * extent:
+            continue
+        if any(both.shape[a] != one.shape[a] for a in range(one.ndim) if a != axis):
+            continue
+        lead = (slice(None),) * axis
+        if _close(both[lead + (slice(0, extent),)], one) and _close(both[lead + (slice(extent, 2 * extent),)], other):
+            return Split("axis", axis, extent)
+    return Split("unknown", why="no axis holds the samples one after the other")
+
+
+def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: Sample,
+                 stack: Callable[[list[Sample]], Sample], what: str) -> list[Split]:
+    """The split of every tensor ``run`` returns, from two different samples run alone and as one step."""
+    try:
+        one, other = run(first), run(second)
+        both = run(stack([first, second]))
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors: the model does not take a step of two
+        message = " ".join(str(exc).split())[:200]
+        raise UnsupportedModelError(f"{what} cannot run a step of 2 samples ({message}); run with `batch_size` 1") from None
+    return [classify(a, b, ab) for a, b, ab in zip(one, other, both)]
+
+
+def distinct_second(samples: Callable[[int], Sample], count: int, first: Sample, tries: int = 8) -> Sample:
+    """A sample other than ``first`` in bytes (the first of samples 1.. that differs; sample 1 if none does)."""
+    fallback = samples(1)
+    for index in range(1, min(count, 1 + tries)):
+        candidate = fallback if index == 1 else samples(index)
+        if any(not np.array_equal(candidate[k], first[k]) for k in first):
+            return candidate
+    return fallback

@@ -1,0 +1,132 @@
+"""The host dump's cost per sample against production's, measured side by side (slow tier: open_nsfw).
+
+Issue 31 item 4: on the CPU the dump had drifted to 6× production per sample (2.75–2.9× before): every dumped
+tensor was copied into a new numpy array by ``session.run`` and numba's first calls were paid in the first
+sample. The goal is ≤ 1.6×; this test fails when the ratio passes 2×.
+
+The 2-core machine this runs on is shared and noisy, so the figure is a ratio of paired, interleaved passes:
+each round runs K steps as ``qconsist run`` does (production alone) and K steps as ``qconsist run --dump`` does
+(the recorder's ``before``, production, ``after``; the recorder's time is the dump's, as the CLI reports it),
+in alternating order. Load inflates the dump's side more than production's (hashing 83 MB a sample is bound by
+memory, and the fingerprint worker competes for the cores): with 9 rounds this machine measured, at load
+averages 8–13, a median round of 2.2–2.3 and a lowest of 1.87–2.10 (main: median 3.30, lowest 2.77 at load 11).
+So the verdict is the lowest of 12 rounds — one quiet round suffices; a regression (a copy per tensor, numba's
+first call in a sample, spinning threads) lifts every round — and the median is reported beside it. Under a
+load average above ~12 on 2 cores the lowest round can still pass 2: the figure is the machine's as much as the
+code's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qconsist.inference import ExecutionOptions
+from qconsist.inference.dump import plan_dump
+from qconsist.inference.model import resolve_model
+from qconsist.inference.recording import HostDump
+from qconsist.inference.session import create_session, input_specs
+
+LIMIT = 2.0  # the slow tier fails past this (issue 31's goal is 1.6 on an idle machine)
+
+
+@dataclass
+class Ratios:
+    """Per round: the dump's time per sample over production's, by the wall clock (as ``qconsist run`` reports
+    them) and by the process's CPU time (every thread: ORT's, the fingerprint worker's; steadier under load)."""
+
+    wall: list[float]
+    cpu: list[float]
+    recorder: HostDump
+
+    @property
+    def wall_median(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def wall_lowest(self) -> float:
+        return min(self.wall)
+
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu)
+
+    def describe(self) -> str:
+        return (f"wall: lowest {self.wall_lowest:.2f}, median {self.wall_median:.2f} ({', '.join(f'{r:.2f}' for r in self.wall)}); "
+                f"CPU: median {self.cpu_median:.2f} ({', '.join(f'{r:.2f}' for r in self.cpu)}); load {os.getloadavg()[0]:.1f}")
+
+
+def dump_ratio(model: Path, feeds: list[dict[str, np.ndarray]], folder: Path, rounds: int = 12, per_round: int = 5) -> Ratios:
+    """``rounds`` rounds of ``per_round`` steps run as ``qconsist run`` runs them and ``per_round`` as ``qconsist
+    run --dump`` does, in alternating order. Wall: the recorder's seconds (the dump's figure) over production's
+    seconds (the plain run's figure). CPU: the dump pass's process CPU time less the plain pass's, over the
+    plain pass's (what the dump adds to production's work)."""
+    options = ExecutionOptions()
+    production = create_session(model, options)
+    plan = plan_dump(model, options, folder / "dump")
+    samples = 2 + rounds * per_round
+    recorder = HostDump(plan, options, folder / "run", samples, set(), {}, None)
+    index = 0
+
+    def dump_pass(count: int) -> tuple[float, float]:
+        nonlocal index
+        seconds, cpu = recorder.seconds, time.process_time()
+        for _ in range(count):
+            step = feeds[index % len(feeds)]
+            recorder.before(step, 1)
+            produced = production.run(None, step)
+            recorder.after(index, produced, 1)
+            index += 1
+        recorder._timed(recorder.recorder.wait)  # the last step's fingerprints belong to this pass
+        return recorder.seconds - seconds, time.process_time() - cpu
+
+    def plain_pass(count: int) -> tuple[float, float]:
+        wall, cpu = 0.0, time.process_time()
+        for i in range(count):
+            step = feeds[(index + i) % len(feeds)]
+            start = time.perf_counter()
+            production.run(None, step)
+            wall += time.perf_counter() - start
+        return wall, time.process_time() - cpu
+
+    try:
+        dump_pass(2)  # warm: the buffers are bound and the kernels loaded at the first steps
+        walls, cpus = [], []
+        for r in range(rounds):
+            if r % 2:
+                plain = plain_pass(per_round)
+                dumped = dump_pass(per_round)
+            else:
+                dumped = dump_pass(per_round)
+                plain = plain_pass(per_round)
+            walls.append(dumped[0] / plain[0])
+            cpus.append((dumped[1] - plain[1]) / plain[1])
+        recorder.finish(samples, lambda s: 1)
+    finally:
+        recorder.close()
+    return Ratios(walls, cpus, recorder)
+
+
+def photo_feeds(model: Path, count: int = 6) -> list[dict[str, np.ndarray]]:
+    from qconsist.inputs import open_input_set
+    from qconsist.pipeline.config import load_pipeline
+
+    repo = Path(__file__).resolve().parents[2]
+    name = input_specs(model)[0].name
+    photos = open_input_set("package:photos", load_pipeline(repo / "pipelines" / "open_nsfw.toml").preprocess, name)
+    return [photos.sample(i) for i in range(count)]
+
+
+@pytest.mark.alone  # a ratio of times: measured while no other test worker holds the other core
+def test_host_dump_costs_under_twice_production_per_sample(nsfw_run, tmp_path):
+    model = resolve_model(nsfw_run.path).path
+    ratios = dump_ratio(model, photo_feeds(model), tmp_path)
+    assert ratios.recorder.binding.bound_steps > 0  # the tensors were written into the reused buffers
+    assert ratios.recorder.recorder.check.faithful
+    assert ratios.wall_lowest <= LIMIT, f"dump / production per sample: {ratios.describe()}"
