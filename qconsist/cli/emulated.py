@@ -55,8 +55,7 @@ def reexec_under(isa: str, *, quiet: bool = False) -> bool:
     if not quiet:
         console.print(f"emulating {model} under QEMU {qemu_version()} user mode: the command runs in a child "
                       f"process whose onnxruntime chooses {model}'s kernels; emulation is slow (measured on open_nsfw "
-                      f"here: 20× on an idle machine, hundreds of times on a loaded one; docs/numerics.md): the time "
-                      f"it took follows")
+                      f"here: about a thousand times slower than natively; docs/numerics.md): the time it took follows")
     started = time.perf_counter()
     code = run_emulated(command)
     if not quiet:
