@@ -19,7 +19,7 @@ SYNC := $(UV) sync --locked --python $(PY) $(addprefix --extra ,$(EXTRAS)) --gro
 PYTEST := $(VENV)/bin/python -m pytest -q -m "not gpu" -n auto
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test check setup lock lock-uv matrix lint clean browser docs
+.PHONY: run test check setup lock lock-uv matrix lint clean browser qemu docs
 
 # uv itself, pinned with its hashes in requirements/uv.txt, in a venv of its own.
 $(UV): requirements/uv.txt
@@ -40,7 +40,7 @@ setup: $(STAMP)
 run: $(RUN_STAMP)
 	$(VENV)/bin/qconsist pipeline run pipelines/open_nsfw.toml
 
-test: $(STAMP) browser
+test: $(STAMP) browser qemu
 	$(PYTEST)
 
 # The quick tier while developing (under a minute on 2 idle cores): every test but the `slow` ones (the real
@@ -71,6 +71,12 @@ lock-uv: $(UV)
 browser:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
+
+# --isa, locate --ep cpu and calib repeat --isa run models under QEMU user mode emulating another processor
+# (Debian's qemu-user: qemu-x86_64); install it where it is missing and we are root, as chromium above.
+qemu:
+	@if ! command -v qemu-x86_64 >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null; fi
 
 clean:
 	rm -rf $(VENV) $(TOOLS) runs .pytest_cache .nox

@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from qconsist.cpu import InstructionSet, instruction_set
+
 PACKAGES = (
     "qconsist", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "caffe2onnx", "protobuf",
     "pillow", "onnxconverter-common", "scikit-image", "scikit-learn",
@@ -43,6 +45,9 @@ def _version(name: str) -> str | None:
 
 
 def _cpu_model() -> str:
+    isa = instruction_set()
+    if isa.emulated:  # /proc/cpuinfo shows the host under QEMU: the model is the emulated one
+        return f"{isa.model or isa.emulated} (emulated by QEMU {isa.qemu or ''}, model {isa.emulated})".replace("  ", " ")
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -148,6 +153,7 @@ def fingerprint() -> dict:
         "machine": platform.machine(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_isa": instruction_set().to_json(),
         "onnxruntime_providers": onnxruntime.get_available_providers(),
         "gpus": _gpus(),
         "cuda": _cuda_versions(),
@@ -158,6 +164,9 @@ def fingerprint() -> dict:
 def describe_changes(old: dict, new: dict) -> list[str]:
     """Human-readable differences between two fingerprints (used by diff and history)."""
     changes: list[str] = []
+    kernels = instruction_set_change(old, new)
+    if kernels:
+        changes.append(kernels)
 
     def walk(a: object, b: object, prefix: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
@@ -177,7 +186,28 @@ NUMERICS = (
     ("cuda", "cuda.ort_cuda"), ("cudnn", "cuda.ort_cudnn"),
     ("cuda_runtime", "cuda.cudart_runtime"), ("cudnn_runtime", "cuda.cudnn_runtime"),
     ("driver", "gpus.driver"), ("gpu", "gpus.name"), ("machine", "machine"),
+    ("instruction_set", "cpu_isa"),
 )
+
+
+def recorded_isa(fp: dict | None) -> InstructionSet | None:
+    """The instruction set a fingerprint recorded (``None`` for runs recorded before it was)."""
+    data = (fp or {}).get("cpu_isa")
+    return InstructionSet.from_json(data) if isinstance(data, dict) else None
+
+
+def instruction_set_change(a: dict | None, b: dict | None) -> str | None:
+    """"ran different CPU kernels: AVX2 without VNNI vs AVX-512 VNNI" where the two fingerprints recorded
+    instruction sets that make onnxruntime's CPU provider choose other kernels; ``None`` where they chose the
+    same or one of them did not record it (unknown)."""
+    isa_a, isa_b = recorded_isa(a), recorded_isa(b)
+    if isa_a is None or isa_b is None:
+        return None
+    if (isa_a.kernels, isa_a.float_kernels) == (isa_b.kernels, isa_b.float_kernels):
+        return None
+    where = lambda isa: f"emulated {isa.emulated}" if isa.emulated else f"native {isa.model or isa.vendor}".rstrip()  # noqa: E731
+    return (f"ran different CPU kernels: {isa_a.kernels} vs {isa_b.kernels} (float {isa_a.float_kernels} vs "
+            f"{isa_b.float_kernels}; {where(isa_a)} vs {where(isa_b)})")
 
 
 def _effective_onnxruntime(fp: dict) -> str | None:
@@ -194,6 +224,9 @@ def _effective_onnxruntime(fp: dict) -> str | None:
 def _lookup(fp: dict, key: str) -> Any:
     if key == "onnxruntime":
         return _effective_onnxruntime(fp)
+    if key == "cpu_isa":
+        isa = recorded_isa(fp)
+        return None if isa is None else f"{isa.kernels}, float {isa.float_kernels}"
     if key.startswith("gpus."):
         field_name = key.split(".", 1)[1]
         values = sorted({str(g.get(field_name)) for g in fp.get("gpus") or [] if isinstance(g, dict)})
@@ -213,6 +246,8 @@ class EnvironmentChange:
     new: Any
 
     def __str__(self) -> str:
+        if self.name == "instruction_set":
+            return f"instruction set (CPU kernels): {self.old} -> {self.new}"
         return f"{self.name}: {self.old if self.old is not None else 'absent'} -> {self.new if self.new is not None else 'absent'}"
 
 
@@ -227,6 +262,11 @@ class EnvironmentDiff:
     def same_numerics(self) -> bool:
         return not self.numerics
 
+    @property
+    def kernels(self) -> EnvironmentChange | None:
+        """The instruction-set change, when the runs' CPUs made onnxruntime choose other integer kernels."""
+        return next((c for c in self.numerics if c.name == "instruction_set"), None)
+
 
 def compare_environments(a: dict, b: dict) -> EnvironmentDiff:
     """The numerics-relevant differences of two fingerprints (a -> b), then the rest as text lines."""
@@ -234,6 +274,8 @@ def compare_environments(a: dict, b: dict) -> EnvironmentDiff:
     numerics = []
     for name, key in NUMERICS:
         old, new = _lookup(a, key), _lookup(b, key)
+        if name == "instruction_set" and (old is None or new is None):
+            continue  # a run recorded before the instruction set was: unknown, not a change
         if old != new:
             numerics.append(EnvironmentChange(name, old, new))
     for name in NUMERIC_ENV_VARS:
@@ -241,7 +283,7 @@ def compare_environments(a: dict, b: dict) -> EnvironmentDiff:
         if old != new:
             numerics.append(EnvironmentChange(name, old, new))
     covered = ("packages.onnxruntime", "packages.onnx", "onnxruntime_module", "packages.numpy", "machine", "env.",
-               "cuda.", "gpus")
+               "cuda.", "gpus", "ran different CPU kernels", "cpu_isa.kernels", "cpu_isa.float_kernels")
     other = [line for line in describe_changes(a, b) if not line.split(":", 1)[0].startswith(covered)]
     return EnvironmentDiff(tuple(numerics), tuple(other))
 

@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "qconsist"
 
 # bottom to top; a module may import its own layer and the ones below it
 LAYERS = [
-    {"errors", "limits", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "front", "__init__"},
+    {"errors", "limits", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "front", "__init__", "cpu",
+     "emulation"},
     {"store", "models"},
     {"inputs"},
     {"compare"},

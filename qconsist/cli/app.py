@@ -67,6 +67,7 @@ class QconsistGroup(TyperGroup):
     """The root command group (see the module docstring)."""
 
     verbosity = 0
+    arguments: list[str] = []
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         rest, level = [], 0
@@ -85,6 +86,7 @@ class QconsistGroup(TyperGroup):
         rest = [_alias(arg, aliases) for arg in rest]
         QconsistGroup.verbosity = level
         ctx.meta["qconsist.command"] = command
+        QconsistGroup.arguments = list(rest)  # the arguments as given: --isa gives them to a child under QEMU
         logging.basicConfig(
             level={1: logging.INFO, 0: logging.WARNING, -1: logging.ERROR}[level],
             format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True,

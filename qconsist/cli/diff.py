@@ -32,6 +32,8 @@ def _render(result) -> None:  # result: DiffResult
             console.print(f"  {change}")
     for line in result.options:
         console.print(f"options differ: {line}")
+    if result.cause:
+        console.print(f"cause: {result.cause}")
     art = result.artifacts
     first = art.first_differing_stage
     if first is not None:

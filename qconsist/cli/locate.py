@@ -68,6 +68,7 @@ def locate_command(
     runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Find the nodes whose outputs vary between fresh GPU sessions (repeat) or between cuDNN algorithm
     searches and TF32 (algorithm), time every configuration and recommend the fastest bit-stable one.
@@ -75,11 +76,23 @@ def locate_command(
     Exit 0: a bit-stable config within --max-cost (and the fp16 / calibration checks passed).
     Exit 1: none, or fp16 found NaN/Inf/overflow, or GPU calibrations disagree.
     Exit 2: error. Exit 3: no usable CUDA GPU.
+
+    With --ep cpu: the instruction sets of --isa (default native,Haswell,Nehalem; the emulated ones under
+    QEMU user mode) × the session settings that change the integer path; the nodes that differ between
+    instruction sets, and the setting bit-identical on all of them with its cost measured here.
+    Exit 0: a setting is bit-identical on every instruction set; 1: none; 3: --isa without QEMU.
     """
     from qconsist.locate.latency import LatencyOptions
     from qconsist.locate.explore import LocateOptions
     from qconsist.locate.run import LocateRequest, run_locate
 
+    if ep == "cpu" and precision == "fp32":
+        from qconsist.cli.locate_isa import locate_cpu_command
+
+        locate_cpu_command(model, stage, inputs, isa, runs_dir, run_id, timed_runs, json_output)
+        return
+    if isa is not None:
+        raise ConfigError("`isa` chooses the instruction sets of `ep` cpu; the GPU matrix runs on this machine's GPU")
     if ep != "cuda" and precision != "fp16":
         raise ConfigError("the configuration matrix runs on the CUDA execution provider: `ep` cuda (or `precision` fp16 on another EP)")
     matrix = LocateOptions(

@@ -143,14 +143,24 @@ def run(
     runs_dir: opt.RunsDir = None,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Run every stage of FILE; print the three artifacts with their md5 and the repeated-calibration verdict.
+
+    With --isa MODEL every stage runs in a child process under QEMU user mode emulating that processor (the
+    quantize check's figures then are that processor's) and the run records its instruction set.
 
     Exit 0: done, calibrations agree (or not repeated); 1: repeated calibrations disagree (or agree while a
     calibrated tensor's producer varies between runs: calibration on a GPU EP), or a final output's
     SQNR against the float model is below [quantize] min_sqnr_db (the run is kept; the nodes that lose most
-    are named); 2: error; 3: [calibration] provider = "cuda" without the CUDA execution provider.
+    are named); 2: error; 3: [calibration] provider = "cuda" without the CUDA execution provider, or --isa
+    without QEMU.
     """
+    if isa is not None:
+        from qconsist.cli.emulated import reexec_under
+
+        if reexec_under(isa, quiet=json_output):
+            return
     from qconsist.pipeline.config import load_pipeline
     from qconsist.pipeline.runner import run_pipeline
 

@@ -35,11 +35,21 @@ def run(
     runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Run a model on an input set and write an inference run directory (outputs, options, environment).
 
-    Exit 0 done; 1 the dump was not faithful; 2 error; 3 the execution provider cannot run here.
+    With --isa MODEL the run happens in a child process under QEMU user mode emulating that CPU model, and
+    records its instruction set as the run's environment.
+
+    Exit 0 done; 1 the dump was not faithful; 2 error; 3 the execution provider cannot run here (or --isa
+    without QEMU).
     """
+    if isa is not None:
+        from qconsist.cli.emulated import reexec_under
+
+        if reexec_under(isa, quiet=json_output):
+            return
     from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
     from qconsist.pipeline.inputs import open_inputs
 

@@ -154,5 +154,8 @@ def cause(artifacts_stage: str | None, calibration_changed: bool, options: list[
     if options:
         return f"options differ: {options[0]}"
     if numerics:
+        kernels = next((c for c in numerics if getattr(c, "name", None) == "instruction_set"), None)
+        if kernels is not None and len(numerics) == 1:
+            return f"ran different CPU kernels: {kernels.old} vs {kernels.new}"
         return f"versions differ: {numerics[0]}"
     return "run-to-run"

@@ -88,7 +88,7 @@ def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChang
 
 
 @serialized(
-    schema=SCHEMA, derived=("passed",), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
+    schema=SCHEMA, derived=("passed", "cause"), error=RunStoreError, refused="diff result schema {found!r} is not {schema!r}",
     malformed="diff result is malformed: {exc}",
 )
 @dataclass
@@ -139,6 +139,23 @@ class DiffResult:
                  if entry.get("top1_agreement") is not None and entry.get("part") is None]
         return min(found) if found else None
 
+    @property
+    def cause(self) -> str | None:
+        """The instruction set as the cause, where it is the one difference the diff found: the artifacts,
+        calibration and execution options are the same, the recorded onnxruntime/onnx/numpy versions too, the
+        instruction sets chose other CPU kernels, and the tensors or final outputs diverge. ``None`` otherwise."""
+        change = self.versions.kernels
+        diverged = bool(self.outputs and not self.outputs.identical) or bool(self.tensors and self.tensors.nodes)
+        if (change is None or len(self.versions.numerics) != 1 or self.options or not diverged
+                or self.artifacts.first_differing_stage is not None or self.calibration.changed):
+            return None
+        what = " and ".join(part for part, differs in (("tensors", bool(self.tensors and self.tensors.nodes)),
+                                                       ("final outputs", bool(self.outputs and not self.outputs.identical)))
+                            if differs)
+        line = next((entry for entry in self.environment if entry.startswith("ran different CPU kernels")),
+                    f"ran different CPU kernels: {change.old} vs {change.new}")
+        return f"{line}; the artifacts, calibration, options and versions are the same and the {what} diverge"
+
 
 def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] = (),
                     subset: tuple[int, int] | None = None) -> str:
@@ -164,6 +181,9 @@ def capture_command(run: Run, keys: list[str] | None, disable: tuple[str, ...] =
     if recorded:
         options = ExecutionOptions.from_json(recorded)
         parts += replace(options, disabled_optimizers=(*options.disabled_optimizers, *disable)).to_args()
+    emulated = (manifest.environment.get("cpu_isa") or {}).get("emulated")
+    if emulated:  # the run ran under QEMU: its repeat must run under the same emulated processor
+        parts += ["--isa", str(emulated)]
     batch = run.inference.batch_size if run.has_inference else 1
     if batch != 1:
         parts += ["--batch-size", str(batch)]

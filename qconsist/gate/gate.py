@@ -8,6 +8,7 @@ from typing import Any
 
 from qconsist.gate import checks
 from qconsist.gate.evidence import Side, load_side
+from qconsist.gate.isa import check_isa_spread
 from qconsist.gate.policy import Policy
 from qconsist.gate.verdict import GateVerdict
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -68,6 +69,8 @@ def evaluate_gate(candidate: Side | Path | str, baseline: Side | Path | str | No
             lambda: checks.check_labels(cand, policy),
             lambda: checks.check_gpu(cand, policy),
             lambda: checks.check_environment(cand, base, policy),
+            # only where the policy lists instruction sets, so verdicts under other policies keep their checks
+            *([lambda: check_isa_spread(cand, policy)] if policy.isa.spread else []),
         ):
             results.append(check())
             task.advance()

@@ -40,8 +40,16 @@ Format (schema ``qconsist.policy/1``) with the defaults::
     [environment]
     allow_changed = []           # numerics-relevant differences from the baseline's environment that are
                                  # accepted, e.g. ["onnxruntime"] while judging an upgrade (names: onnxruntime,
-                                 # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine
-                                 # and the numerics environment variables such as NVIDIA_TF32_OVERRIDE)
+                                 # onnx, numpy, cuda, cudnn, cuda_runtime, cudnn_runtime, driver, gpu, machine,
+                                 # instruction_set (the CPU kernels: qconsist.cpu) and the numerics environment
+                                 # variables such as NVIDIA_TF32_OVERRIDE)
+
+    [isa]                        # verdicts that hold on any machine of a CPU pool
+    spread = []                  # QEMU CPU models (e.g. ["Haswell", "Nehalem"]) under which the gate also computes
+                                 # the candidate's quantized outputs: a drift.float figure whose threshold lies
+                                 # within its spread across instruction sets fails check isa.spread
+    pin = false                  # compute them with session.x64quantprecision=1 (exact integer kernels on every
+                                 # x86 processor) and require them bit-identical across the instruction sets
 
     [diff]                       # tolerances of `qconsist diff --policy` (default: exact, bit for bit)
     atol = 0.0
@@ -136,6 +144,12 @@ class GpuPolicy:
 
 
 @dataclass(frozen=True)
+class IsaPolicy:
+    spread: tuple[str, ...] = ()  # QEMU CPU models, as written (resolved when the gate runs)
+    pin: bool = False
+
+
+@dataclass(frozen=True)
 class EnvironmentPolicy:
     allow_changed: tuple[str, ...] = ()
 
@@ -149,6 +163,7 @@ class Policy:
     labels: LabelPolicy = field(default_factory=LabelPolicy)
     gpu: GpuPolicy = field(default_factory=GpuPolicy)
     environment: EnvironmentPolicy = field(default_factory=EnvironmentPolicy)
+    isa: IsaPolicy = field(default_factory=IsaPolicy)
     diff: Tolerance = field(default_factory=Tolerance)
     source: str = "built-in defaults"
 
@@ -172,6 +187,7 @@ class Policy:
             "labels": {"min_accuracy": self.labels.min_accuracy},
             "gpu": {"require_pinned": self.gpu.require_pinned},
             "environment": {"allow_changed": list(self.environment.allow_changed)},
+            "isa": {"spread": list(self.isa.spread), "pin": self.isa.pin},
             "diff": self.diff.to_json(),
         }
 
@@ -185,7 +201,7 @@ class Policy:
         if schema != POLICY_SCHEMA:
             raise ConfigError(f"{source}: schema {schema!r} is not supported (this qconsist reads {POLICY_SCHEMA!r})")
         data.pop("source", None)
-        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu", "environment", "diff"}, source)
+        _no_unknown(data, {"artifacts", "calibration", "inference", "drift", "labels", "gpu", "environment", "isa", "diff"}, source)
         drift = _table(data, "drift", source)
         _no_unknown(drift, {"float", "baseline"}, f"{source}: [drift]")
         return cls(
@@ -199,6 +215,7 @@ class Policy:
             labels=_build(LabelPolicy, _typed(_table(data, "labels", source), LabelPolicy, f"{source}: [labels]"), f"{source}: [labels]"),
             gpu=GpuPolicy(**_typed(_table(data, "gpu", source), GpuPolicy, f"{source}: [gpu]")),
             environment=_environment(_table(data, "environment", source), source),
+            isa=IsaPolicy(**_typed(_table(data, "isa", source), IsaPolicy, f"{source}: [isa]")),
             diff=Tolerance.from_json(_table(data, "diff", source), f"{source}: [diff]"),
             source=source,
         )

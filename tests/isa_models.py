@@ -1,0 +1,81 @@
+"""A QDQ model built in code whose u8·s8 products saturate on AVX2 without VNNI (tests of the instruction set).
+
+``saturating_qdq_model``: QuantizeLinear (int8) → DequantizeLinear → Conv 1×1 whose int8 weights are ±127 →
+QuantizeLinear → DequantizeLinear. onnxruntime fuses it into a QLinearConv whose activations it shifts to u8
+(QDQS8ToU8Transformer): an input near the top of its range becomes 255, and two neighbouring input channels
+give 255·127 + 255·127 = 64,770, which VPMADDUBSW (AVX2 without VNNI) clamps to 32,767 while VPDPBUSD (VNNI)
+and the SSE2 kernel sum exactly. The input channels alternate between large and mixed values so that some
+pairs saturate and others do not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+CHANNELS_IN, CHANNELS_OUT, SIZE = 16, 8, 6
+
+
+def saturating_qdq_model(path: Path) -> Path:
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 127, -127).astype(np.int8)
+    weights[0] = 127  # every pair of the first output channel saturates at a full input
+    initializers = [
+        numpy_helper.from_array(np.array(1.0 / 127, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "x_zero"),
+        numpy_helper.from_array(weights, "w_q"),
+        numpy_helper.from_array(np.full(CHANNELS_OUT, 1.0 / 127, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(CHANNELS_OUT, np.int8), "w_zero"),
+        numpy_helper.from_array(np.array(0.25, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "y_zero"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"], name="quantize_input"),
+        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"], name="dequantize_input"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w_dq"], name="dequantize_weight", axis=0),
+        helper.make_node("Conv", ["x_dq", "w_dq"], ["conv"], name="conv"),
+        helper.make_node("QuantizeLinear", ["conv", "y_scale", "y_zero"], ["y_q"], name="quantize_output"),
+        helper.make_node("DequantizeLinear", ["y_q", "y_scale", "y_zero"], ["y"], name="dequantize_output"),
+    ]
+    graph = helper.make_graph(
+        nodes, "saturating_qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def saturating_inputs(path: Path, count: int = 2) -> Path:
+    """``count`` samples in [0, 1]: most channels near 1 (u8 255 after the shift), every fourth mixed."""
+    rng = np.random.default_rng(29)
+    samples = rng.uniform(0.9, 1.0, (count, CHANNELS_IN, SIZE, SIZE)).astype(np.float32)
+    samples[:, 3::4] = rng.uniform(-1.0, 1.0, (count, CHANNELS_IN // 4, SIZE, SIZE))
+    np.save(path, samples)
+    return path
+
+
+def saturating_float_model(path: Path) -> Path:
+    """The float model ``quantize_static`` (per-channel int8 weights, int8 activations) turns into
+    ``saturating_qdq_model``'s kind: a Conv 1×1 whose weights are ±1 (int8 ±127) on inputs near 1 (int8 127)."""
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 1.0, -1.0).astype(np.float32)
+    weights[0] = 1.0
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "saturating_float",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
