@@ -74,8 +74,8 @@ class Preprocess:
             for key, value in data.items():
                 if key in ("resize", "crop"):
                     if value is not None and not isinstance(value, (list, tuple)):  # resize = 256
-                        raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r} "
-                                          f"(a square: {key} = [{value}, {value}])")
+                        square = f" (a square: {key} = [{value}, {value}])" if isinstance(value, int) and not isinstance(value, bool) else ""
+                        raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r}{square}")
                     if value is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                         raise ConfigError(f"{where}.{key} must be [height, width] of positive integers, got {value!r}")
                     kwargs[key] = tuple(value) if value is not None else None

@@ -183,4 +183,4 @@ def test_unknown_bundled_model(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[model]\nsource = "nope"\n[calibration]\ndata = "package:photos"\n')
     _expect(_run(path), "unknown model 'nope'; bundled models: ddddocr_det, ddddocr_ocr_quantized, fcn_head, fcn_skip, "
-            "mtcnn_pnet, nudenet_320n, open_nsfw, ppocr_cls, ppocr_det")
+            "mtcnn_pnet, nudenet_320n, open_nsfw, ppocr_cls, ppocr_det, ppocr_rec, silero_vad")
