@@ -22,6 +22,9 @@ def locate_cpu_command(model: Path, stage: str | None, inputs, isa: str | None, 
         from qconsist.errors import ConfigError
 
         raise ConfigError("`isa` names one instruction set: locate --ep cpu compares two or more, e.g. native,haswell")
+    from qconsist.inference import resolve_model
+
+    resolve_model(model, stage)  # a missing model or stage is said before the plan (one line, exit 2)
     prefix = run_id or f"locate-cpu-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     if not json_output:
         emulated = [name for name in isas if name != "native"]

@@ -149,13 +149,16 @@ def _command(name: str, runs: Path, out: Path) -> list[str]:
 
 
 def _recorded_models(runs: Path) -> set[str]:
-    """The models the undamaged inference runs record having run (absolute paths, outside the copy): the one
-    kind of file outside a run that a reader may open, once its size and sha256 match the record."""
+    """The models the undamaged inference runs record having run and the manifest of the run they came from
+    (absolute paths, outside the copy): the files outside a run that a reader may open, once their size and
+    sha256 match the record (store/run.py: ``Run.source``)."""
     found = set()
     for name in ("inference", "inference2"):
         data = json.loads((runs / name / "manifest.json").read_text())
         found.add(os.path.realpath(data["model"]["path"]))
         found.update(os.path.realpath(s["artifact"]["path"]) for s in data["stages"] if isinstance(s.get("artifact"), dict))
+        if isinstance(data["model"].get("run"), str):  # the source run's manifest, opened at its recorded size and sha256
+            found.add(os.path.realpath(os.path.join(data["model"]["run"], "manifest.json")))
     return found
 
 
