@@ -101,7 +101,7 @@ def test_runs_list_show_and_statuses(runs_copy, tmp_path):
     assert len({line.index(" pipeline ") for line in text[1:-1] if " pipeline " in line}) == 1  # aligned
     shown = runner.invoke(app, ["runs", "show", str(runs_copy["pipeline2"])])
     assert shown.exit_code == 0
-    assert shown.stdout.splitlines()[0].startswith(f"run {runs_copy['pipeline2']}: pipeline run of tiny, modified, started ")
+    assert shown.stdout.splitlines()[0].startswith(f"run {runs_copy['pipeline2']}: pipeline run of tiny, modified, verdict PASS, started ")
     assert "  modified   quantize/model.onnx" in shown.stdout
 
 
