@@ -36,7 +36,8 @@ def _model(console, summary, indent: str = "") -> None:  # summary: ModelSummary
 
 
 def _run(console, summary) -> None:  # summary: RunSummary
-    console.print(f"run {summary.path}: {summary.kind}, {summary.status}, {summary.started} → {summary.finished}")
+    verdict = "" if summary.verdict == "—" else f", verdict {summary.verdict}"
+    console.print(f"run {summary.path}: {summary.kind}, {summary.status}{verdict}, {summary.started} → {summary.finished}")
     for problem in summary.problems:
         console.print(f"  modified: {problem}")
     console.print(f"  command: {summary.command}")

@@ -35,8 +35,9 @@ def list_command(
     history: opt.History = None,
     json_output: opt.Json = False,
 ) -> None:
-    """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), age,
-    size, and whether the history names it as a baseline. Every complete run's files are verified."""
+    """List the runs of a runs directory: kind, model, status (complete, incomplete, modified, invalid), verdict
+    (PASS, FAIL and why, or — for a run that judges nothing), age, size, and whether the history names it as a
+    baseline. Every complete run's files are verified."""
     from qconsist.history.db import baseline_runs
     from qconsist.store.runs import default_history, list_runs_dir
 
@@ -51,15 +52,17 @@ def _print_listing(runs: list, runs_dir: Path) -> None:  # runs: RunInfo
     """A header, one aligned line per run, newest first, then the count, the total size and how to free it."""
     console = stdout_console()
     ordered = sorted(runs, key=lambda run: run.age_seconds)
-    header = ("run", "kind", "model", "status", "age", "size")
-    rows = [(run.name, run.kind, run.model, run.status + (" baseline" if run.baseline else ""), _age(run.age_seconds),
-             _size(run.size), f"({run.detail})" if run.detail and run.status != "complete" else "") for run in ordered]
+    header = ("run", "kind", "model", "status", "verdict", "age", "size")
+    rows = [(run.name, run.kind, run.model, run.status + (" baseline" if run.baseline else ""), run.verdict,
+             _age(run.age_seconds), _size(run.size), f"({run.detail})" if run.detail and run.status != "complete" else "")
+            for run in ordered]
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))] if rows else []
+    last = len(header) - 1  # the size, right-aligned
     if rows:
-        console.print("  ".join(f"{text:<{w}}" if i < 5 else f"{text:>{w}}" for i, (text, w) in enumerate(zip(header, widths))).rstrip())
+        console.print("  ".join(f"{text:<{w}}" if i < last else f"{text:>{w}}" for i, (text, w) in enumerate(zip(header, widths))).rstrip())
     for row in rows:
-        line = "  ".join(f"{text:<{w}}" if i < 5 else f"{text:>{w}}" for i, (text, w) in enumerate(zip(row, widths)))
-        console.print((line + (f"  {row[6]}" if row[6] else "")).rstrip())
+        line = "  ".join(f"{text:<{w}}" if i < last else f"{text:>{w}}" for i, (text, w) in enumerate(zip(row, widths)))
+        console.print((line + (f"  {row[-1]}" if row[-1] else "")).rstrip())
     total = sum(run.size for run in runs)
     console.print(f"{len(runs)} run(s) in {runs_dir}, {_size(total)}"
                   + ("; free space with qconsist runs rm --older-than 30d (--dry-run first)" if runs else ""))
@@ -80,7 +83,8 @@ def show(
         print_json({"schema": "qconsist.runs/1", "run": info.to_json(), "verify": checked.to_json() if checked is not None else None})
         return
     console = stdout_console()
-    console.print(f"run {info.path}: {info.kind} run of {info.model}, {info.status}, started {info.started or '?'} "
+    verdict = "" if info.verdict == "—" else f", verdict {info.verdict}"
+    console.print(f"run {info.path}: {info.kind} run of {info.model}, {info.status}{verdict}, started {info.started or '?'} "
                   f"({_age(info.age_seconds)} ago), {_size(info.size)}")
     if info.detail:
         console.print(f"  {info.detail}")

@@ -11,7 +11,7 @@ from typing import Any
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.inspect.model import ModelSummary, summarize_model
 from qconsist.store.run import Run
-from qconsist.store.runs import verify_run
+from qconsist.store.runs import run_verdict, verify_run
 from qconsist.store.serde import serialized
 
 SCHEMA = "qconsist.inspect.run/1"
@@ -69,6 +69,7 @@ class RunSummary:
     stage_model: ModelSummary | None = None  # with ``stage``: that stage's model
     accuracy: dict[str, Any] | None = None  # an inference run's accuracy against its labels
     problems: list[str] = field(default_factory=list)  # files modified, missing or refused (status "modified")
+    verdict: str = "—"  # what the run judged (``store.runs.run_verdict``): a complete run may have failed its checks
 
 
 def _size(folder: Path) -> tuple[int, int]:
@@ -127,6 +128,7 @@ def summarize_run(run_dir: Path | str, stage: str | None = None) -> RunSummary:
         stages=[_stage(run_dir, s) for s in run.stages if isinstance(s, dict)], inputs=_inputs(run),
         environment=environment, options=dict(run.inference.options) if run.has_inference else {},
         sections=sorted(manifest.sections), dump=_dump(run), files=files, bytes=size, problems=problems,
+        verdict=run_verdict(manifest),
     )
     if run.kind == "inference" and run.inference.accuracy is not None:
         summary.accuracy = run.inference.accuracy.to_json()

@@ -226,6 +226,21 @@ def being_written(path: Path) -> tuple[bool, str, str, str]:
     return alive, detail, str(data.get("started") or ""), str(data.get("kind") or "")
 
 
+def _refuse_folder_of_runs(path: Path) -> None:
+    """A folder with neither manifest nor marker whose subfolders are runs (``runs/``) is a folder of runs, not an
+    interrupted run: say so, naming one or two of its runs (complete ones first) to give instead."""
+    try:
+        children = sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+                          and ((p / MANIFEST_NAME).is_file() or (p / RUNNING_NAME).is_file()))
+    except OSError:
+        return
+    if not children:
+        return
+    examples = sorted(children, key=lambda p: run_state(p) != "complete")[:2]
+    raise RunStoreError(f"{path} is a folder of {len(children)} run(s), not a run; give one of them, e.g. "
+                        + " or ".join(str(p) for p in examples))
+
+
 def open_run(path: Path) -> Manifest:
     """Load a complete run's manifest (read once), or raise a one-line ``RunStoreError`` saying why not."""
     path = Path(path)
@@ -243,6 +258,8 @@ def open_run(path: Path) -> Manifest:
             manifest = None  # being written
         if manifest is not None and manifest.status == "complete":
             return manifest
+    if not running and not os.path.lexists(manifest_path):
+        _refuse_folder_of_runs(path)
     where = ""
     marker = path / RUNNING_NAME
     if running and marker.is_file() and not marker.is_symlink() and marker.stat().st_size < 1 << 20:

@@ -190,6 +190,56 @@ def _size(path: Path) -> int:
     return total
 
 
+NO_VERDICT = "—"
+
+
+def run_verdict(manifest: Manifest) -> str:
+    """What the run judged, as its manifest recorded it (its ``status`` says only that its files are all there):
+    ``PASS``, ``FAIL (check quantize)`` (a pipeline's stage checks below their floor, its repeated calibrations
+    disagreeing), ``FAIL (gate)`` (a nightly entry), ``FAIL (1 of 3 models)`` (a night), or ``—`` for a run that
+    judges nothing (an inference, locate or sensitivity run)."""
+    sections = manifest.sections
+    if manifest.kind == "pipeline":
+        failed: list[str] = []
+        judged = False
+        for stage in manifest.stages:
+            checks = stage.get("checks") if isinstance(stage, dict) else None
+            for check in (checks.values() if isinstance(checks, dict) else ()):
+                if isinstance(check, dict) and isinstance(check.get("passed"), bool):
+                    judged = True
+                    if not check["passed"] and f"check {stage.get('name')}" not in failed:
+                        failed.append(f"check {stage.get('name')}")
+        repeat = sections.get("calib_repeat")
+        if isinstance(repeat, dict) and isinstance(repeat.get("agree"), bool):
+            judged = True
+            if not repeat["agree"]:
+                failed.append("calibration repeat")
+        return f"FAIL ({', '.join(failed)})" if failed else ("PASS" if judged else NO_VERDICT)
+    gate = sections.get("gate")
+    if isinstance(gate, dict) and isinstance(gate.get("passed"), bool):
+        return "PASS" if gate["passed"] else "FAIL (gate)"
+    entries = _night_entries(manifest)
+    if entries:
+        failing = [e for e in entries if e.get("status") != "pass"]
+        return f"FAIL ({len(failing)} of {len(entries)} models)" if failing else "PASS"
+    return NO_VERDICT
+
+
+def _night_entries(manifest: Manifest) -> list[dict[str, Any]]:
+    night = manifest.sections.get("nightly") if manifest.kind == "nightly" else None
+    entries = night.get("entries") if isinstance(night, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def run_model(manifest: Manifest) -> str:
+    """The model a run ran: its manifest's model name; a night's, the models of its entries (it runs several)."""
+    name = manifest.model.get("name") if isinstance(manifest.model, dict) else None
+    if name:
+        return str(name)
+    models = [str(e["model"]) for e in _night_entries(manifest) if e.get("model")]
+    return ",".join(models[:2]) + (f" +{len(models) - 2} more" if len(models) > 2 else "")
+
+
 @serialized
 @dataclass
 class RunInfo:
@@ -203,6 +253,7 @@ class RunInfo:
     started: str
     age_seconds: float
     size: int
+    verdict: str = NO_VERDICT  # what the run judged (``run_verdict``); a complete run may have failed its checks
     baseline: bool = False  # named by the history as a model's baseline
     running: bool = False  # RUNNING.json names a live process on this host
     detail: str = ""
@@ -214,13 +265,14 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
     path = Path(path)
     state = run_state(path)
     kind = model = started = detail = ""
+    verdict = NO_VERDICT
     running = False
     checked: VerifyResult | None = None
     if state == "complete":
         try:
             run = Run.open(path)
             kind, started = run.kind, run.manifest.started
-            model = str(run.manifest.model.get("name") or "")
+            model, verdict = run_model(run.manifest), run_verdict(run.manifest)
             status = "complete"
             if verify:
                 checked = verify_run(path)
@@ -248,7 +300,7 @@ def describe_run(path: Path, verify: bool = True, now: _dt.datetime | None = Non
         except OSError:
             when = now
     info = RunInfo(name=path.name, path=str(path), kind=kind or "?", model=model or "?", status=status,
-                   started=started, age_seconds=max(0.0, (now - when).total_seconds()), size=_size(path),
+                   verdict=verdict, started=started, age_seconds=max(0.0, (now - when).total_seconds()), size=_size(path),
                    running=running, detail=detail)
     return info, checked
 

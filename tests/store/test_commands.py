@@ -95,13 +95,13 @@ def test_runs_list_show_and_statuses(runs_copy, tmp_path):
     total = sum(r["size"] for r in listing.values())
     assert re.fullmatch(rf"7 run\(s\) in {re.escape(str(runs))}, [\d.]+ (KB|MB); free space with qconsist runs rm "
                         r"--older-than 30d \(--dry-run first\)", text[-1]) and total > 0
-    assert text[0].split() == ["run", "kind", "model", "status", "age", "size"]
+    assert text[0].split() == ["run", "kind", "model", "status", "verdict", "age", "size"]
     assert [line.split()[0] for line in text[1:-1]] == sorted(listing, key=lambda name: listing[name]["age_seconds"])  # newest first
     assert any(re.match(r"pipeline2 +pipeline +tiny +modified +", line) and "quantize/model.onnx was modified" in line for line in text)
     assert len({line.index(" pipeline ") for line in text[1:-1] if " pipeline " in line}) == 1  # aligned
     shown = runner.invoke(app, ["runs", "show", str(runs_copy["pipeline2"])])
     assert shown.exit_code == 0
-    assert shown.stdout.splitlines()[0].startswith(f"run {runs_copy['pipeline2']}: pipeline run of tiny, modified, started ")
+    assert shown.stdout.splitlines()[0].startswith(f"run {runs_copy['pipeline2']}: pipeline run of tiny, modified, verdict PASS, started ")
     assert "  modified   quantize/model.onnx" in shown.stdout
 
 
