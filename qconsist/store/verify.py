@@ -12,7 +12,9 @@ sha256); their other files are listed as ``unrecorded`` by ``verify_run``.
 
 An inference run names the model it ran by absolute path (the model is not copied into it): such an
 *external* file is opened only when it is a regular file of the recorded size, and used only when its
-sha256 is the recorded one.
+sha256 is the recorded one; the external data files such a model names (``external_data`` in its artifact record:
+location relative to the model's folder, size, sha256) are checked the same way, and a location outside the
+model's folder is refused.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ def _external_data(run_dir: Path, model: Path, files: Any) -> None:
         if found_size != size:
             raise RunStoreError(f"run {run_dir}: external data {location} of the model it ran, {model}, changed since "
                                 f"the run (size {size} recorded, {found_size} found)")
-        found = file_sha256(path)
+        found = file_sha256(path.resolve())  # a link inside the folder: its target (``inside_folder`` kept it there)
         if found != sha:
             raise RunStoreError(f"run {run_dir}: external data {location} of the model it ran, {model}, changed since "
                                 f"the run (sha256 {_short(sha)} recorded, {_short(found)} found)")

@@ -1,5 +1,7 @@
 """An artifact is its whole content (issue 29, item 3): a model whose weights lie in an external data file, changed
-between two runs, is not "artifacts: identical" in ``diff``; ``run --dump`` of it works."""
+between two runs, is not "artifacts: identical" in ``diff``; ``run --dump`` of it works. ``run`` records each external
+data file (location, size, sha256) with the model's artifact; reading the run verifies them; ``diff`` names a changed
+one; a location outside the model's folder is refused."""
 
 from __future__ import annotations
 
@@ -89,6 +91,9 @@ def test_run_records_each_external_data_file_with_the_model(weights):
     assert manifest["model"]["artifact"]["external_data"] == expected
     assert manifest["stages"][0]["artifact"]["external_data"] == expected
     assert Run.open(weights["runs"] / "a").ran_model() == weights["model"].resolve()
+    plain = {**weights, "model": weights["model"].parent.parent / "plain.onnx"}  # self-contained: nothing more recorded
+    _run(plain, "plain")
+    assert "external_data" not in json.loads((weights["runs"] / "plain" / "manifest.json").read_text())["model"]["artifact"]
 
 
 def test_a_changed_weights_file_is_an_error_naming_it(weights):
