@@ -214,6 +214,26 @@ def _md5(record: Any) -> str:
     return str(record.get("md5"))[:12] if isinstance(record, dict) and record.get("md5") else "unknown md5"
 
 
+def external_data_changes(art_a: Any, art_b: Any) -> list[tuple[str, str]]:
+    """The external data files (weights beside the ``.onnx``) of two recorded artifacts that differ, by name;
+    nothing when either record predates ``external_data``."""
+    files_a = art_a.get("external_data") if isinstance(art_a, dict) else None
+    files_b = art_b.get("external_data") if isinstance(art_b, dict) else None
+    if not isinstance(files_a, list) or not isinstance(files_b, list):
+        return []
+    by_a = {f.get("location"): f for f in files_a if isinstance(f, dict)}
+    by_b = {f.get("location"): f for f in files_b if isinstance(f, dict)}
+    changed = []
+    for location in sorted(set(by_a) | set(by_b), key=str):
+        fa, fb = by_a.get(location), by_b.get(location)
+        if fa is None or fb is None:
+            changed.append((str(location), f"{location} only in {'A' if fb is None else 'B'}'s model"))
+        elif fa.get("sha256") != fb.get("sha256"):
+            changed.append((str(location), f"{location} changed (sha256 {str(fa.get('sha256'))[:12]}… in A, "
+                                           f"{str(fb.get('sha256'))[:12]}… in B)"))
+    return changed
+
+
 def run_differences(a: Run, b: Run) -> tuple[list[str], bool]:
     """Every difference between two runs that comes before any tensor, in words: the stage whose model each
     inference run ran, the model itself (its sha256), the stages only one run holds, the batch size, and a model
@@ -234,6 +254,10 @@ def run_differences(a: Run, b: Run) -> tuple[list[str], bool]:
             same = False
             lines.append(f"model: A ran {model_a.get('path', '?')} (md5 {_md5(ran_a)}), B ran {model_b.get('path', '?')} "
                          f"(md5 {_md5(ran_b)})")
+        changed = external_data_changes(ran_a, ran_b)
+        if changed:
+            same = False
+            lines.append("external data: " + "; ".join(text for _, text in changed))
     if a.kind == b.kind:
         stages_a, stages_b = a.model_stages(), b.model_stages()
         only_a = [s for s in stages_a if s not in stages_b]
@@ -284,8 +308,10 @@ def compare_artifacts(a: Run, b: Run) -> ArtifactComparison:
         models = None if external else _stage_models(a, b, stage_a["name"])
         if external:
             entry.same_computation = False
+            changed = external_data_changes(art_a, art_b)
             entry.note = ("the same .onnx bytes with another recorded content hash: the weights in its external data "
-                          "files changed between the runs (the files as they are now cannot show which)")
+                          + (f"{', '.join(name for name, _ in changed)} changed between the runs" if changed else
+                             "files changed between the runs (the files as they are now cannot show which)"))
         elif models is None:
             entry.same_computation = entry.same_content
             entry.note = "model files are gone; only their recorded hashes are compared"

@@ -51,7 +51,7 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputWriter, ShapeTable
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.store.hashing import hash_artifact, hash_file
+from qconsist.store.hashing import hash_artifact, hash_file, read_model_and_external_data
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
@@ -152,9 +152,11 @@ class _ModelRecord:
 
 
 def _model_record(source: ModelSource) -> _ModelRecord:
-    model = read_onnx(source.path, external_data=True)
+    model, external = read_model_and_external_data(source.path)
     hashes = hash_artifact(source.path, model=model).to_json()
     hashes["path"] = str(source.path.resolve())
+    if external:  # an artifact is its whole content: the weights files it names, verified with it on every read
+        hashes["external_data"] = external
     record = {**source.describe(), "path": str(source.path.resolve()), "artifact": hashes, "structure": structure_hash(model)}
     if source.run is None:
         return _ModelRecord(record, [{"name": "model", "params": {}, "artifact": hashes}], model)

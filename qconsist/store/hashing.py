@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from qconsist.errors import InputError
-from qconsist.onnxfile import read_onnx
+from qconsist.onnxfile import REASON_CHARS, read_onnx
 from qconsist.store.serde import serialized
 
 _CHUNK = 1 << 20
@@ -143,3 +144,94 @@ def hash_artifact(path: Path, relative_to: Path | None = None, model: onnx.Model
         content=content_hash(model),
         initializers=initializer_digests(model),
     )
+
+
+# --- external data: an artifact is its whole content ---------------------------------------------------------------
+# A model saved with ``save_as_external_data=True`` keeps its weights in files beside the ``.onnx`` (each tensor's
+# ``location``, relative to the model's folder). Its artifact record names each such file with its size and sha256
+# (``external_data``), so that a run is verified against the weights it ran and ``diff`` names the file that changed.
+
+
+def _model_tensors(model: onnx.ModelProto):
+    """Every tensor a model holds: initializers (sparse ones too) and tensor attributes, in every (sub)graph and
+    function."""
+
+    def nodes(found):
+        for node in found:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    yield from graph(attr.g)
+                for sub in attr.graphs:
+                    yield from graph(sub)
+
+    def graph(found: onnx.GraphProto):
+        yield from found.initializer
+        for sparse in found.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        yield from nodes(found.node)
+
+    yield from graph(model.graph)
+    for function in model.functions:
+        yield from nodes(function.node)
+
+
+def external_locations(model: onnx.ModelProto) -> dict[str, str]:
+    """The external data files a model (read without its external data) names: location -> the first tensor
+    stored there."""
+    found: dict[str, str] = {}
+    for tensor in _model_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+        found.setdefault(location, tensor.name)
+    return found
+
+
+def inside_folder(folder: Path, location: Any) -> Path | None:
+    """``folder / location`` when ``location`` is a relative path that stays inside ``folder`` (no ``..``, not
+    absolute, no link leading out), else ``None``."""
+    if not isinstance(location, str) or not location or "\x00" in location:
+        return None
+    parts = PurePosixPath(location.replace("\\", "/"))
+    if parts.is_absolute() or PureWindowsPath(location).drive or ".." in parts.parts:
+        return None
+    path = folder / location
+    if not path.resolve().is_relative_to(folder.resolve()):
+        return None
+    return path
+
+
+def external_data_files(path: Path, model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """``location`` (as the model names it), ``size`` and ``sha256`` of each external data file of the model at
+    ``path`` (``model``: read without its external data), by location; a location outside the model's folder is
+    refused in one line."""
+    files = []
+    folder = Path(path).parent
+    for location, tensor in sorted(external_locations(model).items()):
+        found = inside_folder(folder, location)
+        if found is None:
+            raise InputError(f"{path}: tensor {tensor} keeps its data in {location!r}, outside the model's folder "
+                             f"{folder}; refused (external data must lie beside the model or below its folder)")
+        hashes = hash_file(found)
+        files.append({"location": location, "size": hashes.size, "sha256": hashes.sha256})
+    return files
+
+
+def read_model_and_external_data(path: Path) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
+    """The model at ``path`` with its external data read in, and the record of its external data files
+    (``external_data_files``, hashed before they are read)."""
+    model = read_onnx(path)
+    files = external_data_files(path, model)
+    if files:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(Path(path).parent))
+        except Exception as exc:  # noqa: BLE001 - as read_onnx: onnx raises OSError, ValueError, ValidationError…
+            reason = " ".join(str(exc).split())[:REASON_CHARS]
+            raise InputError(f"{path} is not a readable ONNX model: {reason}") from None
+    return model, files

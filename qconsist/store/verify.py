@@ -12,7 +12,9 @@ sha256); their other files are listed as ``unrecorded`` by ``verify_run``.
 
 An inference run names the model it ran by absolute path (the model is not copied into it): such an
 *external* file is opened only when it is a regular file of the recorded size, and used only when its
-sha256 is the recorded one.
+sha256 is the recorded one; the external data files such a model names (``external_data`` in its artifact record:
+location relative to the model's folder, size, sha256) are checked the same way, and a location outside the
+model's folder is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from qconsist.errors import RunStoreError
 from qconsist.store.confine import confined, max_file_bytes
-from qconsist.store.hashing import hash_file
+from qconsist.store.hashing import hash_file, inside_folder
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG_NAME
 
@@ -170,7 +172,37 @@ def external_file(run_dir: Path, record: dict[str, Any], what: str) -> Path | No
     if found != sha:
         raise RunStoreError(f"run {run_dir}: the model it ran, {path}, was modified after the run (sha256 {_short(sha)} "
                             f"recorded, {_short(found)} found)")
+    if "external_data" in record:  # runs written before qconsist recorded a model's external data have none
+        _external_data(run_dir, Path(path), record["external_data"])
     return Path(path)
+
+
+def _external_data(run_dir: Path, model: Path, files: Any) -> None:
+    """Each external data file an inference run's model names, at its recorded size and sha256: the weights the
+    run ran (an artifact is its whole content)."""
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise RunStoreError(f"run {run_dir}: the manifest's record of the external data of {model} is damaged")
+    for record in files:
+        location, size, sha = record.get("location"), record.get("size"), record.get("sha256")
+        path = inside_folder(model.parent, location)
+        if path is None:
+            raise RunStoreError(f"run {run_dir}: the manifest names external data {location!r} of {model} outside the "
+                                "model's folder; refused")
+        if not isinstance(size, int) or not isinstance(sha, str):
+            raise RunStoreError(f"run {run_dir}: the manifest records no size and sha256 for the external data "
+                                f"{location} of {model}; refused")
+        try:
+            info = os.stat(path)
+            found_size: Any = info.st_size if stat.S_ISREG(info.st_mode) else "not a regular file"
+        except OSError:
+            found_size = "no file"
+        if found_size != size:
+            raise RunStoreError(f"run {run_dir}: external data {location} of the model it ran, {model}, changed since "
+                                f"the run (size {size} recorded, {found_size} found)")
+        found = file_sha256(path.resolve())  # a link inside the folder: its target (``inside_folder`` kept it there)
+        if found != sha:
+            raise RunStoreError(f"run {run_dir}: external data {location} of the model it ran, {model}, changed since "
+                                f"the run (sha256 {_short(sha)} recorded, {_short(found)} found)")
 
 
 def verify_artifacts(run_dir: Path, manifest: Manifest) -> None:
