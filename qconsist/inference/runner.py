@@ -40,7 +40,7 @@ from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, make_recorder
-from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message
+from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message, records_type
 from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
@@ -326,11 +326,15 @@ def _probe(inputs: InputSet) -> Probe:
 
 
 def _check_outputs(session: Any, path: Path) -> None:
-    """Every output is a tensor (a sequence, map or optional output is refused in one line)."""
+    """Every output is a tensor of a type qconsist records (a sequence, map or optional output, or a float8, int4,
+    bfloat16 or string tensor, is refused in one line)."""
     for out in session.get_outputs():
         if not out.type.startswith("tensor("):
             raise UnsupportedModelError(f"model {path}: output {out.name!r} is {out.type}, not a tensor; qconsist "
                                         "records tensors")
+        if not records_type(out.type):
+            raise UnsupportedModelError(f"model {path}: output {out.name!r} is {out.type}, an element type qconsist "
+                                        "does not record (bool, float16/32/64, and 8- to 64-bit integers)")
 
 
 def _run(session: Any, feed: dict[str, np.ndarray], path: Path, where: str = "") -> list[np.ndarray]:

@@ -670,6 +670,12 @@ _ORT_TYPES = {
 _FED = {np.dtype(t) for t in _ORT_TYPES.values()}
 
 
+def records_type(ort_type: str) -> bool:
+    """Whether qconsist feeds and records a tensor of this onnxruntime type (``tensor(float)``…): not the float8,
+    int4, bfloat16 or string tensors onnxruntime returns in forms numpy does not hold as themselves."""
+    return ort_type in _ORT_TYPES
+
+
 def input_specs(session: Any) -> list[InputSpec]:
     """The inputs of a model as qconsist feeds them (the one ``input_specs``): a session's as it reports them; a
     model file's read from its graph (milliseconds) where it reads and every input is of a type qconsist feeds,

@@ -43,9 +43,10 @@ def test_sampled_node_tests_equal_onnxruntime_or_are_refused_in_one_line(sampled
         "error: model input 'sequence' has type seq(tensor(int64)), which qconsist cannot feed")
     assert outcomes["test_identity_sequence"].detail == (  # it was KeyError: 0, exit 4
         "error: model input 'x' has type seq(tensor(float)), which qconsist cannot feed")
-    # of the cases onnxruntime runs, qconsist refuses only outputs that are no tensors and a model without inputs
+    # of the cases onnxruntime runs, qconsist refuses only outputs that are no tensors (or tensors of float8, int4,
+    # bfloat16, string: onnxruntime 1.32.0 runs Cast to float8) and a model without inputs
     refused = {o.name: o.detail for o in outcomes.values() if o.kind == "refused"}
-    assert all(re.search(r"is (seq|optional)\(.*\), not a tensor; qconsist records tensors$|has no inputs$", d)
+    assert all(re.search(r"is (seq|optional)\(.*\), not a tensor; qconsist records tensors$|has no inputs$|an element type qconsist does not record", d)
                for d in refused.values()), refused
     summary = counts(list(outcomes.values()))
     assert summary["equal"] == summary["ort_can_run"] - len(refused) and summary["equal"] >= 40, json.dumps(summary, indent=1)
@@ -70,5 +71,5 @@ def test_every_node_test(tmp_path_factory):
     (folder / "counts.json").write_text(json.dumps(summary, indent=1))
     assert [o for o in outcomes if o.kind == "failed"] == [], json.dumps(summary, indent=1)
     refused = [o.detail for o in outcomes if o.kind == "refused"]
-    assert all(re.search(r"is (seq|optional)\(.*\), not a tensor; qconsist records tensors$|has no inputs$", d)
+    assert all(re.search(r"is (seq|optional)\(.*\), not a tensor; qconsist records tensors$|has no inputs$|an element type qconsist does not record", d)
                for d in refused), refused
