@@ -26,7 +26,7 @@ from qconsist.compare import UNOBSERVED, ObservedGraph, ObservedNode, Proof, Ten
 from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import DTYPES, check_hash_functions
-from qconsist.inference.graphmap import TensorOrigin, node_names, node_reads, op_name
+from qconsist.inference.graphmap import TensorOrigin, node_names, node_reads, op_name, topological_order
 from qconsist.inference.reader import LoadedDump
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import serialized
@@ -190,22 +190,8 @@ def space_graph(model: onnx.ModelProto) -> ObservedGraph:
     graph = model.graph
     constants = {i.name for i in graph.initializer} | {
         n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.domain in ("", "ai.onnx")}
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
     names = node_names(graph)
-    order: list[int] = []
-    state: dict[int, int] = {}
-    for root in range(len(graph.node)):
-        stack = [(root, False)]
-        while stack:
-            index, done = stack.pop()
-            if done:
-                order.append(index)
-                continue
-            if state.get(index):
-                continue
-            state[index] = 1
-            stack.append((index, True))
-            stack.extend((producer[i], False) for i in node_reads(graph.node[index]) if i in producer and not state.get(producer[i]))
+    order = topological_order(graph)
     nodes = []
     for index in order:
         node = graph.node[index]

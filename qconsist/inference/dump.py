@@ -42,7 +42,7 @@ from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
 from qconsist.inference.fingerprint import fingerprint_row
-from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash
+from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash, topological_order
 from qconsist.inference.layout import Layouts, to_original
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import ai_onnx_opset, read_onnx
@@ -467,31 +467,6 @@ class DumpRecorder:
                 save_npz(self._raw_path(index + offset), {f"t{c}": sample[c] for c in sorted(keep)})
 
 
-def _topological(graph: onnx.GraphProto) -> list[int]:
-    """Node indices in an order where every node comes after the producers of its inputs."""
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
-    order: list[int] = []
-    state: dict[int, int] = {}
-    for root in range(len(graph.node)):
-        stack = [(root, False)]
-        while stack:
-            index, done = stack.pop()
-            if done:
-                if state.get(index) != 2:
-                    state[index] = 2
-                    order.append(index)
-                continue
-            if state.get(index):
-                continue
-            state[index] = 1
-            stack.append((index, True))
-            for inp in node_reads(graph.node[index]):
-                dep = producer.get(inp)
-                if dep is not None and not state.get(dep):
-                    stack.append((dep, False))
-    return order
-
-
 def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
     """The graph that ran, in topological order, each node labelled with the original node users know."""
     graph = optimized.graph
@@ -499,7 +474,7 @@ def observed_graph(optimized: onnx.ModelProto, plan: DumpPlan) -> ObservedGraph:
     labels = {t.name: t.label for t in plan.tensors}
     names = node_names(graph)
     nodes = []
-    for index in _topological(graph):
+    for index in topological_order(graph):
         node = graph.node[index]
         outputs = tuple(o for o in node.output if o)
         label = next((labels[o] for o in outputs if o in labels), names[index])

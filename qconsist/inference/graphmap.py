@@ -375,3 +375,29 @@ def structure_hash(model: onnx.ModelProto) -> str:
             attrs.append((attr.name, value))
         put(node.domain, node.op_type, list(node.input), list(node.output), sorted(attrs, key=lambda a: a[0]))
     return h.hexdigest()
+
+
+def topological_order(graph: onnx.GraphProto) -> list[int]:
+    """Node indices in an order where every node comes after the producers of what it reads (its subgraphs' outer
+    tensors included): one depth-first order, used by the dump and the diff alike."""
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for root in range(len(graph.node)):
+        stack = [(root, False)]
+        while stack:
+            index, done = stack.pop()
+            if done:
+                if state.get(index) != 2:
+                    state[index] = 2
+                    order.append(index)
+                continue
+            if state.get(index):
+                continue
+            state[index] = 1
+            stack.append((index, True))
+            for inp in node_reads(graph.node[index]):
+                dep = producer.get(inp)
+                if dep is not None and not state.get(dep):
+                    stack.append((dep, False))
+    return order
