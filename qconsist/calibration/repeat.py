@@ -69,7 +69,7 @@ class TensorDifference:
 
 
 @serialized(
-    schema=SCHEMA, derived=("agree", "verdict"), error=InputError,
+    schema=SCHEMA, derived=("agree", "passed", "verdict"), error=InputError,
     refused="not a repeated-calibration result (schema {found!r}, expected {schema})",
     malformed="repeated-calibration result is malformed: {exc}",
 )

@@ -196,7 +196,8 @@ NO_VERDICT = "—"
 def run_verdict(manifest: Manifest) -> str:
     """What the run judged, as its manifest recorded it (its ``status`` says only that its files are all there):
     ``PASS``, ``FAIL (check quantize)`` (a pipeline's stage checks below their floor, its repeated calibrations
-    disagreeing), ``FAIL (gate)`` (a nightly entry), ``FAIL (1 of 3 models)`` (a night), or ``—`` for a run that
+    disagreeing, or agreeing by chance: ``FAIL (calibration agreed by chance)``), ``FAIL (gate)`` (a nightly
+    entry), ``FAIL (1 of 3 models)`` (a night), or ``—`` for a run that
     judges nothing (an inference, locate or sensitivity run)."""
     sections = manifest.sections
     if manifest.kind == "pipeline":
@@ -212,8 +213,13 @@ def run_verdict(manifest: Manifest) -> str:
         repeat = sections.get("calib_repeat")
         if isinstance(repeat, dict) and isinstance(repeat.get("agree"), bool):
             judged = True
+            # ``passed`` (written since the by-chance finding): the md5s agree and no calibrated tensor's producer
+            # varies run to run; records written before it say only ``agree``
+            passed = repeat.get("passed")
             if not repeat["agree"]:
                 failed.append("calibration repeat")
+            elif passed is False:
+                failed.append("calibration agreed by chance")
         return f"FAIL ({', '.join(failed)})" if failed else ("PASS" if judged else NO_VERDICT)
     gate = sections.get("gate")
     if isinstance(gate, dict) and isinstance(gate.get("passed"), bool):

@@ -17,6 +17,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.calibration.producers import ProducerCheck, VaryingTensor
+from qconsist.store.manifest import Manifest
+from qconsist.store.runs import run_verdict
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
 from qconsist.inputs import open_input_set
 from qconsist.stages.quantize import CalibrationOptions, QuantizeOptions
@@ -63,6 +65,12 @@ def test_calibrations_that_agree_by_chance_are_named_with_the_varying_producer(t
     assert check.evidence() == f"{check.checked} calibrated tensor(s) compared over 3 runs of 4 calibration step(s) in one cpu session"
     again = RepeatResult.from_json(result.to_json())  # the record the pipeline keeps and the gate reads
     assert again.by_chance and again.producers == check and again.verdict() == result.verdict()
+    # `runs list` and `inspect` judge a pipeline run from its manifest alone: the record says it did not pass
+    assert result.to_json()["passed"] is False
+    manifest = Manifest(kind="pipeline", sections={"calib_repeat": result.to_json()})
+    assert run_verdict(manifest) == "FAIL (calibration agreed by chance)"
+    old = {k: v for k, v in result.to_json().items() if k != "passed"}  # a record written before `passed` was
+    assert run_verdict(Manifest(kind="pipeline", sections={"calib_repeat": old})) == "PASS"
 
 
 def test_the_check_runs_on_gpu_providers_only_by_default(tmp_path):
