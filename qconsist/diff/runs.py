@@ -46,6 +46,7 @@ class EngineChange:
     why_a: str | None = None  # why cuDNN says run A's kernel is not reproducible
     why_b: str | None = None
     origin: bool = False  # an origin node of the tensor comparison
+    span: str | None = None  # the span of the tensor comparison this node lies inside (the span's label)
 
     @property
     def same(self) -> bool:
@@ -62,12 +63,19 @@ class EngineChange:
         why = self.why_a or self.why_b
         if why:
             text += f"; {why}" + (" — the same kernel gives different results from run to run" if self.same else "")
+        if self.origin:
+            text += "; an origin of the tensor comparison"
+        elif self.span is not None:
+            text += f"; inside the span {self.span} of the tensor comparison"
         return text
 
 
-def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChange], list[str]]:
-    """The convolution nodes whose kernels differ between the runs, are marked non-deterministic, or are
-    origins; and notes where only one run recorded its kernels (``qconsist run --engines``)."""
+def compare_engines(a: Run, b: Run, origins: set[str], spans: dict[str, str] | None = None,
+                    ) -> tuple[list[EngineChange], list[str]]:
+    """The convolution nodes whose kernels differ between the runs, are marked non-deterministic, are origins or
+    lie inside a span (``spans``: node label → the span's label); and notes where only one run recorded its
+    kernels (``qconsist run --engines``)."""
+    spans = spans or {}
     record_a, record_b = a.sections.get("engines"), b.sections.get("engines")
     if not record_a and not record_b:
         return [], []
@@ -81,8 +89,8 @@ def compare_engines(a: Run, b: Run, origins: set[str]) -> tuple[list[EngineChang
         if other is None:
             continue
         change = EngineChange(node.label, node.op_type, list(node.runs), list(other.runs), node.why, other.why,
-                              node.label in origins)
-        if not change.same or change.why_a or change.why_b or change.origin:
+                              node.label in origins, None if node.label in origins else spans.get(node.label))
+        if not change.same or change.why_a or change.why_b or change.origin or change.span is not None:
             changes.append(change)
     return changes, []
 
@@ -421,7 +429,9 @@ def diff_runs(run_a: Run | Path | str, run_b: Run | Path | str, tolerance: Toler
     elif a.kind != b.kind:
         result.notes.append(f"{_a(a.kind)} run and {_a(b.kind)} run: artifacts and calibration compared")
     origins = {n.label for n in result.tensors.origins} if result.tensors is not None else set()
-    result.engines, notes = compare_engines(a, b, origins)
+    spans = ({inside: span.label for span in result.tensors.spans for inside in (*span.span, span.label)}
+             if result.tensors is not None else {})
+    result.engines, notes = compare_engines(a, b, origins, spans)
     result.notes += notes
     if result.same_run:
         result.notes.insert(0, f"A and B are the same run ({a.run_id}): a run compared with itself is identical by "

@@ -34,7 +34,18 @@ def test_different_kernels_and_a_non_deterministic_one_are_named():
                                "executed different kernels")
     assert deconv.origin and deconv.same
     assert deconv.describe() == (f"upscore (ConvTranspose): A engine 25 in all 3 runs; B engine 25 in all 3 runs; {WHY} "
-                                 "— the same kernel gives different results from run to run")
+                                 "— the same kernel gives different results from run to run; an origin of the tensor comparison")
+
+
+def test_a_kernel_inside_a_span_is_named_with_its_span():
+    """A deterministic kernel unchanged between the runs still matters when it lies inside a span (unobserved
+    tensors between identical inputs and a differing output): the blame may be its."""
+    same = _manifest("engine 28", None)
+    changes, _ = compare_engines(same, _manifest("engine 28", None), set(), {"score": "score", "upscore": "score"})
+    assert [(c.node, c.origin, c.span) for c in changes] == [("upscore", False, "score"), ("score", False, "score")]
+    assert changes[1].describe() == ("score (Conv): A engine 28 in all 3 runs; B engine 28 in all 3 runs; inside the "
+                                     "span score of the tensor comparison")
+    assert compare_engines(same, _manifest("engine 28", None), set()) == ([], [])  # nothing blamed: nothing said
 
 
 def test_one_sided_records_leave_a_note_and_none_say_nothing():
