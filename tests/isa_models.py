@@ -79,3 +79,29 @@ def saturating_float_model(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def shared_constant_qdq_model(path: Path) -> Path:
+    """A QDQ model in which one int8 constant (values outside [-64, 64]) feeds two nodes through one
+    DequantizeLinear: ``x + c + c``. onnxruntime gives each consumer its own copy of the DequantizeLinear, and with
+    ``session.x64quantprecision=1`` converts each copy's weight to u8 under the same name (``<name>_s8_2_u8``): the
+    second conversion fails the session ("AddInitializedOrtValue Attempt to replace the existing tensor"), as it
+    does for ppocr_cls quantized (one constant shared by its 18 hard-swish Adds)."""
+    initializers = [
+        numpy_helper.from_array(np.array([[100, -100, 3, 7]], np.int8), "c_q"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "c_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "c_zero"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["c_q", "c_scale", "c_zero"], ["c"], name="dequantize_constant"),
+        helper.make_node("Add", ["x", "c"], ["a"], name="add_first"),
+        helper.make_node("Add", ["a", "c"], ["y"], name="add_second"),
+    ]
+    graph = helper.make_graph(nodes, "shared_constant",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -20,6 +20,10 @@ def render_result(result) -> None:  # PipelineResult
         console.print(f"  {stage:<11} {hashes.path}  md5 {hashes.md5}  ({result.seconds[stage]:.2f} s)")
     for stage, checks in result.checks.items():
         for key, check in checks.items():
+            if key == "instruction_sets" and isinstance(check, dict):  # [isa]: qconsist.pipeline.isa
+                for line in check.get("lines") or ():
+                    console.print(f"  check {stage} across instruction sets: {line}")
+                continue
             if not key.startswith("outputs_vs_") or not check:
                 continue
             against = key[len("outputs_vs_"):]
