@@ -60,6 +60,8 @@ def _render(result) -> None:  # result: CpuLocateResult
             cell = result.cell(name, setting.name)
             if cell.load_error:
                 row.append("cannot load")
+            elif name != "native" and result.cell("native", setting.name).load_error:
+                row.append(f"loads; native cannot ({cell.ms_per_sample:.1f} ms)")
             elif cell.identical_to_native is None:
                 row.append(f"reference ({cell.ms_per_sample:.1f} ms)")
             elif cell.identical_to_native:
@@ -74,7 +76,7 @@ def _render(result) -> None:  # result: CpuLocateResult
         setting = next(s for s in SETTINGS if s.name == name)
         console.print(f"{setting.describe()}: cannot load under this setting: {error}")
     for cell in result.cells:
-        if cell.identical_to_native is False and not cell.load_error and cell.run_dir:
+        if cell.identical_to_native is False and not cell.load_error and not result.cell("native", cell.setting).load_error:
             named = ", ".join(cell.origins[:8]) or "none named (no tensor diverged in the dump)"
             console.print(f"{cell.isa} vs native, {cell.setting}: first diverging node {cell.first_node or '-'}; "
                           f"origin nodes (outputs differ while their inputs are bit-identical): {named}"

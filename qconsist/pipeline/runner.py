@@ -270,7 +270,7 @@ def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[Stag
         except PinLoadError as exc:
             quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
                                                     "lines": [f"[isa] pin: {exc}"]}
-            return [f"check quantize: [isa] pin: {exc}"]
+            return [f"check quantize across instruction sets: [isa] pin: {exc}"]
         if covered or not config.isa.spread:
             line = (f"{what}, {recorded.describe()}: the verdict holds on them" if recorded.identical else
                     f"{what}, {recorded.describe()}: how far that moves the figures is not measured "
@@ -286,14 +286,14 @@ def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[Stag
     except PinLoadError as exc:
         quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
                                                 "lines": [f"[isa] pin: {exc}"]}
-        return [f"check quantize: [isa] pin: {exc}"]
+        return [f"check quantize across instruction sets: [isa] pin: {exc}"]
     lines = [figure.describe() for figure in spread.figures]
-    failures = [f"check quantize: {figure.describe()}" for figure in spread.within]
+    failures = [f"check quantize across instruction sets: {figure.describe()}" for figure in spread.within]
     if spread.identical:
         lines.append(f"{what}, outputs bit-identical to native on {', '.join(spread.identical)}" if not spread.differing
                      else f"{what}, outputs differ from native on {', '.join(spread.differing)}")
     if config.isa.pin and spread.differing:
-        failures.append(f"check quantize: [isa] pin requires outputs bit-identical across instruction sets, but they "
+        failures.append(f"check quantize across instruction sets: [isa] pin requires outputs bit-identical across instruction sets, but they "
                         f"differ on {', '.join(spread.differing)} even with session.x64quantprecision=1")
     quantized.checks["instruction_sets"] = {**spread.to_json(), "passed": not failures, "lines": lines}
     return failures
