@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 from isa_models import saturating_float_model, saturating_inputs, shared_constant_float_model
 from qconsist.cli import app
 from qconsist.cpu import instruction_set
-from qconsist.pipeline.isaspread import FigureSpread
 from qconsist.store.run import Run
 
 NATIVE = instruction_set()
@@ -29,6 +28,8 @@ CANNOT_LOAD = (f"session.x64quantprecision=1 cannot load the quantized model: on
 
 
 def test_a_verdict_within_the_spread_of_its_threshold():
+    from qconsist.pipeline.isaspread import FigureSpread  # the one definition (pipeline and gate)
+
     straddles = FigureSpread("y SQNR", {"native AVX-512 VNNI": 14.8, "Haswell": 15.2}, 15.0, " dB")
     assert straddles.within and round(straddles.spread, 6) == 0.4
     assert straddles.describe() == ("y SQNR 14.80 dB vs floor 15 dB, within the instruction-set spread 0.40 dB "
