@@ -168,3 +168,28 @@ def test_the_pipeline_fails_a_verdict_within_the_instruction_set_spread(tmp_path
     assert f"FAILED check quantize across instruction sets: {line} ([isa])" in out.output.splitlines()
     assert ("  check quantize across instruction sets: with onnxruntime's default integer path, outputs differ from "
             "native on Haswell") in out.output.splitlines()
+
+
+def test_a_pin_alone_checks_that_the_pinned_session_loads(tmp_path):
+    saturating_float_model(tmp_path / "float.onnx")
+    saturating_inputs(tmp_path / "data.npy", 8)
+    (tmp_path / "p.toml").write_text('name = "sat"\n[model]\nonnx = "float.onnx"\n[calibration]\ndata = "data.npy"\n'
+                                     'count = 4\n[quantize]\nper_channel = true\n[isa]\npin = true\n')
+    out = CliRunner().invoke(app, ["pipeline", "run", str(tmp_path / "p.toml"), "--runs-dir", str(tmp_path / "runs"),
+                                   "--run-id", "s"])
+    assert out.exit_code == 0, out.output
+    assert ("  check quantize across instruction sets: with session.x64quantprecision=1: the session loads; no other "
+            "instruction set measured ([isa] spread lists QEMU CPU models)") in out.output.splitlines()
+    run = Run.open(tmp_path / "runs" / "s")
+    assert next(s for s in run.stages if s["name"] == "quantize")["checks"]["instruction_sets"]["passed"] is True
+    assert run.sections["pipeline"]["isa"] == {"spread": [], "pin": True}
+    bad = tmp_path / "bad.toml"
+    bad.write_text((tmp_path / "p.toml").read_text().replace("pin = true", "pin = true\nspred = []"))
+    out = CliRunner().invoke(app, ["pipeline", "run", str(bad), "--runs-dir", str(tmp_path / "runs")])
+    assert out.exit_code == 2
+    assert out.output.strip().splitlines()[-1] == f"error: {bad.resolve()}: unknown key 'isa.spred' (known in [isa]: pin, spread)"
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text((tmp_path / "p.toml").read_text() + 'spread = ["pentium9"]\n')
+    out = CliRunner().invoke(app, ["pipeline", "run", str(unknown), "--runs-dir", str(tmp_path / "runs")])
+    assert out.exit_code == 2
+    assert out.output.strip().splitlines()[-1].startswith("error: --isa 'pentium9' is not a CPU model QEMU knows: ")

@@ -268,9 +268,7 @@ def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[Stag
             if config.isa.pin:
                 check_pin_loads(quantized.path)
         except PinLoadError as exc:
-            quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
-                                                    "lines": [f"[isa] pin: {exc}"]}
-            return [f"check quantize across instruction sets: [isa] pin: {exc}"]
+            return _pin_failed(quantized, exc)
         if covered or not config.isa.spread:
             line = (f"{what}, {recorded.describe()}: the verdict holds on them" if recorded.identical else
                     f"{what}, {recorded.describe()}: how far that moves the figures is not measured "
@@ -279,14 +277,20 @@ def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[Stag
                                                     "identical": recorded.identical, "pinned": config.isa.pin,
                                                     "lines": [line], **({"passed": True} if recorded.identical else {})}
             return []
+    if not isas:  # [isa] pin alone: whether the pinned session loads here
+        try:
+            check_pin_loads(quantized.path)
+        except PinLoadError as exc:
+            return _pin_failed(quantized, exc)
+        quantized.checks["instruction_sets"] = {"passed": True, "pinned": True, "lines": [
+            f"{what}: the session loads; no other instruction set measured ([isa] spread lists QEMU CPU models)"]}
+        return []
     try:
         spread = measure_spread(float_model, quantized.path, inputs, judged_outputs(read_onnx(float_model), config.outputs),
                                 isas, pin=config.isa.pin, min_sqnr_db=options.min_sqnr_db,
                                 min_top1_agreement=options.min_top1_agreement, progress=progress)
     except PinLoadError as exc:
-        quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
-                                                "lines": [f"[isa] pin: {exc}"]}
-        return [f"check quantize across instruction sets: [isa] pin: {exc}"]
+        return _pin_failed(quantized, exc)
     lines = [figure.describe() for figure in spread.figures]
     failures = [f"check quantize across instruction sets: {figure.describe()}" for figure in spread.within]
     if spread.identical:
@@ -297,6 +301,13 @@ def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[Stag
                         f"differ on {', '.join(spread.differing)} even with session.x64quantprecision=1")
     quantized.checks["instruction_sets"] = {**spread.to_json(), "passed": not failures, "lines": lines}
     return failures
+
+
+def _pin_failed(quantized: StageRecord, exc: PinLoadError) -> list[str]:
+    """``[isa] pin`` on a model onnxruntime cannot load under ``session.x64quantprecision=1``: its one line."""
+    quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
+                                            "lines": [f"[isa] pin: {exc}"]}
+    return [f"check quantize across instruction sets: [isa] pin: {exc}"]
 
 
 def repeat_from_pipeline(config: PipelineConfig, n: int, progress: Progress = NULL_PROGRESS) -> RepeatResult:
