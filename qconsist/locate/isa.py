@@ -134,14 +134,13 @@ def run_cells(request: dict[str, Any]) -> list[dict[str, Any]]:
     done = []
     for cell in request["cells"]:
         options = ExecutionOptions("cpu", intra_op_threads=request["threads"], session_config=cell["entries"])
-        try:  # a setting onnxruntime cannot load here is a finding of the cell, not the matrix's failure
-            create_session(source.path, options)
+        input_set = open_inputs(inputs, source, 1, up_to=True)
+        try:  # a setting onnxruntime cannot load here is a finding of the cell (no run directory), not a failure
+            result = run_inference(source, input_set, RunRequest(options=options, dump=True, raw=RawSelection.parse("none")),
+                                   Path(request["runs_dir"]), run_id=cell["run_id"], command=list(sys.argv))
         except UnsupportedModelError as exc:
             done.append({"setting": cell["setting"], "load_error": pin_failure(exc)})
             continue
-        input_set = open_inputs(inputs, source, 1, up_to=True)
-        result = run_inference(source, input_set, RunRequest(options=options, dump=True, raw=RawSelection.parse("none")),
-                               Path(request["runs_dir"]), run_id=cell["run_id"], command=list(sys.argv))
         done.append({"setting": cell["setting"], "run_dir": str(result.run_dir), "ms_per_sample": result.ms_per_sample,
                      "samples": result.samples})
     return done
