@@ -79,3 +79,54 @@ def saturating_float_model(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def shared_constant_qdq_model(path: Path) -> Path:
+    """A QDQ model in which one int8 constant (values outside [-64, 64]) feeds two nodes through one
+    DequantizeLinear: ``x + c + c``. onnxruntime gives each consumer its own copy of the DequantizeLinear, and with
+    ``session.x64quantprecision=1`` converts each copy's weight to u8 under the same name (``<name>_s8_2_u8``): the
+    second conversion fails the session ("AddInitializedOrtValue Attempt to replace the existing tensor"), as it
+    does for ppocr_cls quantized (one constant shared by its 18 hard-swish Adds)."""
+    initializers = [
+        numpy_helper.from_array(np.array([[100, -100, 3, 7]], np.int8), "c_q"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "c_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "c_zero"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["c_q", "c_scale", "c_zero"], ["c"], name="dequantize_constant"),
+        helper.make_node("Add", ["x", "c"], ["a"], name="add_first"),
+        helper.make_node("Add", ["a", "c"], ["y"], name="add_second"),
+    ]
+    graph = helper.make_graph(nodes, "shared_constant",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def shared_constant_float_model(path: Path) -> Path:
+    """``saturating_float_model``'s Conv followed by Relu, ``+ c``, Relu, ``+ c``: one constant ``c`` (±4, so
+    int8 ±127) for both Adds (the Relus keep onnxruntime from folding them into the Conv's bias): ``quantize_static`` gives ``c`` one int8 initializer and one DequantizeLinear feeding both, which
+    ``session.x64quantprecision=1`` cannot load (``shared_constant_qdq_model``)."""
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 1.0, -1.0).astype(np.float32)
+    weights[0] = 1.0
+    constant = np.where(np.arange(CHANNELS_OUT) % 2 == 0, 4.0, -4.0).astype(np.float32).reshape(1, CHANNELS_OUT, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["conv"], name="conv"),
+         helper.make_node("Relu", ["conv"], ["relu"], name="relu_first"),
+         helper.make_node("Add", ["relu", "c"], ["added"], name="add_first"),
+         helper.make_node("Relu", ["added"], ["relu_added"], name="relu_second"),
+         helper.make_node("Add", ["relu_added", "c"], ["y"], name="add_second")], "shared_constant_float",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(constant, "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -13,6 +13,9 @@ from qconsist.errors import EXIT_DIVERGED
 pipeline_app = typer.Typer(help="Run a pipeline file: Caffe → ONNX → optimized → quantized, every artifact hashed.", no_args_is_help=True)
 
 
+ISA_FAILURE = "check quantize across instruction sets: "
+
+
 def render_result(result) -> None:  # PipelineResult
     console = stdout_console()
     console.print(f"run {result.run_id}: {result.path}")
@@ -20,6 +23,10 @@ def render_result(result) -> None:  # PipelineResult
         console.print(f"  {stage:<11} {hashes.path}  md5 {hashes.md5}  ({result.seconds[stage]:.2f} s)")
     for stage, checks in result.checks.items():
         for key, check in checks.items():
+            if key == "instruction_sets" and isinstance(check, dict):  # [isa]: qconsist.pipeline.isa
+                for line in check.get("lines") or ():
+                    console.print(f"  check {stage} across instruction sets: {line}")
+                continue
             if not key.startswith("outputs_vs_") or not check:
                 continue
             against = key[len("outputs_vs_"):]
@@ -46,7 +53,8 @@ def render_result(result) -> None:  # PipelineResult
         for difference in result.repeat.differences:
             console.print(f"  {difference.line()}")
     for failure in result.failures:
-        console.print(f"FAILED {failure} ([quantize] min_sqnr_db)")
+        across = failure.startswith(ISA_FAILURE)  # the quantize check across instruction sets: [isa]
+        console.print(f"FAILED {failure}" + ("" if across and "[isa]" in failure else " ([isa])" if across else " ([quantize] min_sqnr_db)"))
 
 
 def _floor(check: dict) -> str:

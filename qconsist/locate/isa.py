@@ -31,13 +31,18 @@ from typing import Any, Sequence
 from qconsist.cpu import InstructionSet, instruction_set
 from qconsist.diff.runs import diff_runs
 from qconsist.emulation import NATIVE, emulated_command, run_emulated_capture
-from qconsist.errors import ConfigError, QconsistError
+from qconsist.environment import fingerprint
+from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.inputs.options import InputOptions
 from qconsist.pipeline.inputs import open_inputs
 from qconsist.progress import NULL_PROGRESS, Progress
+from qconsist.pipeline.isaspread import pin_failure
+from qconsist.store.hashing import hash_file
+from qconsist.store.manifest import Manifest
 from qconsist.store.run import Run
+from qconsist.store.rundir import RunDirectory
 from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,8 @@ class IsaCell:
     greatest_abs: float = 0.0
     origins: list[str] = field(default_factory=list)  # nodes the origin rule names against the native cell
     first_node: str | None = None
+    load_error: str | None = None  # onnxruntime cannot create the session under this setting here (one line)
+    spans: list[list[str]] = field(default_factory=list)  # the origin rule's spans (nodes judged together)
 
 
 @serialized(schema=SCHEMA, derived=("passed",), error=ConfigError, refused="locate result schema {found!r} is not {schema!r}",
@@ -94,6 +101,9 @@ class CpuLocateResult:
     cost: dict[str, float]  # setting -> native median ms per sample / default's (side by side)
     native_ms: dict[str, float]  # setting -> native median ms per sample
     recommended: str | None = None
+    cannot_load: dict[str, str] = field(default_factory=dict)  # setting -> onnxruntime's one line (never recommended)
+    md5: str | None = None  # the model file's md5: what the gate and the pipeline look a record up by
+    record: str | None = None  # the run directory of kind "locate-cpu" that records this result
 
     @property
     def passed(self) -> bool:
@@ -125,8 +135,12 @@ def run_cells(request: dict[str, Any]) -> list[dict[str, Any]]:
     for cell in request["cells"]:
         options = ExecutionOptions("cpu", intra_op_threads=request["threads"], session_config=cell["entries"])
         input_set = open_inputs(inputs, source, 1, up_to=True)
-        result = run_inference(source, input_set, RunRequest(options=options, dump=True, raw=RawSelection.parse("none")),
-                               Path(request["runs_dir"]), run_id=cell["run_id"], command=list(sys.argv))
+        try:  # a setting onnxruntime cannot load here is a finding of the cell (no run directory), not a failure
+            result = run_inference(source, input_set, RunRequest(options=options, dump=True, raw=RawSelection.parse("none")),
+                                   Path(request["runs_dir"]), run_id=cell["run_id"], command=list(sys.argv))
+        except UnsupportedModelError as exc:
+            done.append({"setting": cell["setting"], "load_error": pin_failure(exc)})
+            continue
         done.append({"setting": cell["setting"], "run_dir": str(result.run_dir), "ms_per_sample": result.ms_per_sample,
                      "samples": result.samples})
     return done
@@ -147,13 +161,13 @@ def _emulated(model: str, request: dict[str, Any], scratch: Path) -> tuple[list[
 
 @ort_logged()
 def side_by_side_ms(model: Path, stage: str | None, inputs: InputOptions, settings: Sequence[Setting], threads: int,
-                    rounds: int = 10) -> dict[str, float]:
+                    rounds: int = 10, skip: Sequence[str] = ()) -> dict[str, float]:
     """Median ms per run of each setting's session here, the sessions timed in turn (one run each per round,
     after two warm-up runs) so that the machine's load falls on all of them alike."""
     source = resolve_model(model, stage)
     input_set = open_inputs(inputs, source, 1, up_to=True)
     feeds = [input_set.sample(i) for i in range(min(len(input_set), 4))]
-    sessions = {s.name: create_session(source.path, s.options(threads)) for s in settings}
+    sessions = {s.name: create_session(source.path, s.options(threads)) for s in settings if s.name not in skip}
     for session in sessions.values():
         for feed in feeds[:2]:
             session.run(None, feed)
@@ -199,15 +213,24 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, stage: str 
     result_cells: list[IsaCell] = []
     recorded: dict[str, dict[str, Any]] = {}
     identical = {s.name: True for s in settings}
+    cannot_load: dict[str, str] = {}
     samples = 0
     for isa in isas:
         for setting in settings:
             entry = cells[(isa, setting.name)]
+            if entry.get("load_error"):
+                cannot_load.setdefault(setting.name, entry["load_error"])
+                identical[setting.name] = False
+                result_cells.append(IsaCell(isa, setting.name, "", 0.0, None if isa == NATIVE else False,
+                                            load_error=entry["load_error"]))
+                continue
             run = Run.open(Path(entry["run_dir"]))
             recorded.setdefault(isa, run.manifest.environment.get("cpu_isa") or {})
             cell = IsaCell(isa, setting.name, entry["run_dir"], entry["ms_per_sample"])
             samples = int(entry.get("samples") or samples)
-            if isa != NATIVE:
+            if isa != NATIVE and cells[(NATIVE, setting.name)].get("load_error"):
+                cell.identical_to_native = False  # nothing to compare with: the native cell cannot load
+            elif isa != NATIVE:
                 diff = diff_runs(Run.open(Path(cells[(NATIVE, setting.name)]["run_dir"])), run)
                 outputs = diff.outputs
                 cell.identical_to_native = bool(outputs is not None and outputs.identical)
@@ -217,14 +240,34 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, stage: str 
                 if diff.tensors is not None and diff.tensors.nodes:
                     cell.origins = [node.label for node in diff.tensors.origins]
                     cell.first_node = diff.tensors.first.label
+                    cell.spans = [[node.label, *node.span] for node in diff.tensors.spans]  # the span's end, its nodes
                 identical[setting.name] &= cell.identical_to_native
             result_cells.append(cell)
-    native_ms = side_by_side_ms(model, stage, inputs, settings, threads, timing_rounds)
-    base = native_ms[settings[0].name]
-    cost = {name: ms / base for name, ms in native_ms.items()}
-    recommended = next((s.name for s in settings if identical[s.name]), None)
+    native_ms = side_by_side_ms(model, stage, inputs, settings, threads, timing_rounds, skip=list(cannot_load))
+    base = native_ms.get(settings[0].name)
+    cost = {name: ms / base for name, ms in native_ms.items()} if base else {}
+    recommended = next((s.name for s in settings if identical[s.name] and s.name not in cannot_load), None)
     return CpuLocateResult(str(model), samples, threads, recorded, seconds, result_cells, identical, cost, native_ms,
-                           recommended)
+                           recommended, cannot_load, hash_file(resolve_model(model, stage).path).md5)
+
+
+RECORD_KIND = "locate-cpu"  # the run directory that records a CpuLocateResult (sections.locate_cpu)
+RECORD_SECTION = "locate_cpu"
+
+
+def record_cpu_locate(result: CpuLocateResult, model: Path, stage: str | None, runs_dir: Path, run_id: str,
+                      command: Sequence[str] = ()) -> Path:
+    """Write ``result`` as a run directory of kind ``locate-cpu`` (its manifest's ``locate_cpu`` section, the
+    model with its md5, this machine's fingerprint), which the gate's ``[isa]`` checks and the pipeline's quantize
+    check read as the evidence of the spread across instruction sets (``qconsist.pipeline.isaspread``)."""
+    source = resolve_model(model, stage)
+    with RunDirectory.create(runs_dir, f"locate-cpu-{source.describe().get('name') or source.path.stem}",
+                             RECORD_KIND, run_id) as rundir:
+        result.record = str(rundir.path)
+        manifest = Manifest(kind=RECORD_KIND, command=list(command),
+                            model={**source.describe(), **hash_file(source.path).to_json()},
+                            environment=fingerprint(), sections={RECORD_SECTION: result.to_json()})
+        return rundir.finish(manifest)
 
 
 def isa_label(data: dict[str, Any]) -> str:

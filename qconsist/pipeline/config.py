@@ -91,6 +91,7 @@ class PipelineConfig:
     evaluation: DataConfig | None = None
     runs_dir: Path = RUNS_DIR
     outputs: Mapping[str, OutputKind] = field(default_factory=dict)  # [evaluation] outputs: declared kinds
+    isa: "IsaConfig" = field(default_factory=lambda: IsaConfig())  # [isa]: the quantize check across instruction sets
 
     def __post_init__(self) -> None:
         given = dict(self.stages)
@@ -127,7 +128,34 @@ class PipelineConfig:
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json() if self.evaluation is not None else None,
             "outputs": {name: kind.value for name, kind in self.outputs.items()},
+            **({"isa": self.isa.to_json()} if self.isa.active else {}),
         }
+
+
+@dataclass(frozen=True)
+class IsaConfig:
+    """``[isa]``: the quantize check also computes the quantized model's outputs under these QEMU CPU models
+    (``spread``, as written; resolved when the pipeline runs) and says when a verdict lies within the figures'
+    spread across instruction sets (``qconsist.pipeline.isa.FigureSpread``); ``pin`` computes them with
+    ``session.x64quantprecision=1``."""
+
+    spread: tuple[str, ...] = ()
+    pin: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.spread) or self.pin
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spread": list(self.spread), "pin": self.pin}
+
+
+def _isa(table: Table | None) -> IsaConfig:
+    if table is None:
+        return IsaConfig()
+    config = IsaConfig(spread=table.strings("spread"), pin=bool(table.get("pin", bool, False)))
+    table.finish()
+    return config
 
 
 def _resolve(base: Path, text: str) -> Path:
@@ -262,10 +290,11 @@ def parse_pipeline(data: dict[str, Any], path: Path | None = None, origin: str |
             outputs = guard(eval_table, lambda: parse_kinds(declared, "[evaluation] outputs"))
         evaluation = _data(eval_table, base, required=declared is None)  # only outputs: the calibration inputs
         eval_table.finish()
+    isa = _isa(top.sub("isa"))
     top.finish()
     return PipelineConfig(
         name=name, path=path, model=model, calibration=calibration, stages=stages, preprocess=preprocess,
-        evaluation=evaluation, runs_dir=runs_dir, outputs=outputs,
+        evaluation=evaluation, runs_dir=runs_dir, outputs=outputs, isa=isa,
     )
 
 

@@ -1,5 +1,8 @@
-"""``calib repeat --isa``'s inputs: the model calibration starts from and its calibration set, as a pipeline
-file or an ONNX model with arrays declare them (``qconsist.calibration.isa`` calibrates across instruction sets)."""
+"""The pipeline across instruction sets.
+
+``calib repeat --isa``'s inputs: the model calibration starts from and its calibration set, as a pipeline file
+or an ONNX model with arrays declare them (``qconsist.calibration.isa`` calibrates across instruction sets).
+(``qconsist.pipeline.isaspread``: verdicts within the instruction-set spread of their threshold.)"""
 
 from __future__ import annotations
 

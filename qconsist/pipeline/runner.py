@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 
 
 from qconsist.calibration.repeat import RepeatResult, repeat_calibration
-from qconsist.compare.kinds import check_declared
+from qconsist.compare.kinds import check_declared, judged_outputs
+from qconsist.emulation import parse_models
 from qconsist.environment import fingerprint
 from qconsist.errors import InputError, QconsistError
 from qconsist.inference.session import input_specs, require_provider
@@ -35,6 +36,8 @@ from qconsist.inputs.record import record_inputs
 from qconsist.onnxfile import read_onnx
 from qconsist.pipeline.inputs import open_data
 from qconsist.pipeline.config import DataConfig, ModelKind, PipelineConfig
+from qconsist.emulation import NATIVE
+from qconsist.pipeline.isaspread import PinLoadError, RecordedIsas, check_pin_loads, find_cpu_locate, measure_spread
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.base import Stage, StageContext, StageRecord
 from qconsist.stages.convert import check_onnx_entry
@@ -197,6 +200,7 @@ def run_pipeline(
     if config.evaluation:
         opened.append(open_data(config.evaluation, config.preprocess, "input", "evaluation"))
     _check_sizes(files, config, opened)
+    isas = parse_models(list(config.isa.spread)) if config.isa.spread else ()  # QEMU missing: exit 3; unknown model: 2
     root = Path(runs_dir) if runs_dir is not None else config.runs_dir
     with RunDirectory.create(root, config.name, "pipeline", run_id) as run, \
             capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
@@ -204,6 +208,13 @@ def run_pipeline(
         context = _context(config, files, progress, run)
         records = run_stages(config.active_stages(), config, context, lambda name: run.file(f"{name}/model.onnx"),
                              run.mark_progress)
+        quantize_record = next((r for r in records if r.name == "quantize"), None)
+        isa_failures: list[str] = []
+        recorded = (find_cpu_locate(run.path.parent, quantize_record.artifact.md5, config.isa.pin)
+                    if quantize_record is not None else None)
+        if quantize_record is not None and (config.isa.active or recorded is not None):  # before the checks are written
+            run.mark_progress("isa")
+            isa_failures = _across_isas(config, isas, records, quantize_record, context, recorded, progress)
         first = records[0].path
         manifest.inputs = {
             "calibration": _describe(context.calibration(first), first, run, "calibration"),
@@ -218,6 +229,7 @@ def run_pipeline(
         quantized = next((r for r in records if r.name == "quantize"), None)
         issues = list(quantized.result.issues) if quantized is not None else []
         failures = [f"check quantize: {line}" for line in quantized.result.failures] if quantized is not None else []
+        failures += isa_failures
         repeat = None
         if config.calibration.repeat > 1 and quantized is not None:
             run.mark_progress("calib_repeat")
@@ -236,6 +248,66 @@ def run_pipeline(
         issues=[i.to_json() for i in issues], repeat=repeat, onnxruntime_log=ort_log if ort_log.lines else None,
         failures=failures,
     )
+
+
+def _across_isas(config: PipelineConfig, isas: Sequence[str], records: list[StageRecord], quantized: StageRecord,
+                 context: StageContext, recorded: RecordedIsas | None, progress: Progress) -> list[str]:
+    """The quantize check across instruction sets (``[isa]``): the quantized model's outputs on the evaluation
+    inputs under each emulated CPU (``qconsist.pipeline.isaspread.measure_spread``), recorded with the stage's checks
+    as ``instruction_sets``; a verdict within the spread of its threshold, a pin that cannot load, or pinned
+    outputs that still differ is a failure line. A ``locate --ep cpu`` record of the quantized model (``recorded``,
+    by md5) whose outputs are bit-identical on every instruction set asked for stands in for the emulation; one
+    that found them different, without ``[isa] spread``, is said (the figures' spread is not measured)."""
+    float_model = records[records.index(quantized) - 1].path
+    options = config.quantize
+    inputs = context.evaluation(float_model) if context.evaluation else context.calibration(float_model)
+    what = "with session.x64quantprecision=1" if config.isa.pin else "with onnxruntime's default integer path"
+    if recorded is not None and (recorded.identical or not config.isa.spread):
+        covered = recorded.identical and recorded.covers((NATIVE, *isas))
+        try:
+            if config.isa.pin:
+                check_pin_loads(quantized.path)
+        except PinLoadError as exc:
+            return _pin_failed(quantized, exc)
+        if covered or not config.isa.spread:
+            line = (f"{what}, {recorded.describe()}: the verdict holds on them" if recorded.identical else
+                    f"{what}, {recorded.describe()}: how far that moves the figures is not measured "
+                    f"([isa] spread = [\"{recorded.instruction_sets[-1]}\"] measures it)")
+            quantized.checks["instruction_sets"] = {"record": str(recorded.path), "setting": recorded.setting,
+                                                    "identical": recorded.identical, "pinned": config.isa.pin,
+                                                    "lines": [line], **({"passed": True} if recorded.identical else {})}
+            return []
+    if not isas:  # [isa] pin alone: whether the pinned session loads here
+        try:
+            check_pin_loads(quantized.path)
+        except PinLoadError as exc:
+            return _pin_failed(quantized, exc)
+        quantized.checks["instruction_sets"] = {"passed": True, "pinned": True, "lines": [
+            f"{what}: the session loads; no other instruction set measured ([isa] spread lists QEMU CPU models)"]}
+        return []
+    try:
+        spread = measure_spread(float_model, quantized.path, inputs, judged_outputs(read_onnx(float_model), config.outputs),
+                                isas, pin=config.isa.pin, min_sqnr_db=options.min_sqnr_db,
+                                min_top1_agreement=options.min_top1_agreement, progress=progress)
+    except PinLoadError as exc:
+        return _pin_failed(quantized, exc)
+    lines = [figure.describe() for figure in spread.figures]
+    failures = [f"check quantize across instruction sets: {figure.describe()}" for figure in spread.within]
+    if spread.identical:
+        lines.append(f"{what}, outputs bit-identical to native on {', '.join(spread.identical)}" if not spread.differing
+                     else f"{what}, outputs differ from native on {', '.join(spread.differing)}")
+    if config.isa.pin and spread.differing:
+        failures.append(f"check quantize across instruction sets: [isa] pin requires outputs bit-identical across instruction sets, but they "
+                        f"differ on {', '.join(spread.differing)} even with session.x64quantprecision=1")
+    quantized.checks["instruction_sets"] = {**spread.to_json(), "passed": not failures, "lines": lines}
+    return failures
+
+
+def _pin_failed(quantized: StageRecord, exc: PinLoadError) -> list[str]:
+    """``[isa] pin`` on a model onnxruntime cannot load under ``session.x64quantprecision=1``: its one line."""
+    quantized.checks["instruction_sets"] = {"passed": False, "pinned": True, "pin_error": str(exc),
+                                            "lines": [f"[isa] pin: {exc}"]}
+    return [f"check quantize across instruction sets: [isa] pin: {exc}"]
 
 
 def repeat_from_pipeline(config: PipelineConfig, n: int, progress: Progress = NULL_PROGRESS) -> RepeatResult:

@@ -60,6 +60,9 @@ def checks(stages: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
                     rows.append((name, f"outputs vs {against}", RECORDED,
                                  f"greatest abs difference {_number(check.get('max_abs_diff'))}, top-1 agreement "
                                  f"{_number(check.get('top1_agreement'))} on {check.get('samples')} evaluation inputs"))
+            elif isinstance(check, dict) and key == "instruction_sets" and isinstance(check.get("passed"), bool):
+                rows.append((name, "across instruction sets" + (" (pinned)" if check.get("pinned") else ""),
+                             PASSED if check["passed"] else FAILED, escape("; ".join(str(x) for x in check.get("lines") or ()))))
             elif isinstance(check, dict) and key == "caffe_reference" and "passed" in check:
                 rows.append((name, "vs the Caffe reference", PASSED if check.get("passed") else FAILED,
                              f"greatest abs difference {_number(check.get('max_abs'))} within {_number(check.get('tolerance'))} "
