@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from nchwc_models import aligned_model, aligned_weights, conv, integer_inputs, padded_model, padded_weights
 from qconsist.cli import app
 from qconsist.cpu import instruction_set
-from qconsist.inference.layout import block_size, nchwc_filters, unblock, unblock_filter
+from qconsist.inference import layout
 
 NATIVE_BLOCK = 16 if "NCHWc 16" in instruction_set().float_kernels else 8
 OLD_RUN = Path(__file__).resolve().parents[1] / "data" / "old_runs" / "nchwc-aligned"
@@ -53,7 +53,7 @@ def _index(run: Path) -> dict:
 
 def test_the_block_is_measured_from_onnxruntime():
     # AVX-512F: blocks of 16 (MlasNchwcGetBlockSize); FMA3, AVX, SSE: 8
-    assert block_size() == NATIVE_BLOCK
+    assert layout.block_size() == NATIVE_BLOCK
 
 
 def test_blocked_tensors_are_recorded_in_nchw_without_their_padding_channels(models, tmp_path):
@@ -80,22 +80,22 @@ def test_blocked_tensors_are_recorded_in_nchw_without_their_padding_channels(mod
 
 def test_a_blocked_tensor_of_another_shape_is_refused_by_unblock():
     with pytest.raises(ValueError, match=r"a tensor of 32 NCHWc channels \(blocks of 16\) cannot hold 12 channels"):
-        unblock(np.zeros((1, 32, 2, 2), np.float32), 16, 12)
+        layout.unblock(np.zeros((1, 32, 2, 2), np.float32), 16, 12)
     with pytest.raises(ValueError, match=r"a tensor of shape \(1, 20, 2, 2\) is not held in NCHWc blocks of 16"):
-        unblock(np.zeros((1, 20, 2, 2), np.float32), 16, 20)
+        layout.unblock(np.zeros((1, 20, 2, 2), np.float32), 16, 20)
 
 
 def _filters(run: Path, block: int, name: str, weights: dict[str, np.ndarray]) -> dict[str, str]:
     """Each reordered filter of the run's optimized graph read back in OIHW against the original; their formats."""
     optimized = onnx.load(run / "dump" / "optimized.onnx")
     stored = {i.name: numpy_helper.to_array(i) for i in optimized.graph.initializer}
-    forms = nchwc_filters(optimized)
+    forms = layout.nchwc_filters(optimized)
     found = {}
     for node in optimized.graph.node:
         if node.domain == "com.microsoft.nchwc" and node.op_type == "Conv":
             original = weights[FILTERS[name][node.name]]
             o, i = original.shape[:2]
-            read = unblock_filter(stored[node.input[1]], block, forms[node.input[1]])
+            read = layout.unblock_filter(stored[node.input[1]], block, forms[node.input[1]])
             assert np.array_equal(read[:o, :i], original), node.name
             assert not read[o:].any() and not read[:, i:].any()  # ORT's padding: zeros
             found[node.name] = forms[node.input[1]]
