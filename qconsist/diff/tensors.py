@@ -350,7 +350,7 @@ def compare_tensors(
         return differ.column(position[key])
 
     labels = [_label(a.tensors[ca], b.tensors[cb]) for ca, cb in zip(cols_a, cols_b)]
-    same = _constant_comparison(graph_a, a.nchwc_block, b.nchwc_block) if space == "optimized" else same_value
+    same = constant_comparison(graph_a if space == "optimized" else None, a.nchwc_block, b.nchwc_block)
     _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), (graph, proofs), labels, constants, same)
     for sample in focus:
         diverging = differ.row(int(sample))
@@ -388,9 +388,9 @@ def _space(a: LoadedDump, b: LoadedDump, original_a: Path | None,
 def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],
                columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], proved: tuple[ObservedGraph, list[Proof]],
                labels: list[str], constants: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
-               same: Callable[..., bool] = same_value) -> None:
+               same: Callable[[str, Any, Any], bool]) -> None:
     """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order; origins and
-    spans with their evidence (``same(name, a, b)`` or ``same(a, b)``: whether a constant holds the same values)."""
+    spans with their evidence (``same(name, a, b)``: whether a constant holds the same values in both runs)."""
     (cols_a, cols_b), (differ, origin), (graph, proofs), (constants_a, constants_b) = columns, flags, proved, constants
     for p, key in enumerate(shared):
         rows = differ.column(p)
@@ -398,7 +398,7 @@ def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: l
             continue
         origin_rows = origin.column(p)
         proof = proofs[p]
-        changed = sorted(c for c in proof.constants if not _same(same, c, constants_a.get(c), constants_b.get(c)))
+        changed = sorted(c for c in proof.constants if not same(c, constants_a.get(c), constants_b.get(c)))
         ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
         finding = ("span" if proof.span else "origin") if origin_rows.size else ""
         node = TensorDiff(
@@ -416,14 +416,11 @@ def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: l
         result.nodes.append(node)
 
 
-def _same(same: Callable[..., bool], name: str, a: np.ndarray | None, b: np.ndarray | None) -> bool:
-    return same(a, b) if same is same_value else same(name, a, b)
-
-
-def _constant_comparison(graph: onnx.ModelProto, block_a: int, block_b: int) -> Callable[[str, Any, Any], bool]:
-    """``same(name, a, b)`` for two dumps' constants: a filter ORT reordered for an NCHWc Conv compared in OIHW where
-    the two processors' blocks differ (the same weights, another order), every other constant by ``same_value``."""
-    filters = nchwc_filters(graph) if block_a and block_b and block_a != block_b else {}
+def constant_comparison(graph: onnx.ModelProto | None, block_a: int, block_b: int) -> Callable[[str, Any, Any], bool]:
+    """``same(name, a, b)`` for two dumps' constants: in ORT's optimized graph (``graph``), a filter ORT reordered for
+    an NCHWc Conv is compared in OIHW where the two processors' blocks differ (the same weights, another order);
+    every other constant by ``same_value``."""
+    filters = nchwc_filters(graph) if graph is not None and block_a and block_b and block_a != block_b else {}
 
     def same(name: str, a: np.ndarray | None, b: np.ndarray | None) -> bool:
         if same_value(a, b) or name not in filters or a is None or b is None or a.shape != b.shape:
