@@ -129,6 +129,10 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
     if tensors.layout_unknown:
         shown = ", ".join(tensors.layout_unknown[:5]) + (f", … {len(tensors.layout_unknown) - 5} more" if len(tensors.layout_unknown) > 5 else "")
         console.print(f"not compared: {len(tensors.layout_unknown)} tensor(s) whose layout ORT's graph does not establish ({shown})")
+    if tensors.blocked_apart:
+        shown = ", ".join(tensors.blocked_apart[:5]) + (f", … {len(tensors.blocked_apart) - 5} more" if len(tensors.blocked_apart) > 5 else "")
+        console.print(f"not compared: {len(tensors.blocked_apart)} tensor(s) held in NCHWc blocks of different or unrecorded sizes "
+                      f"and not both recorded in NCHW ({shown}); the origin rule walks across them")
     if not tolerance.exact and tensors.nodes:
         beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
         unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]

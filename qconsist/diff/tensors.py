@@ -10,6 +10,12 @@ listed: the difference enters there). Where an input was not observed (fused awa
 finding is a **span**: its nearest observed inputs upstream are identical, its output differs, and every node
 inside it is listed. Other diverging nodes only propagate a difference. Each finding carries its evidence:
 what was compared, how, and what was not observed.
+
+A tensor ORT holds in NCHWc channel blocks (``inference/layout.py``) is compared when both dumps recorded it in
+NCHW (its values, whatever block each processor used), or both as ORT held it in blocks of the same size; otherwise
+(blocks of 16 against blocks of 8, or a dump written before the blocks were recorded) it is not comparable: it is
+listed in ``blocked_apart`` and the origin rule walks across it as an unobserved tensor. A filter ORT reordered for
+an NCHWc Conv is compared by value in OIHW (``layout.unblock_filter``) when the two dumps' blocks differ.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
 from qconsist.inference.fingerprint import DTYPES, check_hash_functions
 from qconsist.inference.graphmap import TensorOrigin, node_names, node_reads, op_name, topological_order
+from qconsist.inference.layout import nchwc_filters, unblock_filter
 from qconsist.inference.reader import LoadedDump
 from qconsist.onnxfile import read_onnx
 from qconsist.store.serde import serialized
@@ -113,6 +120,9 @@ class TensorComparison:
     tolerance: Tolerance = field(default_factory=Tolerance)
     layout_unknown: list[str] = field(default_factory=list)  # original-graph comparisons: tensors whose layout ORT's graph does not establish
     traces: list[SampleTrace] = field(default_factory=list)  # the samples asked about (``focus``)
+    # NCHWc-blocked tensors not compared: held in blocks of different sizes (or of a size a dump did not record) and
+    # not both recorded in NCHW; the origin rule treats them as unobserved
+    blocked_apart: list[str] = field(default_factory=list)
 
     @property
     def first(self) -> TensorDiff | None:
@@ -141,7 +151,7 @@ class TensorComparison:
             "nodes": [n.to_json() for n in self.nodes],
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
             "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
-            "traces": [t.__dict__ for t in self.traces],
+            "traces": [t.__dict__ for t in self.traces], "blocked_apart": self.blocked_apart,
         }
 
     @classmethod
@@ -153,6 +163,7 @@ class TensorComparison:
             tolerance=Tolerance.from_json(data["tolerance"]) if isinstance(data.get("tolerance"), dict) else Tolerance(),
             layout_unknown=list(data.get("layout_unknown", [])),
             traces=[SampleTrace(**t) for t in data.get("traces", [])],
+            blocked_apart=list(data.get("blocked_apart", [])),
         )
 
 
@@ -177,6 +188,19 @@ def same_value(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     if a is None or b is None:
         return False
     return a.dtype == b.dtype and _squeezed(a.shape) == _squeezed(b.shape) and a.tobytes() == b.tobytes()
+
+
+def blocks_comparable(a: TensorOrigin, b: TensorOrigin, block_a: int, block_b: int) -> bool:
+    """Whether two dumps' records of one tensor compare by value: neither is NCHWc-blocked (as every tensor of a dump
+    written before blocks were recorded), both were recorded in NCHW, or both as ORT held them in blocks of the same
+    recorded size."""
+    if not a.blocked and not b.blocked:
+        return True
+    if not (a.blocked and b.blocked):
+        return False
+    if a.channels and b.channels:
+        return True
+    return not a.channels and not b.channels and block_a > 0 and block_a == block_b
 
 
 def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
@@ -300,6 +324,8 @@ def compare_tensors(
     space, graph_a, graph_b = _space(a, b, original_a, original_b)
     keys_a, keys_b = tensor_keys(a, space), tensor_keys(b, space)
     shared = [k for k in keys_a if k in keys_b]
+    apart = [k for k in shared if not blocks_comparable(a.tensors[keys_a[k]], b.tensors[keys_b[k]], a.nchwc_block, b.nchwc_block)]
+    shared = [k for k in shared if k not in set(apart)]
     if space == "original":
         _check_axis_order(a, b, keys_a, keys_b, shared)
     cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
@@ -310,6 +336,7 @@ def compare_tensors(
                               tolerance=tolerance)
     if space == "original":
         result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
+    result.blocked_apart = list(dict.fromkeys(_label(a.tensors[keys_a[k]], b.tensors[keys_b[k]]) for k in apart))
     # what each compared tensor rests on: the nearest observed tensors upstream (its producer's own inputs where
     # every one was observed: an origin; else a span), the graph inputs and the constants
     proofs = [graph.proof(key, position) for key in shared]
@@ -323,7 +350,8 @@ def compare_tensors(
         return differ.column(position[key])
 
     labels = [_label(a.tensors[ca], b.tensors[cb]) for ca, cb in zip(cols_a, cols_b)]
-    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), (graph, proofs), labels, constants)
+    same = constant_comparison(graph_a if space == "optimized" else None, a.nchwc_block, b.nchwc_block)
+    _diverging(a, b, result, shared, (cols_a, cols_b), (differ, origin), (graph, proofs), labels, constants, same)
     for sample in focus:
         diverging = differ.row(int(sample))
         found = [int(p) for p in origin.row(int(sample))]
@@ -359,9 +387,10 @@ def _space(a: LoadedDump, b: LoadedDump, original_a: Path | None,
 
 def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: list[str],
                columns: tuple[list[int], list[int]], flags: tuple[_Bits, _Bits], proved: tuple[ObservedGraph, list[Proof]],
-               labels: list[str], constants: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> None:
+               labels: list[str], constants: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+               same: Callable[[str, Any, Any], bool]) -> None:
     """Every shared tensor that differs in some sample, as a ``TensorDiff`` in the graph's order; origins and
-    spans with their evidence."""
+    spans with their evidence (``same(name, a, b)``: whether a constant holds the same values in both runs)."""
     (cols_a, cols_b), (differ, origin), (graph, proofs), (constants_a, constants_b) = columns, flags, proved, constants
     for p, key in enumerate(shared):
         rows = differ.column(p)
@@ -369,7 +398,7 @@ def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: l
             continue
         origin_rows = origin.column(p)
         proof = proofs[p]
-        changed = sorted(c for c in proof.constants if not same_value(constants_a.get(c), constants_b.get(c)))
+        changed = sorted(c for c in proof.constants if not same(c, constants_a.get(c), constants_b.get(c)))
         ta, tb = a.tensors[cols_a[p]], b.tensors[cols_b[p]]
         finding = ("span" if proof.span else "origin") if origin_rows.size else ""
         node = TensorDiff(
@@ -385,6 +414,21 @@ def _diverging(a: LoadedDump, b: LoadedDump, result: TensorComparison, shared: l
                 node.span = [graph.nodes[i].label for i in proof.nodes]
                 node.unobserved = list(proof.unobserved)
         result.nodes.append(node)
+
+
+def constant_comparison(graph: onnx.ModelProto | None, block_a: int, block_b: int) -> Callable[[str, Any, Any], bool]:
+    """``same(name, a, b)`` for two dumps' constants: in ORT's optimized graph (``graph``), a filter ORT reordered for
+    an NCHWc Conv is compared in OIHW where the two processors' blocks differ (the same weights, another order);
+    every other constant by ``same_value``."""
+    filters = nchwc_filters(graph) if graph is not None and block_a and block_b and block_a != block_b else {}
+
+    def same(name: str, a: np.ndarray | None, b: np.ndarray | None) -> bool:
+        if same_value(a, b) or name not in filters or a is None or b is None or a.shape != b.shape:
+            return same_value(a, b)
+        ua, ub = unblock_filter(a, block_a, filters[name]), unblock_filter(b, block_b, filters[name])
+        return ua is not None and ub is not None and same_value(ua, ub)
+
+    return same
 
 
 def _check_axis_order(a: LoadedDump, b: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int], shared: list[str]) -> None:

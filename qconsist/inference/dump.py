@@ -10,7 +10,10 @@ ORT's fusions, so the dumped session would run other kernels than production. In
    ``DumpRecorder``, overlapping ORT's next sample), keeps raw tensors only when asked, and
    (a tensor ORT holds in another axis order than the original model's — an NHWC QLinearConv output, a
    DequantizeLinear the NHWC transformer moved — is recorded in the original's order: ``DumpPlan.to_original``,
-   the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``), and
+   the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``; a tensor
+   ORT holds in NCHWc channel blocks, whose size depends on the processor, is recorded in NCHW without its padding
+   channels where the graph establishes its channel count: ``layout.unblock``, the tensor's ``channels``, the block
+   measured once per process in ``index.json``'s ``nchwc_block``), and
 4. runs every sample through a production session (same options, no dumps) and compares the final outputs
    bit for bit. The verdict (``faithful``) and the greatest difference go into the manifest.
 
@@ -43,7 +46,7 @@ from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
 from qconsist.inference.fingerprint import fingerprint_row
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash, topological_order
-from qconsist.inference.layout import Layouts, to_original
+from qconsist.inference.layout import Layouts, block_size, holds, to_original, unblock
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import ai_onnx_opset, read_onnx
 from qconsist.store.fingerprints import TableWriter
@@ -101,6 +104,7 @@ class DumpPlan:
     left_out: dict[str, str] = field(default_factory=dict)  # tensors not recorded, and why (not a tensor, unsplittable)
     layouts: Layouts | None = None  # axis labels of the original and the optimized graph
     repair: str = ""  # what qconsist changed in the graph ORT saved so that ORT reloads it ("" nothing)
+    block: int = 0  # the NCHWc block this process's onnxruntime uses (measured where the graph has NCHWc tensors)
 
     def column(self, name: str) -> int:
         return [t.name for t in self.tensors].index(name)
@@ -110,14 +114,22 @@ class DumpPlan:
         """Columns ORT holds in another axis order than their original tensor's."""
         return [c for c, t in enumerate(self.tensors) if t.layout]
 
+    @property
+    def unblocked(self) -> list[int]:
+        """Columns ORT holds in NCHWc blocks that are recorded in NCHW (their real channel count established)."""
+        return [c for c, t in enumerate(self.tensors) if t.blocked and t.channels]
+
     def to_original(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """One step's tensors (column order) with every relaid tensor put back in its original's axis order."""
-        relaid = self.relaid
-        if not relaid:
+        """One step's tensors (column order) with every relaid tensor put back in its original's axis order and every
+        NCHWc-blocked one whose channels are known in NCHW."""
+        relaid, unblocked = self.relaid, self.unblocked
+        if not relaid and not unblocked:
             return arrays
         arrays = list(arrays)
         for c in relaid:
             arrays[c] = to_original(arrays[c], self.tensors[c].layout)
+        for c in unblocked:
+            arrays[c] = unblock(arrays[c], self.block, self.tensors[c].channels)
         return arrays
 
     @property
@@ -192,8 +204,10 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE, spinning=False)
     runtime, ranks = {}, {}
+    dims = {i.name: tuple(d if isinstance(d, int) else None for d in i.shape) for i in session.get_inputs()}
     left_out: dict[str, str] = {}
     for out in session.get_outputs():
+        dims[out.name] = tuple(d if isinstance(d, int) else None for d in out.shape or [])
         if not out.type.startswith("tensor("):  # a sequence, map or optional: not a tensor to fingerprint
             left_out[out.name] = f"not a tensor ({out.type})"
             continue
@@ -207,7 +221,9 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
         raise UnsupportedModelError(f"output {not_tensors[0]!r} is {left_out[not_tensors[0]][14:-1]}, not a tensor; "
                                     "qconsist records tensors")
     names = [n for n in names if n not in left_out]
-    origins, layouts = map_tensors(original, optimized, runtime, ranks)
+    origins, layouts = map_tensors(original, optimized, runtime, ranks, dims)
+    block = block_size() if any(t.blocked for t in origins) else 0
+    origins = [_checked_channels(t, dims.get(t.name), block) for t in origins]
     by_name = {t.name: t for t in origins}
     tensors = [by_name[n] for n in names]
     # the graph's outputs are the original model's outputs, in their own order whatever ORT did inside
@@ -217,6 +233,10 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     unknown = [t.name for t in tensors if t.how == "layout unknown"]
     log.info("dump: %d tensors of ORT's optimized graph (%d nodes); %d held in another axis order, %d of unknown layout%s",
              len(tensors), len(optimized.graph.node), relaid, len(unknown), f" ({', '.join(unknown[:5])})" if unknown else "")
+    if block:
+        blocked = [t for t in tensors if t.blocked]
+        log.info("dump: %d tensor(s) in NCHWc blocks of %d, %d recorded in NCHW", len(blocked), block,
+                 sum(1 for t in blocked if t.channels))
     plan = DumpPlan(
         optimized_path=optimized_path,
         structure=structure_hash(optimized),
@@ -227,6 +247,7 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
         session=session,
         layouts=layouts,
         repair=repair,
+        block=block,
     )
     plan.left_out = left_out
     plan.splits = [ONE] * len(names)
@@ -235,6 +256,23 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
                                    probe.stack, "the dump of the model")
         _leave_out_unsplittable(plan)
     return plan
+
+
+def _checked_channels(tensor: TensorOrigin, shape: tuple | None, block: int) -> TensorOrigin:
+    """A blocked tensor keeps the channel count the graph gave it only where its shape holds that many channels in
+    blocks of ``block`` (``layout.holds``); else it is recorded as ORT holds it (``channels`` 0)."""
+    if not tensor.blocked or not tensor.channels:
+        return tensor
+    padded = None
+    if shape is not None and len(shape) == 4:
+        padded = shape[1]
+    elif shape is not None and len(shape) == 5 and isinstance(shape[1], int) and shape[4] == block:
+        padded = shape[1] * block
+    if holds(padded, block, tensor.channels):
+        return tensor
+    log.info("dump: %s is held in NCHWc blocks whose channels are not established (%s channels for %d); recorded as ORT "
+             "holds it", tensor.name, padded, tensor.channels)
+    return dataclasses.replace(tensor, channels=0)
 
 
 def _leave_out_unsplittable(plan: DumpPlan) -> None:

@@ -51,6 +51,10 @@ class TensorOrigin:
     covers: tuple[str, ...] = field(default=())  # original nodes the optimized node computes
     # with ``original``: ORT holds it as numpy.transpose(original, layout); () the original's own order
     layout: tuple[int, ...] = field(default=())
+    # ORT holds it in NCHWc channel blocks (``layout.py``); ``channels`` > 0: recorded in NCHW with that many channels
+    # (``layout.unblock``), 0: recorded as ORT holds it (its real channel count not established)
+    blocked: bool = False
+    channels: int = 0
 
 
 def op_name(node: onnx.NodeProto) -> str:
@@ -292,12 +296,14 @@ def map_tensors(
     optimized: onnx.ModelProto,
     runtime_types: dict[str, tuple[str, tuple | None]],
     runtime_ranks: dict[str, int] | None = None,
+    runtime_dims: dict[str, tuple] | None = None,
 ) -> tuple[list[TensorOrigin], Layouts]:
     """Where each tensor of ``optimized`` (node outputs, in node order) comes from in ``original``, and the
     layouts of both graphs.
 
     ``runtime_types`` gives each dumped tensor's element type and shape as onnxruntime reports them, and
-    ``runtime_ranks`` their ranks where known (broadcasting ops take the layout of their highest-rank input).
+    ``runtime_ranks`` their ranks where known (broadcasting ops take the layout of their highest-rank input),
+    ``runtime_dims`` their shapes where known (an unknown dimension ``None``: the channel counts of NCHWc blocks).
     """
     orig = GraphIndex.of(original)
     opt = GraphIndex.of(optimized, infer=False)
@@ -328,7 +334,8 @@ def map_tensors(
             starts[out] = node_starts if anchor is None else {anchor}
             found.append((index, out, target, how, anchor, _covered(orig, anchor, node_starts) if anchor else []))
     inferred = GraphIndex.of(optimized).ranks  # onnx's shape inference knows a scalar's rank where ORT says []
-    layouts = Layouts.of(original, optimized, orig.ranks, {**inferred, **(runtime_ranks or {})})
+    layouts = Layouts.of(original, optimized, orig.ranks, {**inferred, **(runtime_ranks or {})}, _dims(orig.graph),
+                         runtime_dims)
     unchanged = unchanged_tensors(original, optimized)
     result: list[TensorOrigin] = []
     for index, out, target, how, anchor, covered in found:
@@ -347,8 +354,18 @@ def map_tensors(
         result.append(TensorOrigin(
             name=out, node=opt.names[index], op_type=op_name(node), original=target, how=how,
             label=label, covers=tuple(orig.names[i] for i in covered), layout=layout,
+            blocked=layouts.blocked(out), channels=layouts.channels(out),
         ))
     return result, layouts
+
+
+def _dims(graph: onnx.GraphProto) -> dict[str, tuple]:
+    """Every typed tensor's shape, an unknown dimension ``None``."""
+    found = {}
+    for value in list(graph.value_info) + list(graph.output) + list(graph.input):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            found[value.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim)
+    return found
 
 
 def structure_hash(model: onnx.ModelProto) -> str:

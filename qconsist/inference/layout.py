@@ -23,11 +23,23 @@ numpy.transpose(original, p)``: it exists when both label tuples are known and n
 values (values are matched one to one by the axes they contribute: the two graphs name them differently).
 Otherwise — NCHWc blocks, an unknown op's layout, axes that do not correspond — the layout cannot be
 established, and the tensor is not compared with the original.
+
+**NCHWc blocks.** onnxruntime's NchwcTransformer (``onnxruntime/core/optimizer/nchwc_transformer.cc``) holds a
+float activation of C channels as (N, Cp, H, W), Cp = C rounded up to the block MLAS chose for this processor
+(``MlasNchwcGetBlockSize``: 16 with AVX-512F, 8 with AVX2/AVX/SSE), its memory ordered (N, Cp/b, H, W, b) and the
+padding channels zero-filled. The same values are then held in another layout on another processor, so the dump
+records such a tensor in one canonical layout (``unblock``: NCHW, the padding channels left out) when its real
+channel count C is established from the graph (``GraphLayout.channels``: the channel count of ReorderInput's input,
+ReorderOutput's ``channels`` attribute, the original model's tensor an NCHWc Conv is named after, carried through
+the ops that keep channels), and measures the block size itself (``block_size``). A filter ORT reordered for an
+NCHWc Conv (OIHWBiBo or OIHWBo, ``nchwc_filters``) is compared by value through ``unblock_filter``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
@@ -67,6 +79,13 @@ _REDUCE = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Reduc
                      "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"})
 # where the data input of an op is, when it is not input 0
 _DATA_INPUT = {"QLinearConcat": 2}
+# NCHWc: ops that keep a blocked tensor's channels (com.microsoft.nchwc pools and upsampling; the ONNX ops ORT runs on
+# blocked tensors: activations it did not fuse, element-wise sums and products of blocked tensors, its own Reshapes)
+_NCHWC_KEEP = frozenset({"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "Upsample"})
+_BLOCKED_KEEP = frozenset({"Relu", "Sigmoid", "Tanh", "Reshape", "Add", "Sum", "Mul"})
+# the node name NchwcTransformer gives an NCHWc Conv: the original output's name, "_nchwc" (BatchNormalization:
+# "_bn_nchwc"), and "_token_N" where the name was taken (Graph::GenerateNodeName)
+_NCHWC_NAME = re.compile(r"^(?P<tensor>.+?)(?:_bn)?_nchwc(?:_token_\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -223,7 +242,10 @@ def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 class GraphLayout:
     """The axis labels of every tensor of one graph (see the module docstring), and which are blocked."""
 
-    def __init__(self, model: onnx.ModelProto, ranks: dict[str, int] | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto, ranks: dict[str, int] | None = None,
+                 dims: dict[str, tuple] | None = None, named: dict[str, int] | None = None) -> None:
+        """``dims``: tensor shapes where known (an unknown dimension ``None``), ``named``: the channel counts of the
+        original model's tensors (an NCHWc Conv is named after one): both only for ``channels``."""
         graph = model.graph
         self.ranks = dict(ranks or {})
         self.labels: dict[str, object] = {}
@@ -235,10 +257,13 @@ class GraphLayout:
                 self.labels[value.name] = Whole(value.name)
         # values computed from constants alone (Constant nodes, shape arithmetic on them) are no activations
         self._static = set(self._initializers)
-        for node in _topological(graph):
+        order = _topological(graph)
+        for node in order:
             if all(not i or i in self._static for i in node.input):
                 self._static.update(o for o in node.output if o)
             self._visit(node)
+        # the real channel count of each blocked tensor, where the graph establishes it
+        self.channels: dict[str, int] = _channels(order, self.blocked, dims or {}, named or {}) if self.blocked else {}
 
     def _rank(self, name: str) -> int | None:
         labels = self.labels.get(name)
@@ -287,6 +312,11 @@ class GraphLayout:
                 return
             self._set(outputs[:1], _broadcast(candidates, [self._rank(i) for i in names]),
                       blocked=any(i in self.blocked for i in node.input))
+            return
+        if op == "Reshape" and blocked:
+            # ORT's own Reshapes of a blocked tensor (to (N, Cp/b, H, W, b) and back, NchwcTransformer's
+            # InsertReshape): the same blocks
+            self._set(outputs, None, blocked=True)
             return
         if op in _POSITIONAL or op in _REDUCE:
             if not self._activation(data):
@@ -346,9 +376,14 @@ class Layouts:
 
     @classmethod
     def of(cls, original: onnx.ModelProto, optimized: onnx.ModelProto, original_ranks: dict[str, int] | None = None,
-           optimized_ranks: dict[str, int] | None = None) -> "Layouts":
-        """``*_ranks``: tensor ranks where known (shape inference; onnxruntime's types)."""
-        return cls(GraphLayout(original, original_ranks), GraphLayout(optimized, optimized_ranks))
+           optimized_ranks: dict[str, int] | None = None, original_dims: dict[str, tuple] | None = None,
+           optimized_dims: dict[str, tuple] | None = None) -> "Layouts":
+        """``*_ranks``: tensor ranks where known (shape inference; onnxruntime's types); ``*_dims``: shapes where
+        known, for the channel counts of NCHWc-blocked tensors."""
+        named = {name: int(shape[1]) for name, shape in (original_dims or {}).items()
+                 if len(shape) == 4 and isinstance(shape[1], int) and shape[1] > 0}
+        return cls(GraphLayout(original, original_ranks),
+                   GraphLayout(optimized, optimized_ranks, optimized_dims, named))
 
     def permutation(self, observed: str, original: str) -> tuple[int, ...] | None:
         """``p`` with ``observed = transpose(original, p)``; ``()`` the same order; ``None`` not established
@@ -359,3 +394,142 @@ class Layouts:
 
     def blocked(self, observed: str) -> bool:
         return observed in self.optimized.blocked
+
+    def channels(self, observed: str) -> int:
+        """The real channel count of a blocked tensor of the optimized graph; 0 where the graph does not establish it."""
+        return self.optimized.channels.get(observed, 0)
+
+
+def _channels(order: list[onnx.NodeProto], blocked: set[str], dims: dict[str, tuple],
+              named: dict[str, int]) -> dict[str, int]:
+    """The real channel count of each blocked tensor that the graph establishes (NchwcTransformer's ``channels_``,
+    which it writes only on ReorderOutput): forward from ReorderInput's input (its channel axis), an NCHWc Conv's
+    namesake in the original model and the 4th input a Sum was fused through, through the ops that keep channels
+    (sums over Concat); backward from ReorderOutput's ``channels``. A tensor two rules give two counts is left out."""
+    known: dict[str, int] = {}
+    torn: set[str] = set()
+
+    def put(name: str, value) -> None:
+        if not name or name not in blocked or name in torn or not isinstance(value, int) or value <= 0:
+            return
+        if known.setdefault(name, value) != value:
+            torn.add(name)
+            del known[name]
+
+    def axis(name: str, index: int):
+        shape = dims.get(name)
+        return shape[index] if shape is not None and len(shape) == 4 else None
+
+    for _ in range(3):  # forward and backward, until the counts carry through chains of both
+        for node in order:
+            op, outputs = node.op_type, [o for o in node.output if o]
+            if not outputs:
+                continue
+            out, data = outputs[0], node.input[0] if node.input else ""
+            if node.domain == _NCHWC:
+                if op == "ReorderInput":
+                    put(out, axis(data, 3 if _attribute(node, "channels_last", 0) else 1))
+                elif op == "ReorderOutput":
+                    put(data, _attribute(node, "channels"))
+                elif op == "Conv":
+                    found = _NCHWC_NAME.match(node.name or "")
+                    put(out, named.get(found.group("tensor")) if found else None)
+                    if len(node.input) > 3 and node.input[3]:  # Conv + Sum: the sum's other addend
+                        put(out, known.get(node.input[3]))
+                elif op in _NCHWC_KEEP:
+                    put(out, known.get(data))
+            elif out in blocked and op in _BLOCKED_KEEP:
+                addends = [i for i in node.input if i in blocked] if op != "Reshape" else [data]
+                counts = {known.get(i) for i in addends}
+                if len(counts) == 1:
+                    put(out, counts.pop())
+            elif out in blocked and op == "Concat":
+                counts = [known.get(i) for i in node.input if i]
+                if counts and all(counts):
+                    put(out, sum(counts))
+        for node in reversed(order):  # backward through the ops that keep channels
+            op, outputs = node.op_type, [o for o in node.output if o]
+            if not outputs or outputs[0] not in known:
+                continue
+            keeps = (node.domain == _NCHWC and op in _NCHWC_KEEP) or (node.domain in _ONNX and op in _BLOCKED_KEEP)
+            if keeps:
+                for i in ([node.input[0]] if op == "Reshape" or node.domain == _NCHWC else node.input):
+                    if i not in known:
+                        put(i, known[outputs[0]])
+    return known
+
+
+def unblock(array: np.ndarray, block: int, channels: int) -> np.ndarray:
+    """An NCHWc-blocked tensor (N, Cp, H, W) — or ORT's (N, Cp/b, H, W, b) view of it — in NCHW with its ``channels``
+    real channels (contiguous): the layout every processor's tensor has, whatever its block."""
+    if array.ndim == 5 and array.shape[-1] == block:
+        n, groups, h, w = array.shape[:4]
+    elif array.ndim == 4 and block > 0 and array.shape[1] % block == 0:
+        n, padded, h, w = array.shape
+        groups = padded // block
+    else:
+        raise ValueError(f"a tensor of shape {tuple(array.shape)} is not held in NCHWc blocks of {block}")
+    padded = groups * block
+    if not padded - block < channels <= padded:
+        raise ValueError(f"a tensor of {padded} NCHWc channels (blocks of {block}) cannot hold {channels} channels")
+    view = array.reshape(n, groups, h, w, block).transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
+    return np.ascontiguousarray(view[:, :channels])
+
+
+def holds(padded: int | None, block: int, channels: int) -> bool:
+    """Whether a blocked tensor of ``padded`` channels (its runtime channel axis) holds ``channels`` real ones in
+    blocks of ``block``: ``padded`` is ``channels`` rounded up to the block."""
+    return isinstance(padded, int) and block > 0 and padded % block == 0 and padded - block < channels <= padded
+
+
+def nchwc_filters(model: onnx.ModelProto) -> dict[str, str]:
+    """The constants ORT reordered for its NCHWc Convs, each with its format: ``OIHWBo`` (a Conv reading an NCHW input
+    directly, and depthwise Convs) or ``OIHWBiBo`` (``MlasReorderFilterOIHWBo`` / ``…OIHWBiBo``)."""
+    graph = model.graph
+    layout_blocked = GraphLayout(model).blocked
+    shapes = {i.name: tuple(i.dims) for i in graph.initializer}
+    found: dict[str, str] = {}
+    for node in graph.node:
+        if node.domain != _NCHWC or node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in shapes:
+            continue
+        dims = shapes[node.input[1]]
+        depthwise = int(_attribute(node, "group", 1)) > 1 and len(dims) == 4 and dims[1] == 1
+        found[node.input[1]] = "OIHWBo" if depthwise or node.input[0] not in layout_blocked else "OIHWBiBo"
+    return found
+
+
+def unblock_filter(weights: np.ndarray, block: int, form: str) -> np.ndarray | None:
+    """A filter ORT reordered for an NCHWc Conv (``nchwc_filters``) back in OIHW (padding included), or ``None``
+    where its shape does not divide into blocks of ``block``. OIHWBiBo holds [O/b][I/b][H][W][bi][bo], OIHWBo
+    [O/b][I][H][W][bo] (onnxruntime/core/mlas/lib/reorder.cpp)."""
+    if weights.ndim != 4 or block <= 0:
+        return None
+    o, i, h, w = weights.shape
+    if o % block or (form == "OIHWBiBo" and i % block):
+        return None
+    if form == "OIHWBo":
+        return np.ascontiguousarray(weights.reshape(o // block, i, h, w, block).transpose(0, 4, 1, 2, 3).reshape(o, i, h, w))
+    view = weights.reshape(o // block, i // block, h, w, block, block)
+    return np.ascontiguousarray(view.transpose(0, 5, 1, 4, 2, 3).reshape(o, i, h, w))
+
+
+@lru_cache(maxsize=1)
+def block_size() -> int:
+    """The NCHWc block this process's onnxruntime uses (``MlasNchwcGetBlockSize``), measured: a ReorderInput of 4
+    channels pads them to one block. 0 where onnxruntime has no NCHWc kernels."""
+    import onnxruntime as ort
+
+    node = onnx.helper.make_node("ReorderInput", ["x"], ["y"], domain=_NCHWC)
+    graph = onnx.helper.make_graph([node], "qconsist_nchwc_block",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 1, 1])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13), onnx.helper.make_opsetid(_NCHWC, 1)])
+    model.ir_version = 7
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return int(session.run(None, {"x": np.zeros((1, 4, 1, 1), np.float32)})[0].shape[1])
+    except Exception:  # noqa: BLE001 - a build without the NCHWc kernels (onnxruntime raises its own types)
+        return 0

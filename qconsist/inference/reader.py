@@ -34,6 +34,7 @@ class LoadedDump:
     optimized_path: Path
     faithful: bool
     original_order: bool = True  # relaid tensors recorded in the original's axis order (dumps since layouts)
+    nchwc_block: int = 0  # the NCHWc block the run's onnxruntime used (0: none, or a dump written before it was recorded)
 
     @property
     def run_dir(self) -> Path:
@@ -150,4 +151,11 @@ def load_dump(run: Run) -> LoadedDump:
         optimized_path=run.file(section.optimized, "dump graph path"),
         faithful=bool(section.faithful),
         original_order=index.get("axis_order") == "original",
+        nchwc_block=_block(run.path, index.get("nchwc_block", 0)),
     )
+
+
+def _block(run_dir: Path, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1024:
+        raise RunStoreError(f"run {run_dir}: dump/index.json is damaged (nchwc_block {value!r} is not a block size)")
+    return value

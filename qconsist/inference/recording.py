@@ -122,6 +122,7 @@ class _Dump:
             "schema": "qconsist.dump/1",
             "hash_function": HASH_NAME,
             "axis_order": "original",  # relaid tensors (a "layout" permutation) are recorded in the original's order
+            "nchwc_block": self.plan.block,  # the NCHWc block measured here (0: none); blocked tensors with "channels" are in NCHW
             "repair": self.plan.repair,  # what was changed in ORT's saved graph so that it reloads ("" nothing)
             "tensors": [{**t.to_json(), "dtype": d} for t, d in zip(self.plan.tensors, self.plan.dtypes)],
             "shapes": self.table.shapes.to_json(),
@@ -237,6 +238,9 @@ def make_recorder(plan: DumpPlan | None, options: ExecutionOptions, run_dir: Pat
     if on_device and not plan.device_splits:
         logging.getLogger(__name__).warning("dump: some tensors hold their samples on another axis than the first; "
                                             "fingerprinting on the host")
+    if on_device and plan.unblocked:  # NCHWc blocks (CPU kernels in the session) are put in NCHW on the host
+        on_device = False
+        logging.getLogger(__name__).warning("dump: some tensors are held in NCHWc blocks; fingerprinting on the host")
     if on_device and plan.device_splits:
         return DeviceDump(plan, options, run_dir, samples, raw_columns, raw, differing, raw_mode is RawMode.AUTO)
     return HostDump(plan, options, run_dir, samples, raw_columns, raw, differing)
