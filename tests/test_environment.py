@@ -100,3 +100,16 @@ def test_compare_environments_names_what_changes_results_first():
     ]
     assert diff.other == (f"cpu_count: {a['cpu_count']} -> 999",)
     assert compare_environments(a, a).same_numerics
+
+
+def test_another_pillow_is_named_as_a_numerics_change():
+    """Pillow decodes and resizes the photos: 12.3 and 13.0 resize some differently (docs/numerics.md), so a change
+    of it is said with the versions that decide the numerics; a fingerprint without it is unknown, not a change."""
+    a = fingerprint()
+    assert a["packages"]["pillow"]
+    b = json.loads(json.dumps(a))
+    b["packages"]["pillow"] = "12.3.0"
+    assert [str(c) for c in compare_environments(a, b).numerics] == [f"pillow: {a['packages']['pillow']} -> 12.3.0"]
+    assert compare_environments(a, b).other == ()
+    b["packages"]["pillow"] = None
+    assert compare_environments(a, b).same_numerics
