@@ -9,6 +9,7 @@ import typer
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.emulated import isa_line, reexec_under
 from qconsist.cli.table import Rows, more
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
@@ -31,6 +32,7 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
         f"{result.run}: {result.quantized_stage} ({q['provider']}, level {q['graph_optimization_level']}) against "
         f"{result.float_stage} ({f['provider']}, level {f['graph_optimization_level']}), {result.samples} samples"
     )
+    console.print(isa_line(result.instruction_set))
     console.print(f"tensors: {len(result.tensors) + len(result.outputs)} matched to the float model; left out: "
                   f"{result.constants} constants (dequantized weights and biases), {len(result.internal)} with no float twin")
     from qconsist.compare.statistics import MEASURED, sqnr_cell, sqnr_phrase
@@ -87,12 +89,19 @@ def quant_error(
     top: opt.Top = 20,
     sort: str = typer.Option("sqnr", "--sort", help="sqnr: lowest SQNR first; added: the nodes that lose the most SQNR first."),
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Rank the nodes of a quantized model by their error against the float model (SQNR, greatest and mean
     difference, cosine), the quantized model observed as ORT runs it in production, one sample at a time.
 
-    Exit 0 done, 1 an observation was not faithful (its final outputs differ from production), 2 error.
+    With --isa MODEL both models run in a child process under QEMU user mode emulating that CPU model (its
+    integer kernels: Haswell's u8·s8 sums saturate where VNNI's do not), and the result records it.
+
+    Exit 0 done, 1 an observation was not faithful (its final outputs differ from production), 2 error, 3 --isa
+    without QEMU.
     """
+    if isa is not None and reexec_under(isa, quiet=json_output):
+        return
     from qconsist.diff.quantization import quantization_error
     from qconsist.errors import ConfigError
     from qconsist.inference import resolve_model

@@ -31,6 +31,7 @@ import onnxruntime
 
 from qconsist.diff import capture_command, diff_runs
 from qconsist.diff.tensors import TensorComparison, compare_tensors, tensor_keys
+from qconsist.cpu import instruction_set
 from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.explain.bisect import minimal_set
@@ -108,6 +109,7 @@ class OptimizerExplanation:
     sessions: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    instruction_set: dict[str, Any] = field(default_factory=dict)  # where the sessions ran (qconsist.cpu.InstructionSet)
 
     @property
     def passed(self) -> bool:
@@ -286,7 +288,7 @@ def explain_optimization(
     started = time.perf_counter()
     model, a, reference, b, optimized = _reference_first(Run.open(run_a), Run.open(run_b))
     result = OptimizerExplanation(str(a.path), str(b.path), reference.to_json(), optimized.to_json(),
-                                  onnxruntime.__version__)
+                                  onnxruntime.__version__, instruction_set=instruction_set().to_json())
     tensors = diff_runs(a, b).tensors
     if tensors is None or tensors.first is None:
         result.notes.append("the runs' tensors are bit-identical: nothing to explain")
