@@ -53,6 +53,7 @@ def reexec_under(isa: str, *, quiet: bool = False) -> bool:
     verbosity = {1: ["-v"], -1: ["-q"]}.get(QconsistGroup.verbosity, [])
     command = emulated_command(model, [sys.executable, "-c", CHILD, *verbosity, *args])
     console = stderr_console()
+    quiet = quiet or QconsistGroup.verbosity < 0  # -q: only errors on stderr
     if not quiet:
         console.print(f"emulating {model} under QEMU {qemu_version()} user mode: the command runs in a child "
                       f"process whose onnxruntime chooses {model}'s kernels; emulation is slow (measured on open_nsfw "

@@ -172,9 +172,12 @@ def _same_environment(a: Run, b: Run) -> None:
         )
     here = compare_environments(a.manifest.environment, fingerprint()).numerics
     if here:
+        emulated = (a.manifest.environment.get("cpu_isa") or {}).get("emulated")
+        where = (f"under the processor they were made on: `isa` {emulated}" if emulated else
+                 "where the runs were made" + (" (natively: without `isa`)" if instruction_set().emulated else ""))
         raise RunStoreError(
             f"run {path_a} was made in another environment than this one ({'; '.join(map(str, here))}); explain "
-            "re-runs the model, so run it where the runs were made"
+            f"re-runs the model, so run it {where}"
         )
 
 
