@@ -25,7 +25,6 @@ def _render(result) -> None:  # result: OptimizerExplanation
     console = stdout_console()
     console.print(f"reference: {result.reference_run} ({_options(result.reference_options)})")
     console.print(f"optimized: {result.optimized_run} ({_options(result.optimized_options)})")
-    console.print(isa_line(result.instruction_set))
     if result.target is None:
         for note in result.notes:
             console.print(f"note: {note}")
@@ -59,6 +58,7 @@ def _render(result) -> None:  # result: OptimizerExplanation
     for note in result.notes:
         console.print(f"note: {note}")
     probes = len(result.probes)
+    console.print(isa_line(result.instruction_set))
     console.print(f"cost: {result.sessions} sessions (2 reading onnxruntime's optimizer log, {probes} probe(s) × 3), "
                   f"{result.seconds:.1f} s")
     console.print("verdict: " + ("explained" if result.explained else "not explained"))

@@ -32,7 +32,6 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
         f"{result.run}: {result.quantized_stage} ({q['provider']}, level {q['graph_optimization_level']}) against "
         f"{result.float_stage} ({f['provider']}, level {f['graph_optimization_level']}), {result.samples} samples"
     )
-    console.print(isa_line(result.instruction_set))
     console.print(f"tensors: {len(result.tensors) + len(result.outputs)} matched to the float model; left out: "
                   f"{result.constants} constants (dequantized weights and biases), {len(result.internal)} with no float twin")
     from qconsist.compare.statistics import MEASURED, sqnr_cell, sqnr_phrase
@@ -60,6 +59,7 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
                       + (f"; {len(tiny)} left out of the ranking: off by at most {NEGLIGIBLE:g} (--json lists them)" if tiny else ""))
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")
+    console.print(isa_line(result.instruction_set))
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
 
 

@@ -43,7 +43,6 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
     console.print(f"sensitivity of {result.run} ({result.model}): quantize from {result.float_stage}, probes on "
                   f"{e['provider']} level {e['graph_optimization_level']}, {result.samples} samples "
                   f"({result.inputs.get('source')})" + (f", {result.labels} labelled" if result.labels else ""))
-    console.print(isa_line(result.instruction_set))
     reproduced = "the run's own" if result.baseline_md5 == result.run_md5 else f"NOT the run's {result.run_md5[:12]}…"
     console.print(f"all quantized (re-made from the run's recorded ranges: md5 {result.baseline_md5[:12]}…, {reproduced}): "
                   f"{result.baseline.describe()}")
@@ -95,6 +94,7 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
         console.print("in the pipeline file:")
         for line in p.pipeline_lines(result.existing_exclusions):
             console.print(f"  {line}")
+    console.print(isa_line(result.instruction_set))
     console.print(_seconds(result.cost))
     if path is not None:
         console.print(f"run {path.name}: {path}")
