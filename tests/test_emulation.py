@@ -359,9 +359,10 @@ def test_explain_runs_emulated_runs_under_the_processor_they_were_made_on(satura
     runs = tmp_path / "runs"
     common = ["run", str(saturating["model"]), "--inputs", str(saturating["inputs"]), "--threads", "1", "--dump",
               "--runs-dir", str(runs), "--isa", "haswell"]
-    for run_id, level in (("disable", "disable"), ("all", "all")):
-        out = CliRunner().invoke(app, [*common, "--run-id", run_id, "--level", level])
+    for run_id, level, quiet in (("disable", "disable", []), ("all", "all", ["-q"])):
+        out = CliRunner().invoke(app, [*quiet, *common, "--run-id", run_id, "--level", level])
         assert out.exit_code == 0, out.output
+        assert ("emulating Haswell under QEMU" in out.output) is not bool(quiet)  # -q: only errors on stderr
     here = CliRunner().invoke(app, ["explain", str(runs / "disable"), str(runs / "all")])
     assert here.exit_code == 2
     assert here.output.strip().splitlines()[-1].endswith(
