@@ -12,22 +12,33 @@ child's. QEMU's TCG implements no AVX-512, so a model of a processor with AVX-51
 child under a model, with the environment that makes its fingerprint record the emulated model
 (``qconsist.cpu.EMULATED_ENV``); ``run_emulated`` runs one, passing its output through without QEMU's
 warnings about host features TCG does not implement.
+
+``call_on(isa, function, request)`` is the one way a part of qconsist does a piece of work under another
+instruction set (``calib repeat --isa``'s calibrations, ``locate --ep cpu``'s cells, the gate's outputs under
+each processor): ``native`` calls ``function`` here; an emulated model calls it in a child,
+``python -m qconsist.emulation MODULE:FUNCTION`` under QEMU (this module's ``main``, the one worker), which
+reads the request (JSON) on its stdin and writes the function's result (JSON) as the last line of its stdout.
+The caller passes the function, so this module imports nothing above it.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import IO, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from qconsist.cpu import EMULATED_ENV, QEMU_VERSION_ENV
-from qconsist.errors import ConfigError, UnavailableError
+from qconsist.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_UNAVAILABLE, ConfigError, QconsistError, UnavailableError
 
 QEMU = "qemu-x86_64"
 PACKAGE = "qemu-user"
@@ -44,6 +55,14 @@ class QemuMissingError(UnavailableError):
 
 class QemuModelError(ConfigError):
     """A CPU model QEMU does not know: exit 2, with the valid ones."""
+
+
+class EmulatedChildError(QconsistError):
+    """The work failed in the emulated child: its last line, and its exit code (2, 3 or 4; else 2)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code if exit_code in (EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_INTERNAL) else EXIT_ERROR
 
 
 def qemu_path() -> str | None:
@@ -156,8 +175,78 @@ def run_emulated(command: EmulatedCommand, *, stdout: IO[str] | None = None, std
     return code
 
 
-def run_emulated_capture(command: EmulatedCommand, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run the child and return its output (QEMU's TCG warnings dropped from stderr)."""
-    done = subprocess.run(command.argv, env=command.env, capture_output=True, text=True, timeout=timeout)
+def run_emulated_capture(command: EmulatedCommand, timeout: float | None = None,
+                         input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the child (``input`` on its stdin) and return its output (QEMU's TCG warnings dropped from stderr)."""
+    done = subprocess.run(command.argv, env=command.env, capture_output=True, text=True, timeout=timeout,
+                          input=input)
     stderr = "".join(line for line in done.stderr.splitlines(keepends=True) if not _TCG_WARNING.match(line))
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, stderr)
+
+
+# --- the one worker: a function of qconsist called in a child under QEMU ------------------------------------------
+
+WORKER = "qconsist.emulation"
+
+
+def _reference(function: Callable[[Any], Any]) -> str:
+    """``module:name`` of a module-level function of qconsist (what the child imports)."""
+    module, name = getattr(function, "__module__", ""), getattr(function, "__qualname__", "")
+    if not module.startswith("qconsist.") or not name or "." in name or "<" in name:
+        raise ValueError(f"call_on calls a module-level function of qconsist in the child, not {function!r}")
+    return f"{module}:{name}"
+
+
+def _resolve(reference: str) -> Callable[[Any], Any]:
+    module, _, name = reference.partition(":")
+    if not module.startswith("qconsist.") or not name:
+        raise ConfigError(f"the emulation worker calls a function of qconsist (module:function), not {reference!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def call_under(model: str, function: Callable[[Any], Any], request: Any, *, what: str,
+               timeout: float | None = None) -> tuple[Any, float]:
+    """``function(request)`` in a child under QEMU emulating ``model`` (resolved): the request and the result
+    cross as JSON (stdin, the last line of stdout). Returns the result and the child's wall time (emulation's
+    cost, measured: the child's start-up included). ``what`` names the work in ``EmulatedChildError``'s line."""
+    command = emulated_command(model, [sys.executable, "-m", WORKER, _reference(function)])
+    started = time.perf_counter()
+    done = run_emulated_capture(command, timeout=timeout, input=json.dumps(request))
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EmulatedChildError(f"{what} under emulated {model} failed (exit {done.returncode}): {last}",
+                                 done.returncode)
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise EmulatedChildError(f"{what} under emulated {model} gave no result", EXIT_INTERNAL)
+    return json.loads(lines[-1]), seconds
+
+
+def call_on(isa: str, function: Callable[[Any], Any], request: Any, *, what: str) -> tuple[Any, float]:
+    """``function(request)`` on ``isa``: here for ``native``, else in a child under QEMU (``call_under``);
+    the result and the seconds it took (for ``native`` the call's own)."""
+    if isa == NATIVE:
+        started = time.perf_counter()
+        result = function(request)
+        return result, time.perf_counter() - started
+    return call_under(isa, function, request, what=what)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The child: ``python -m qconsist.emulation MODULE:FUNCTION`` < request.json > result line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    try:
+        if len(args) != 1:
+            raise ConfigError("usage: python -m qconsist.emulation MODULE:FUNCTION < REQUEST.json")
+        result = _resolve(args[0])(json.load(sys.stdin))
+    except QconsistError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

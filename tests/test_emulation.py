@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,3 +245,136 @@ def test_env_shows_the_instruction_set_and_the_integer_path():
     assert f"integer path          {NATIVE.integer_path}" in lines
     assert json.loads(CliRunner().invoke(app, ["env", "--json"]).output)["fingerprint"]["cpu_isa"] == NATIVE.to_json()
     assert os.environ.get("QCONSIST_EMULATED_CPU") is None
+
+
+# --- --isa on every command that runs a model; the one QEMU worker ----------------------------------------------
+
+MISSING_QEMU = ("error: --isa runs the model under QEMU user mode, and qemu-x86_64 is not installed: install the "
+                "qemu-user package (apt-get install qemu-user; `make qemu` does it)")
+
+
+def _commands_that_run_a_model(saturating) -> dict[str, list[str]]:
+    """Each command that runs a model's session, with arguments it takes (the paths are checked after --isa)."""
+    folder = saturating["folder"]
+    return {"quant-error": ["quant-error", str(folder / "runs" / "sat")],
+            "sensitivity": ["sensitivity", str(folder / "runs" / "sat")],
+            "explain": ["explain", str(folder / "runs" / "a"), str(folder / "runs" / "b")]}
+
+
+@pytest.mark.parametrize("command", ["quant-error", "sensitivity", "explain"])
+def test_isa_on_a_command_that_runs_a_model_exits_3_without_qemu_and_2_for_an_unknown_model(command, saturating, tmp_path,
+                                                                                         monkeypatch):
+    args = _commands_that_run_a_model(saturating)[command]
+    out = CliRunner().invoke(app, [*args, "--isa", "pentium9"])
+    assert out.exit_code == 2, out.output
+    line = out.output.strip().splitlines()[-1]
+    assert line.startswith("error: --isa 'pentium9' is not a CPU model QEMU knows: use native or one of ")
+    assert ", Haswell, " in line and ", Nehalem, " in line
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qemu-x86_64 on it
+    out = CliRunner().invoke(app, [*args, "--isa", "haswell"])
+    assert out.exit_code == 3, out.output
+    assert out.output.strip().splitlines()[-1] == MISSING_QEMU
+
+
+def test_the_worker_calls_only_module_level_functions_of_qconsist():
+    from qconsist.emulation import _reference, main
+
+    from qconsist.inference.emulated import compute_outputs
+
+    assert _reference(compute_outputs) == "qconsist.inference.emulated:compute_outputs"
+    with pytest.raises(ValueError, match="call_on calls a module-level function of qconsist in the child"):
+        _reference(json.loads)
+    with pytest.raises(ValueError, match="call_on calls a module-level function of qconsist in the child"):
+        _reference(lambda request: request)
+    assert main(["json:loads"]) == 2  # the child refuses what is not qconsist's
+
+
+@pytest.mark.slow
+def test_a_failure_in_the_emulated_child_keeps_its_line_and_exit_code(tmp_path):
+    from qconsist.emulation import EmulatedChildError, call_under
+    from qconsist.errors import QconsistError
+    from qconsist.inference.emulated import compute_outputs
+
+    request = {"model": str(tmp_path / "gone.onnx"), "arrays": str(tmp_path / "gone.npz"), "input_name": "x",
+               "options": ExecutionOptions(intra_op_threads=1).to_json(), "output": str(tmp_path / "out.npz")}
+    with pytest.raises(QconsistError) as here:
+        compute_outputs(request)
+    with pytest.raises(EmulatedChildError) as raised:
+        call_under("Haswell", compute_outputs, request, what="the model's outputs")
+    assert raised.value.exit_code == here.value.exit_code == 2
+    assert str(raised.value) == f"the model's outputs under emulated Haswell failed (exit 2): error: {here.value}"
+
+
+def _final_line(output: str, tensor: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith(f"final output {tensor}: "))
+
+
+@pytest.mark.slow
+def test_quant_error_isa_records_the_processor_and_its_figure_follows_the_integer_path(saturating_pipeline):
+    common = ["quant-error", str(saturating_pipeline), "--threads", "1"]
+    pin = ["--session-config", "session.x64quantprecision=1"]
+    native = CliRunner().invoke(app, common)
+    native_pinned = json.loads(CliRunner().invoke(app, [*common, *pin, "--json"]).output)
+    haswell = CliRunner().invoke(app, [*common, "--isa", "haswell"])
+    assert haswell.exit_code == 0, haswell.output
+    lines = haswell.output.splitlines()
+    assert lines[0].startswith("emulating Haswell under QEMU ") and "emulation is slow" in lines[0]
+    assert lines[-1].startswith("emulated Haswell: the command took ") and lines[-1].endswith(" s under QEMU (exit 0)")
+    assert "instruction set: AVX2 without VNNI (emulated Haswell under QEMU " in haswell.output
+    assert f"instruction set: {NATIVE.describe()}" in native.output.splitlines()
+    # the saturating u8·s8 sums: measured 50.01 dB natively (VNNI), 0.50 dB under Haswell
+    assert (_final_line(haswell.output, "y") != _final_line(native.output, "y")) is DIFFERS
+    if DIFFERS:
+        assert _final_line(haswell.output, "y").startswith("final output y: SQNR 0.50 dB, ")
+    # with the exact u8·u8 path the emulated figure is the native one, to the last bit
+    pinned = CliRunner().invoke(app, [*common, *pin, "--isa", "haswell", "--json"])
+    assert pinned.exit_code == 0, pinned.output
+    result = json.loads(pinned.output)
+    assert result["instruction_set"]["emulated"] == "Haswell" and result["instruction_set"]["kernels"] == "AVX2 without VNNI"
+    assert native_pinned["instruction_set"] == NATIVE.to_json()
+    assert [(o["tensor"], o["sqnr_db"]) for o in result["outputs"]] == \
+        [(o["tensor"], o["sqnr_db"]) for o in native_pinned["outputs"]]
+    assert native_pinned["outputs"][0]["sqnr_db"] > 50.0
+
+
+@pytest.mark.slow
+def test_sensitivity_isa_records_the_emulated_processor_in_its_run(saturating_pipeline, tmp_path):
+    common = ["sensitivity", str(saturating_pipeline), "--threads", "1", "--timed-runs", "3", "--warmup", "1",
+              "--runs-dir", str(tmp_path / "runs"), "--json"]
+    native = json.loads(CliRunner().invoke(app, [*common, "--run-id", "native"]).output)
+    out = CliRunner().invoke(app, [*common, "--run-id", "haswell", "--isa", "haswell"])
+    assert out.exit_code == 0, out.output
+    haswell = json.loads(out.output)
+    assert haswell["instruction_set"]["emulated"] == "Haswell" and native["instruction_set"] == NATIVE.to_json()
+    environment = Run.open(tmp_path / "runs" / "haswell").manifest.environment
+    assert environment["cpu_isa"]["emulated"] == "Haswell" and environment["cpu_isa"]["kernels"] == "AVX2 without VNNI"
+    assert Run.open(tmp_path / "runs" / "haswell").manifest.command[:2] == ["qconsist", "sensitivity"]
+    # the same quantized model (the run's recorded ranges), measured otherwise: 50.01 dB natively, 0.50 under Haswell
+    assert haswell["baseline_md5"] == native["baseline_md5"] == native["run_md5"]
+    worst = haswell["baseline"]["worst_sqnr_db"], native["baseline"]["worst_sqnr_db"]
+    assert (worst[0] != worst[1]) is DIFFERS
+    if DIFFERS:
+        assert worst[0] < 1.0 < 50.0 < worst[1]
+
+
+@pytest.mark.slow
+def test_explain_runs_emulated_runs_under_the_processor_they_were_made_on(saturating, tmp_path):
+    runs = tmp_path / "runs"
+    common = ["run", str(saturating["model"]), "--inputs", str(saturating["inputs"]), "--threads", "1", "--dump",
+              "--runs-dir", str(runs), "--isa", "haswell"]
+    for run_id, level, quiet in (("disable", "disable", []), ("all", "all", ["-q"])):
+        out = CliRunner().invoke(app, [*quiet, *common, "--run-id", run_id, "--level", level])
+        assert out.exit_code == 0, out.output
+        assert ("emulating Haswell under QEMU" in out.output) is not bool(quiet)  # -q: only errors on stderr
+    here = CliRunner().invoke(app, ["explain", str(runs / "disable"), str(runs / "all")])
+    assert here.exit_code == 2
+    assert here.output.strip().splitlines()[-1].endswith(
+        "explain re-runs the model, so run it under the processor they were made on: --isa Haswell")
+    out = CliRunner().invoke(app, ["explain", str(runs / "disable"), str(runs / "all"), "--isa", "haswell"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert next(line for line in lines if line.startswith("instruction set: ")).startswith(
+        "instruction set: AVX2 without VNNI (emulated Haswell under QEMU ")
+    assert "responsible: QDQS8ToU8Transformer" in lines and "verdict: explained" in lines
+    check = next(line for line in lines if line.startswith("  check it: "))
+    assert check.count("--isa Haswell") == 1

@@ -3,7 +3,7 @@
 Calibration runs the float model through onnxruntime's CPU provider (its float kernels: AVX-512F, FMA3, SSE…)
 to measure tensor ranges, and the ranges become scales and zero points. ``calibrate_across`` calibrates and
 quantizes the same model on the same samples once per instruction set — natively here, and in a child
-process under QEMU user mode per emulated CPU model (``python -m qconsist.calibration.isa_worker``) — and
+process under QEMU user mode per emulated CPU model (``qconsist.emulation.call_on``) — and
 compares the quantized files' md5; where they differ, which quantized tensors differ, by how much, and their
 nodes (``qconsist.calibration.repeat.compare_quantized``, the repeated calibration's own comparison).
 
@@ -14,7 +14,6 @@ file), so the comparison isolates calibration and quantization from the input de
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,8 +22,9 @@ import numpy as np
 
 from qconsist.calibration.repeat import TensorDifference, compare_quantized
 from qconsist.cpu import instruction_set
-from qconsist.emulation import NATIVE, emulated_command, run_emulated_capture
-from qconsist.errors import InputError, QconsistError
+from qconsist.emulation import call_on
+from qconsist.errors import InputError
+from qconsist.inference.emulated import stacked_arrays
 from qconsist.inputs.inputset import InputSet, open_input_set
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.stages.calibration_table import CalibrationTable
@@ -77,17 +77,6 @@ class IsaCalibration:
                 f"distinct md5s on {names}; {tensors} quantized tensor(s) differ")
 
 
-def _stacked(inputs: InputSet, folder: Path) -> Path:
-    """The calibration samples as one ``.npz`` of arrays stacked on the batch axis (what every child reads)."""
-    steps = [inputs.sample(i) for i in range(len(inputs))]
-    if not steps:
-        raise InputError(f"calibration set {inputs.source} is empty")
-    arrays = {name: np.concatenate([step[name] for step in steps]) for name in steps[0]}
-    path = folder / "calibration.npz"
-    np.savez(path, **arrays)
-    return path
-
-
 def calibrate_cell(request: dict[str, Any]) -> dict[str, Any]:
     """Calibrate and quantize once in this process (the worker's work; the native instruction set's too)."""
     inputs = open_input_set(Path(request["arrays"]), None, request["input_name"])
@@ -112,23 +101,13 @@ def calibrate_across(model: Path, inputs: InputSet, options: QuantizeOptions, ca
     with scratch_dir("qconsist-calib-isa-") as tmp, progress.task(
             f"calibrating on {', '.join(isas)} (emulation is slow)", len(isas)) as task:
         folder = Path(tmp)
-        arrays = _stacked(inputs, folder)
+        arrays = stacked_arrays(inputs, folder / "calibration.npz", "calibration set")
         input_name = next(iter(np.load(arrays).files))
         for isa in isas:
             request = {"model": str(model), "arrays": str(arrays), "input_name": input_name,
                        "quantize": options.to_json(), "calibration": calibration.to_json(),
                        "output": str(folder / f"{isa}.onnx")}
-            if isa == NATIVE:
-                done = calibrate_cell(request)
-            else:
-                path = folder / f"{isa}.request.json"
-                path.write_text(json.dumps(request), encoding="utf-8")
-                child = run_emulated_capture(emulated_command(
-                    isa, [sys.executable, "-m", "qconsist.calibration.isa_worker", str(path)]))
-                if child.returncode != 0:
-                    last = (child.stderr.strip().splitlines() or ["no output"])[-1]
-                    raise QconsistError(f"calibrating under emulated {isa} failed (exit {child.returncode}): {last}")
-                done = json.loads(child.stdout.strip().splitlines()[-1])
+            done, _ = call_on(isa, calibrate_cell, request, what="calibrating")
             output = Path(request["output"])
             hashes = hash_artifact(output)
             table = CalibrationTable.from_json(json.loads(output.with_suffix(".table.json").read_text(encoding="utf-8")))

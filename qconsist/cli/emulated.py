@@ -15,6 +15,7 @@ import time
 import typer
 
 from qconsist.cli.app import QconsistGroup, stderr_console
+from qconsist.cpu import InstructionSet
 from qconsist.emulation import NATIVE, emulated_command, parse_models, qemu_version, run_emulated
 
 # the child's command line as a manifest records it: ``qconsist run …`` (its environment says it was emulated)
@@ -52,6 +53,7 @@ def reexec_under(isa: str, *, quiet: bool = False) -> bool:
     verbosity = {1: ["-v"], -1: ["-q"]}.get(QconsistGroup.verbosity, [])
     command = emulated_command(model, [sys.executable, "-c", CHILD, *verbosity, *args])
     console = stderr_console()
+    quiet = quiet or QconsistGroup.verbosity < 0  # -q: only errors on stderr
     if not quiet:
         console.print(f"emulating {model} under QEMU {qemu_version()} user mode: the command runs in a child "
                       f"process whose onnxruntime chooses {model}'s kernels; emulation is slow (measured on open_nsfw "
@@ -61,3 +63,8 @@ def reexec_under(isa: str, *, quiet: bool = False) -> bool:
     if not quiet:
         console.print(f"emulated {model}: the command took {time.perf_counter() - started:.1f} s under QEMU (exit {code})")
     raise typer.Exit(code)
+
+
+def isa_line(recorded: dict) -> str:
+    """The line a result's figures are qualified by: the instruction set its sessions ran on, as recorded."""
+    return f"instruction set: {InstructionSet.from_json(recorded).describe()}" if recorded else "instruction set: unknown"

@@ -9,6 +9,7 @@ import typer
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.emulated import isa_line, reexec_under
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def _render(result) -> None:  # result: OptimizerExplanation
     for note in result.notes:
         console.print(f"note: {note}")
     probes = len(result.probes)
+    console.print(isa_line(result.instruction_set))
     console.print(f"cost: {result.sessions} sessions (2 reading onnxruntime's optimizer log, {probes} probe(s) × 3), "
                   f"{result.seconds:.1f} s")
     console.print("verdict: " + ("explained" if result.explained else "not explained"))
@@ -69,13 +71,19 @@ def explain(
     *,
     inputs: InputOptions,
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Name the onnxruntime graph transformer(s) that make two runs diverge: the minimal set whose switching off
     makes the first diverging node bit-identical again, the nodes it rewrote, and the cost in sessions.
 
     The runs must differ only in the optimization level (or transformers switched off). The inputs are opened
-    again from the run's manifest unless --inputs is given. Exit 0 explained (or identical), 1 not explained, 2 error.
+    again from the run's manifest unless --inputs is given. Runs made under another instruction set
+    (`qconsist run --isa MODEL`) are explained under it: --isa MODEL runs the probes in a child process under
+    QEMU user mode emulating that CPU model. Exit 0 explained (or identical), 1 not explained, 2 error, 3 --isa
+    without QEMU.
     """
+    if isa is not None and reexec_under(isa, quiet=json_output):
+        return
     from qconsist.explain import explain_optimization
 
     input_set = None

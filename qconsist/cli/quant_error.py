@@ -9,6 +9,7 @@ import typer
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, progress_for, stdout_console
+from qconsist.cli.emulated import isa_line, reexec_under
 from qconsist.cli.table import Rows, more
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK
 
@@ -58,6 +59,7 @@ def _render(result, top: int, sort: str) -> None:  # result: QuantErrorResult
                       + (f"; {len(tiny)} left out of the ranking: off by at most {NEGLIGIBLE:g} (--json lists them)" if tiny else ""))
     for line in result.mismatched:
         console.print(f"WARNING: observation NOT faithful: {line}")
+    console.print(isa_line(result.instruction_set))
     console.print(f"cost: {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB")
 
 
@@ -87,12 +89,19 @@ def quant_error(
     top: opt.Top = 20,
     sort: str = typer.Option("sqnr", "--sort", help="sqnr: lowest SQNR first; added: the nodes that lose the most SQNR first."),
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Rank the nodes of a quantized model by their error against the float model (SQNR, greatest and mean
     difference, cosine), the quantized model observed as ORT runs it in production, one sample at a time.
 
-    Exit 0 done, 1 an observation was not faithful (its final outputs differ from production), 2 error.
+    With --isa MODEL both models run in a child process under QEMU user mode emulating that CPU model (its
+    integer kernels: Haswell's u8·s8 sums saturate where VNNI's do not), and the result records it.
+
+    Exit 0 done, 1 an observation was not faithful (its final outputs differ from production), 2 error, 3 --isa
+    without QEMU.
     """
+    if isa is not None and reexec_under(isa, quiet=json_output):
+        return
     from qconsist.diff.quantization import quantization_error
     from qconsist.errors import ConfigError
     from qconsist.inference import resolve_model

@@ -11,6 +11,7 @@ from qconsist.cli.table import Rows, more
 
 from qconsist.cli import options as opt
 from qconsist.cli.app import note_run_ort_log, print_json, progress_for, stdout_console
+from qconsist.cli.emulated import isa_line, reexec_under
 from qconsist.errors import EXIT_DIVERGED, EXIT_OK, ConfigError
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def render(result, top: int, path: Path | None) -> None:  # result: SensitivityR
         console.print("in the pipeline file:")
         for line in p.pipeline_lines(result.existing_exclusions):
             console.print(f"  {line}")
+    console.print(isa_line(result.instruction_set))
     console.print(_seconds(result.cost))
     if path is not None:
         console.print(f"run {path.name}: {path}")
@@ -115,15 +117,21 @@ def sensitivity(
     runs_dir: Path,
     run_id: opt.RunId = None,
     json_output: opt.Json = False,
+    isa: opt.Isa = None,
 ) -> None:
     """Rank the quantizable nodes of a pipeline run by the effect of keeping each one in float on the final
     outputs (probes of the top --candidates of quant-error's ranking, or --all), reusing the run's one
     calibration; with --target, propose the nodes to keep in float, re-make the proposal with the pipeline's
     quantize stage, measure it and its latency cost on --ep, and print the [quantize] lines to paste.
 
+    With --isa MODEL the analysis runs in a child process under QEMU user mode emulating that CPU model, and its
+    run directory records the emulated instruction set as its environment.
+
     Exit 0 done (the verified proposal reaches every target), 1 the proposal does not reach a target, 2 error,
-    3 the execution provider is missing.
+    3 the execution provider is missing (or --isa without QEMU).
     """
+    if isa is not None and reexec_under(isa, quiet=json_output):
+        return
     from qconsist.locate.latency import LatencyOptions
     from qconsist.sensitivity import SensitivityRequest, parse_targets
     from qconsist.sensitivity import sensitivity as analyse

@@ -35,6 +35,7 @@ import onnx
 
 from qconsist.compare.noise import NoiseStats
 from qconsist.compare.statistics import IDENTICAL, MEASURED
+from qconsist.cpu import instruction_set
 from qconsist.errors import InputError, RunStoreError
 from qconsist.diff.float_twins import Graph, Match, match_tensors, match_weights
 from qconsist.inference.dump import DumpPlan, FaithfulCheck, plan_dump
@@ -103,6 +104,7 @@ class QuantErrorResult:
     mismatched: list[str] = field(default_factory=list)  # which observation was not faithful, and how
     seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    instruction_set: dict[str, Any] = field(default_factory=dict)  # where the sessions ran (qconsist.cpu.InstructionSet)
 
     @property
     def passed(self) -> bool:
@@ -274,5 +276,5 @@ def quantization_error(
         tensors=sorted((e for e in errors.values() if e.tensor not in final), key=lambda e: (not e.measured, e.sqnr_db, e.position)),
         outputs=[errors[o] for o in float_plan.outputs if o in errors],
         weights=sorted(weights, key=lambda e: (not e.measured, e.sqnr_db)), constants=constants, internal=internal, faithful=not mismatched, mismatched=mismatched,
-        seconds=time.perf_counter() - started, peak_rss_mb=_peak_rss_mb(),
+        seconds=time.perf_counter() - started, peak_rss_mb=_peak_rss_mb(), instruction_set=instruction_set().to_json(),
     )

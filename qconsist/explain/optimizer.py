@@ -31,6 +31,7 @@ import onnxruntime
 
 from qconsist.diff import capture_command, diff_runs
 from qconsist.diff.tensors import TensorComparison, compare_tensors, tensor_keys
+from qconsist.cpu import instruction_set
 from qconsist.environment import compare_environments, fingerprint
 from qconsist.errors import ConfigError, RunStoreError
 from qconsist.explain.bisect import minimal_set
@@ -108,6 +109,7 @@ class OptimizerExplanation:
     sessions: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    instruction_set: dict[str, Any] = field(default_factory=dict)  # where the sessions ran (qconsist.cpu.InstructionSet)
 
     @property
     def passed(self) -> bool:
@@ -170,9 +172,12 @@ def _same_environment(a: Run, b: Run) -> None:
         )
     here = compare_environments(a.manifest.environment, fingerprint()).numerics
     if here:
+        emulated = (a.manifest.environment.get("cpu_isa") or {}).get("emulated")
+        where = (f"under the processor they were made on: `isa` {emulated}" if emulated else
+                 "where the runs were made" + (" (natively: without `isa`)" if instruction_set().emulated else ""))
         raise RunStoreError(
             f"run {path_a} was made in another environment than this one ({'; '.join(map(str, here))}); explain "
-            "re-runs the model, so run it where the runs were made"
+            f"re-runs the model, so run it {where}"
         )
 
 
@@ -286,7 +291,7 @@ def explain_optimization(
     started = time.perf_counter()
     model, a, reference, b, optimized = _reference_first(Run.open(run_a), Run.open(run_b))
     result = OptimizerExplanation(str(a.path), str(b.path), reference.to_json(), optimized.to_json(),
-                                  onnxruntime.__version__)
+                                  onnxruntime.__version__, instruction_set=instruction_set().to_json())
     tensors = diff_runs(a, b).tensors
     if tensors is None or tensors.first is None:
         result.notes.append("the runs' tensors are bit-identical: nothing to explain")

@@ -5,8 +5,8 @@ by ``qconsist.emulation``) runs the model on the same samples under each session
 provider's integer path (``SETTINGS``, read from onnxruntime's ``graph_transformer_utils.cc``): onnxruntime's
 default, ``session.x64quantprecision=1`` (int8 weights through the exact u8·u8 kernels) and
 ``session.disable_quant_qdq=1`` (QDQ groups computed in float). Every cell is a ``qconsist run --dump``
-run directory, written by one child process per emulated instruction set (``python -m
-qconsist.locate.isa_worker`` under QEMU) and in this process for the native one, so the emulated cells record
+run directory, written by one child process per emulated instruction set (``qconsist.emulation.call_on``,
+under QEMU) and in this process for the native one, so the emulated cells record
 the emulated instruction set as their environment.
 
 Each cell is compared with the native cell of the same setting by ``qconsist.diff.diff_runs``: final outputs
@@ -19,7 +19,6 @@ a ratio to onnxruntime's default.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import sys
@@ -30,9 +29,9 @@ from typing import Any, Sequence
 
 from qconsist.cpu import InstructionSet, instruction_set
 from qconsist.diff.runs import diff_runs
-from qconsist.emulation import NATIVE, emulated_command, run_emulated_capture
+from qconsist.emulation import NATIVE, call_on
 from qconsist.environment import fingerprint
-from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
+from qconsist.errors import ConfigError, UnsupportedModelError
 from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.inputs.options import InputOptions
@@ -146,19 +145,6 @@ def run_cells(request: dict[str, Any]) -> list[dict[str, Any]]:
     return done
 
 
-def _emulated(model: str, request: dict[str, Any], scratch: Path) -> tuple[list[dict[str, Any]], float]:
-    path = scratch / f"request-{model}.json"
-    path.write_text(json.dumps(request), encoding="utf-8")
-    command = emulated_command(model, [sys.executable, "-m", "qconsist.locate.isa_worker", str(path)])
-    started = time.perf_counter()
-    done = run_emulated_capture(command)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise QconsistError(f"the run under emulated {model} failed (exit {done.returncode}): {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
-
-
 @ort_logged()
 def side_by_side_ms(model: Path, stage: str | None, inputs: InputOptions, settings: Sequence[Setting], threads: int,
                     rounds: int = 10, skip: Sequence[str] = ()) -> dict[str, float]:
@@ -192,24 +178,18 @@ def locate_cpu(model: Path, inputs: InputOptions, runs_dir: Path, *, stage: str 
     if len(isas) < 2:
         raise ConfigError("`isa` names one instruction set: locate --ep cpu compares two or more, e.g. native,haswell")
     runs_dir.mkdir(parents=True, exist_ok=True)
-    scratch = runs_dir / f".{prefix}-requests"
-    scratch.mkdir(exist_ok=True)
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     with progress.task(f"locate --ep cpu: {len(isas)} instruction sets × {len(settings)} settings (emulation is slow)",
                        len(isas)) as task:
         for isa in isas:
             request = _worker_request(model, stage, inputs, settings, runs_dir, prefix, isa, threads)
-            if isa == NATIVE:
-                done = run_cells(request)
-            else:
-                done, seconds[isa] = _emulated(isa, request, scratch)
+            done, took = call_on(isa, run_cells, request, what="the run")
+            if isa != NATIVE:
+                seconds[isa] = took
             for entry in done:
                 cells[(isa, entry["setting"])] = entry
             task.advance()
-    for path in scratch.iterdir():
-        path.unlink()
-    scratch.rmdir()
     result_cells: list[IsaCell] = []
     recorded: dict[str, dict[str, Any]] = {}
     identical = {s.name: True for s in settings}

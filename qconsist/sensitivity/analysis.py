@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import onnx
 
 from qconsist.diff.quantization import QuantErrorResult, quantization_error
+from qconsist.cpu import instruction_set
 from qconsist.environment import fingerprint
 from qconsist.errors import ConfigError, InputError, RunStoreError
 from qconsist.locate.latency import LatencyOptions
@@ -359,7 +360,7 @@ def analyse(run: QuantizedRun, request: SensitivityRequest, inputs: InputSet, la
         strategy=strategy, quantizable=len(names), unnamed=unnamed, baseline=baseline.figures, baseline_md5=baseline.md5,
         run_md5=run_md5, nodes=nodes, existing_exclusions=list(run.options.nodes_to_exclude), agreement=agreed,
         proposal=proposal, verification=verification, latency=latency, alternatives=alternatives, cost=cost,
-        labels=sum(1 for label in per_sample or [] if label is not None),
+        labels=sum(1 for label in per_sample or [] if label is not None), instruction_set=instruction_set().to_json(),
     )
     return result, record
 

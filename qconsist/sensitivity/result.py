@@ -172,6 +172,7 @@ class SensitivityResult:
     alternatives: list[Step] = field(default_factory=list)  # other settings measured when keeping nodes in float fails
     cost: Cost = field(default_factory=Cost)
     labels: int = 0  # labelled samples among the inputs
+    instruction_set: dict[str, Any] = field(default_factory=dict)  # where the sessions ran (qconsist.cpu.InstructionSet)
 
     @property
     def probed(self) -> list[NodeSensitivity]:
