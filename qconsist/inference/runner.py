@@ -15,6 +15,7 @@ output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qc
 from __future__ import annotations
 
 import dataclasses
+from contextlib import closing
 import hashlib
 import importlib.util
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -446,8 +447,9 @@ def run_inference(
         axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
         inputs = dataclasses.replace(inputs, axes=axes or None)
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
-            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
-        stream = inputs.steps(request.batch_size, borrowed=True)  # the input workers start while the model loads
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log, \
+            closing(inputs.steps(request.batch_size, borrowed=True)) as stream:
+        # the input workers start now and prepare the first steps while the model is hashed and its sessions made
         model = _model_record(source)
         prepared = _prepare(source, inputs, request, run, model)
         counter, position, note = _accuracy_counter(source, model.model, inputs, prepared.outputs)
