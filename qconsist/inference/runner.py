@@ -404,6 +404,13 @@ class _Loop:
     infos: list[SampleInfo]
     seconds: float
     accuracy: AccuracyCounter | None
+    # where the main thread spent the steps' time besides production (logged, never recorded): waiting for the
+    # input workers' next step, the dump's recorder, writing the outputs and counting the accuracy, the progress
+    spans: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("inputs", "recorder", "outputs", "progress"), 0.0))
+
+    def describe(self, wall: float) -> str:
+        shares = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in [("session", self.seconds), *self.spans.items()])
+        return f"{len(self.infos)} samples in {wall:.2f} s on the main thread: {shares}"
 
 
 def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tuple[AccuracyCounter | None, int],
@@ -411,21 +418,36 @@ def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tup
     """Every step: the recorder's part, production (alone, so its time per sample is its own), the outputs."""
     counter, position = accuracy
     loop = _Loop([], 0.0, counter)
-    recorder = prepared.recorder
-    for index, step, step_infos in stream:  # input workers prepare the next steps meanwhile (inputs.stream)
+    recorder, spans, clock = prepared.recorder, loop.spans, time.perf_counter
+    steps, begun = iter(stream), clock()
+    while True:
+        mark = clock()
+        made = next(steps, None)  # input workers prepare the next steps meanwhile (inputs.stream)
+        spans["inputs"] += clock() - mark
+        if made is None:
+            break
+        index, step, step_infos = made
         count = len(step_infos)
         loop.infos += step_infos
+        mark = clock()
         recorder.before(step, count)
-        start = time.perf_counter()
+        start = clock()
         where = f" on sample {index}" if count == 1 else f" on samples {index}..{index + count - 1}"
         produced = _run(prepared.production, step, prepared.model_path, where)
-        loop.seconds += time.perf_counter() - start
+        end = clock()
+        loop.seconds += end - start
         rows = [split.rows(array, count, name) for split, array, name in zip(prepared.splits, produced, prepared.outputs)]
         writer.write_step(produced, count, rows)
         if counter is not None:
             counter.add(np.stack([np.asarray(r) for r in rows[position]]), labels[index:index + count])
+        written = clock()
         recorder.after(index, produced, count)
+        advanced = clock()
         task.advance(count)
+        spans["recorder"] += (start - mark) + (advanced - written)
+        spans["outputs"] += written - end
+        spans["progress"] += clock() - advanced
+    log.info("steps: %s", loop.describe(clock() - begun))
     return loop
 
 

@@ -22,7 +22,7 @@ from qconsist.errors import InputError, ShapeMismatchError
 from qconsist.inputs import Preprocess, open_input_set
 from qconsist.inputs.digest import legacy_digest, sample_digest
 from qconsist.inputs.preprocess import ChannelOrder
-from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers
+from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers, steps
 from qconsist.store.rundir import open_run, run_state
 from qconsist.store.run import Run
 
@@ -122,6 +122,42 @@ def test_borrowed_steps_stay_readable_for_one_more_step(jpegs):
             np.testing.assert_array_equal(previous.arrays["x"], reference[previous.start // 3])
         np.testing.assert_array_equal(step.arrays["x"], reference[step.start // 3])
         previous = step
+
+
+def _ready_after(stream, wanted, seconds=120.0):
+    """``stream.ready_steps()`` once it reaches ``wanted`` (or the deadline passes)."""
+    deadline = time.monotonic() + seconds
+    while stream.ready_steps() < wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return stream.ready_steps()
+
+
+def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs):
+    """The workers are fed by a thread of their own: before the first step is asked for (a run creates its
+    sessions meanwhile) and while the consumer holds a step (a run is inside the session), they prepare every
+    step the ring has room for, and not one more (the slots the consumer may still read)."""
+    inputs = open_input_set(jpegs, CAFFE, "x")
+    reference = [a["x"].copy() for _, a in inputs.with_workers(0).batches(1)]
+    # 2 workers, steps of 1 sample: 4 steps in flight + the 2 the consumer may hold = 6 slots; borrowed, the
+    # consumer asking for step n may still read step n - 1, so steps up to n + 4 may be made
+    stream = steps(inputs._load, 25, 1, 2, borrowed=True)
+    try:
+        assert _ready_after(stream, 5) == 5  # nothing asked for yet: steps 0..4
+        time.sleep(0.5)
+        assert stream.ready_steps() == 5  # not one more until step 1 is asked for
+        first = next(stream)
+        np.testing.assert_array_equal(first.arrays["x"], reference[0])
+        second = next(stream)  # done with step 0's slot: step 5 is made while this one is held
+        assert _ready_after(stream, 6) == 6
+        time.sleep(0.5)
+        assert stream.ready_steps() == 6
+        np.testing.assert_array_equal(first.arrays["x"], reference[0])  # still readable: not overwritten
+        np.testing.assert_array_equal(second.arrays["x"], reference[1])
+        rest = [step.arrays["x"].copy() for step in stream]
+        assert len(rest) == 23 and all((a == b).all() for a, b in zip(rest, reference[2:]))
+        assert stream.ready_steps() == 25
+    finally:
+        stream.close()
 
 
 def test_resolve_workers():
