@@ -422,7 +422,6 @@ class _Feeder(threading.Thread):
         self.condition = threading.Condition()
         self.requested = 0  # the step the consumer asks for (it is done with those before, less ``held``)
         self.done: dict[int, _Pending] = {}  # steps every chunk of which was reported, not yet taken
-        self.prepared = 0  # steps completed so far (``ready_steps``)
         self.failure: BaseException | None = None
         self.stopping = False
         self.wake_reader, self.wake_writer = socket.socketpair()
@@ -440,11 +439,6 @@ class _Feeder(threading.Thread):
                     raise self.failure
                 self.condition.wait(_POLL)
             return self.done.pop(number)
-
-    def ready_steps(self) -> int:
-        """How many steps the workers have completed (the consumer may not have asked for them yet)."""
-        with self.condition:
-            return self.prepared
 
     def close(self) -> None:
         """Stop the workers and this thread, and remove the ring (any thread; more than once is harmless)."""
@@ -511,13 +505,12 @@ class _Feeder(threading.Thread):
                 if state.chunks == 0:
                     with self.condition:
                         self.done[message[1]] = pending.pop(message[1])
-                        self.prepared += 1
                         completed += 1
                         self.condition.notify_all()
 
 
 class _Stream:
-    """The steps the workers make, in order (an iterator); ``ready_steps`` tells how far ahead they are."""
+    """The steps the workers make, in order (an iterator; ``close`` stops the workers before the end)."""
 
     def __init__(self, feeder: _Feeder, layout: list, count: int, batch: int, borrowed: bool) -> None:
         self._feeder, self._layout, self._count, self._batch, self._borrowed = feeder, layout, count, batch, borrowed
@@ -525,9 +518,6 @@ class _Stream:
 
     def __iter__(self) -> "_Stream":
         return self
-
-    def ready_steps(self) -> int:
-        return self._feeder.ready_steps()
 
     def __next__(self) -> Step:
         feeder, number = self._feeder, self._next

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from onnx_builders import build_classifier_model
 from photo_files import photo
+from stamped_loader import Stamped, stamps
 from qconsist.cli import app
 from qconsist.errors import InputError, ShapeMismatchError
 from qconsist.inputs import Preprocess, open_input_set
@@ -124,40 +125,42 @@ def test_borrowed_steps_stay_readable_for_one_more_step(jpegs):
         previous = step
 
 
-def _ready_after(stream, wanted, seconds=120.0):
-    """``stream.ready_steps()`` once it reaches ``wanted`` (or the deadline passes)."""
+def _stamped_after(folder, wanted, seconds=60.0):
+    """The samples the workers have prepared, once they are ``wanted`` (or the deadline passes)."""
     deadline = time.monotonic() + seconds
-    while stream.ready_steps() < wanted and time.monotonic() < deadline:
+    while stamps(folder) != wanted and time.monotonic() < deadline:
         time.sleep(0.02)
-    return stream.ready_steps()
+    return stamps(folder)
 
 
-def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs):
+def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs, tmp_path):
     """The workers are fed by a thread of their own: before the first step is asked for (a run creates its
     sessions meanwhile) and while the consumer holds a step (a run is inside the session), they prepare every
-    step the ring has room for, and not one more (the slots the consumer may still read)."""
+    step the ring has room for, and not one more (the slots the consumer may still read). Before, chunks were
+    handed out only while the consumer waited for a step: nothing was prepared before the first was asked for."""
     inputs = open_input_set(jpegs, CAFFE, "x")
     reference = [a["x"].copy() for _, a in inputs.with_workers(0).batches(1)]
+    folder = tmp_path / "stamps"
+    folder.mkdir()
     # 2 workers, steps of 1 sample: 4 steps in flight + the 2 the consumer may hold = 6 slots; borrowed, the
     # consumer asking for step n may still read step n - 1, so steps up to n + 4 may be made
-    stream = steps(inputs._load, 25, 1, 2, borrowed=True)
+    made = steps(Stamped(inputs._load, folder), 25, 1, 2, borrowed=True)
     try:
-        assert _ready_after(stream, 5) == 5  # nothing asked for yet: steps 0..4
+        assert _stamped_after(folder, {0, 1, 2, 3, 4}) == {0, 1, 2, 3, 4}  # nothing asked for yet
         time.sleep(0.5)
-        assert stream.ready_steps() == 5  # not one more until step 1 is asked for
-        first = next(stream)
-        np.testing.assert_array_equal(first.arrays["x"], reference[0])
-        second = next(stream)  # done with step 0's slot: step 5 is made while this one is held
-        assert _ready_after(stream, 6) == 6
+        assert stamps(folder) == {0, 1, 2, 3, 4}  # not one more until step 1 is asked for
+        first = next(made)
+        second = next(made)  # step 1 asked for (step 0 stays readable): room for step 5, made while it is held
+        assert _stamped_after(folder, set(range(6))) == set(range(6))
         time.sleep(0.5)
-        assert stream.ready_steps() == 6
+        assert stamps(folder) == set(range(6))
         np.testing.assert_array_equal(first.arrays["x"], reference[0])  # still readable: not overwritten
         np.testing.assert_array_equal(second.arrays["x"], reference[1])
-        rest = [step.arrays["x"].copy() for step in stream]
+        rest = [step.arrays["x"].copy() for step in made]
         assert len(rest) == 23 and all((a == b).all() for a, b in zip(rest, reference[2:]))
-        assert stream.ready_steps() == 25
+        assert stamps(folder) == set(range(25))
     finally:
-        stream.close()
+        made.close()
 
 
 def test_resolve_workers():
