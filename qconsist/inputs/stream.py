@@ -10,7 +10,9 @@ Workers (``resolve_workers``):
 * **2 or more**: worker processes (fresh interpreters, never a fork of a process holding ONNX Runtime's
   threads), each preparing chunks of a step and writing them straight into a shared ring of step buffers (a
   memory-mapped file in ``/dev/shm``), so no tensor is pickled; the main process only learns which chunk is
-  ready and its samples' digests.
+  ready and its samples' digests. A thread of the main process (``_Feeder``) hands out the chunks and collects
+  the reports from the moment the stream is made, whatever the consumer does meanwhile (creating its sessions,
+  running a step): the ring's free slots alone bound how far ahead the workers go.
 
 Threads or processes: preparing a 500x375 JPEG for open_nsfw (2.4 ms) holds the GIL for part of the time
 (Pillow's header parsing, the Python around each call), and the main process wants it too (the session loop,
