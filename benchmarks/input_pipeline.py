@@ -18,7 +18,9 @@ kept): ``--count`` JPEGs of
 * ``decode, N threads``: the same by N threads of one process (for the choice of processes, not used by qconsist);
 * ``decode, N workers``: the input pipeline as `qconsist run` reads it (``InputSet.steps``, N worker processes);
 * ``inference``: the model on pre-decoded tensors (a pool of steps, cycled), the session only;
-* ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`;
+* ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`
+  (with ``-v``: the summary ends with where its main thread spent the steps — waiting for inputs, the session,
+  the recorder, the outputs, the progress);
 * ``run --dump``: the same with ``--dump --fingerprints host|device``;
 * ``run, 1/10 of the samples``: the plain run on the first tenth (its peak memory against the whole run's: flat);
 * ``run --dump, second``: the dump again with one thing changed (``--second``: ``batch=1``, another batch size;
@@ -272,17 +274,19 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
 def run(args: list[str], runs: Path, run_id: str, count: int, keep: bool = False) -> dict:
     """One `qconsist run` (its progress on this terminal); wall, peak memory, disk and files of its run (removed
     unless ``keep``)."""
-    command = [*QCONSIST, "run", *args, "--runs-dir", str(runs), "--run-id", run_id, "--json"]
+    command = [*QCONSIST, "-v", "run", *args, "--runs-dir", str(runs), "--run-id", run_id, "--json"]
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(process.pid) as memory:
-        out, _ = process.communicate()
+        out, err = process.communicate()
     wall = time.perf_counter() - start
+    spans = [line.split("steps: ", 1)[1] for line in err.splitlines() if "qconsist.inference.runner: steps: " in line]
+    sys.stderr.write("".join(line + "\n" for line in err.splitlines() if not line.startswith("INFO ")))
     if process.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}")
     files = [p for p in (runs / run_id).rglob("*") if p.is_file()]
     result = {"wall": wall, "rss": memory.tree, "rss_main": memory.main, "files": len(files),
-              "disk": sum(p.stat().st_size for p in files), "json": json.loads(out)}
+              "disk": sum(p.stat().st_size for p in files), "json": json.loads(out), "spans": spans[-1] if spans else ""}
     if not keep:
         shutil.rmtree(runs / run_id)
     return result
@@ -406,7 +410,9 @@ def main() -> None:
 
     print(f"\n{count} JPEGs of {options.size} in {min(count, options.classes)} class folders "
           f"({sum(p.stat().st_size for p in folder.rglob('*.JPEG')) / 1e6:.0f} MB{f', made in {made:.0f} s' if made else ''}); "
-          f"model {options.model} on {options.ep}, batch {batch}, {workers} workers, {available_cores()} cores")
+          f"model {options.model} on {options.ep}, batch {batch}, {workers} workers, {available_cores()} cores; "
+          + ("PYTHONDONTWRITEBYTECODE=1: every run and every input worker compiles its modules (here 0.9 CPU s a "
+             "worker against 0.2 s with bytecode cached)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "bytecode cached"))
     print("| step | wall s | samples/s | vs decode, 1 process | peak RSS MB (with workers) | run disk MB | run files |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     single = rows["decode, 1 process"]["wall"]
@@ -424,6 +430,9 @@ def main() -> None:
     dump = rows.get(f"run --dump --fingerprints {options.fingerprints}")
     if dump:
         print(f"run --dump / run = {dump['wall'] / rows['run']['wall']:.2f} (GPU goal <= 1.3)")
+    for name in ("run", f"run --dump --fingerprints {options.fingerprints}"):
+        if rows.get(name, {}).get("spans"):  # `qconsist -v run`'s line: where its main thread spent the steps
+            print(f"main thread of `{name}`: {rows[name]['spans']}")
     plain, tenth_row = rows["run"], rows[f"run, 1/10 of the samples ({tenth})"]
     print(f"peak RSS of the run: {plain['rss_main'] / 1e6:.0f} MB for {count} samples, {tenth_row['rss_main'] / 1e6:.0f} MB "
           f"for {tenth} (main process; goal: flat in the sample count); files per run: {plain['files']} plain"
