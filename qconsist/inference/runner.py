@@ -32,6 +32,7 @@ from qconsist.compare import compare_outputs
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
 from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_kinds
 from qconsist.environment import fingerprint as environment_fingerprint
+from qconsist.environment import prefetch_gpus
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, distinct_second, probe_splits
 from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, observed_graph, plan_dump, select_raw
@@ -464,6 +465,7 @@ def run_inference(
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
+    prefetch_gpus()  # nvidia-smi, which the manifest's environment asks at the end, answers meanwhile
     label = f"run-{source.describe().get('name') or source.path.stem}"
     if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
         axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
