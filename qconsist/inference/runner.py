@@ -18,7 +18,7 @@ import dataclasses
 from contextlib import closing
 import hashlib
 import importlib.util
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 import logging
 import time
 from dataclasses import dataclass, field
@@ -286,7 +286,8 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     return prepared
 
 
-_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="qconsist-restamp-check")
+# work beside the run's own sessions: the re-stamp check, the accuracy's output
+_BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 
 def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path) -> _Prepared:
@@ -357,18 +358,27 @@ def _on_device(plan: DumpPlan | None, request: RunRequest) -> bool:
     return on_device
 
 
-def _accuracy_counter(source: ModelSource, model: onnx.ModelProto, inputs: InputSet,
-                      outputs: list[str]) -> tuple[AccuracyCounter | None, int, str]:
-    """The counter of the class-scores output's accuracy, that output's position, or why there is none."""
+def _accuracy_target(source: ModelSource, model: onnx.ModelProto, inputs: InputSet) -> tuple[str | None, str]:
+    """The class-scores output whose accuracy the run records, or why there is none (the graph's reading, and
+    the float model's where the model is quantized: ``run_inference`` does it beside the sessions' creation)."""
     if inputs.labels is None:
-        return None, -1, ""
+        return None, ""
     try:
         judged = judged_outputs(_float_model(source, model), _declared_kinds(source))
         target = class_scores_output(judged, "accuracy against the labels")
     except ConfigError as exc:
-        log.warning("no accuracy recorded: %s", exc.message)
-        return None, -1, exc.message
-    return AccuracyCounter(target.output), outputs.index(target.output), ""
+        return None, exc.message
+    return target.output, ""
+
+
+def _accuracy_counter(target: tuple[str | None, str], outputs: list[str]) -> tuple[AccuracyCounter | None, int, str]:
+    """The counter of the class-scores output's accuracy, that output's position, or why there is none."""
+    output, note = target
+    if note:
+        log.warning("no accuracy recorded: %s", note)
+    if output is None:
+        return None, -1, note
+    return AccuracyCounter(output), outputs.index(output), ""
 
 
 def _quantized(model: onnx.ModelProto) -> bool:
@@ -475,8 +485,14 @@ def run_inference(
             closing(inputs.steps(request.batch_size, borrowed=True)) as stream:
         # the input workers start now and prepare the first steps while the model is hashed and its sessions made
         model = _model_record(source)
-        prepared = _prepare(source, inputs, request, run, model)
-        counter, position, note = _accuracy_counter(source, model.model, inputs, prepared.outputs)
+        # the output whose accuracy is counted is read from the graph meanwhile (onnxruntime lets the GIL go)
+        target = _BESIDE.submit(_accuracy_target, source, model.model, inputs)
+        try:
+            prepared = _prepare(source, inputs, request, run, model)
+        except BaseException:
+            wait([target])  # the sessions' error is the run's (the accuracy's came after it, when it ran after)
+            raise
+        counter, position, note = _accuracy_counter(target.result(), prepared.outputs)
         labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
         writer = OutputWriter(run.path / "outputs", prepared.outputs, len(inputs))
