@@ -388,7 +388,7 @@ class _Pending:
 def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> "_Stream":
     """Start the workers and the thread that feeds them now: the first steps are prepared while the caller goes
     on (a run creates its sessions meanwhile), and later ones while it is busy with a step."""
-    first_sample, _ = prepare_sample(loader, 0)  # its layout sizes the ring
+    first_sample, _ = prepare(loader, 0)  # its layout sizes the ring (its digests are the workers' to make)
     layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in first_sample.items()]
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
     chunk = max(1, min(batch, CHUNK))

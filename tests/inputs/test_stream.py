@@ -23,6 +23,7 @@ from qconsist.errors import InputError, ShapeMismatchError
 from qconsist.inputs import Preprocess, open_input_set
 from qconsist.inputs.digest import legacy_digest, sample_digest
 from qconsist.inputs.preprocess import ChannelOrder
+from qconsist.inputs import stream
 from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers, steps
 from qconsist.store.rundir import open_run, run_state
 from qconsist.store.run import Run
@@ -161,6 +162,20 @@ def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs, tmp_p
         assert stamps(folder) == set(range(25))
     finally:
         made.close()
+
+
+def test_with_worker_processes_the_main_process_digests_no_sample(jpegs, monkeypatch):
+    """Every sample's digest and its file's are made where the sample is decoded: with worker processes, never in
+    the main process (its thread runs the session); the same digests as one thread makes."""
+    inputs = open_input_set(jpegs, CAFFE, "x")
+    reference = inputs.with_workers(0).sample_infos()
+    made_here = []
+    for name in ("sample_digest", "file_digest"):
+        original = getattr(stream, name)
+        monkeypatch.setattr(stream, name, lambda *args, _original=original, _name=name: made_here.append(_name) or _original(*args))
+    infos = [info for step in inputs.with_workers(2).steps(4, borrowed=True) for info in step.infos]
+    assert made_here == []
+    assert infos == reference
 
 
 def test_resolve_workers():
