@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 SAMPLES_PER_WORKER = 128  # a worker process is started only for this many samples (starting one costs ~0.1 s)
 CHUNK = 4  # samples a worker prepares per task (a step of 32 is prepared by 8 workers at once)
 THREAD_DEPTH = 3  # steps a worker thread prepares ahead
+# chunks per worker process the ring holds beyond the two steps the consumer may read (each worker is given 2 at a
+# time): room for a stall of the consumer's (a GPU's first step picking its algorithms, a collection) of about
+# two chunks' decoding; 16 workers at batch 32 on a 224x224 model: 8 steps in flight, a ring of 10, 193 MB
+AHEAD = 4
 _POLL = 0.5  # seconds between checks that the worker processes are alive
 
 
@@ -393,7 +397,7 @@ def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
     chunk = max(1, min(batch, CHUNK))
     workers = min(workers, math.ceil(count / chunk))
-    in_flight = max(1, math.ceil(2 * workers / math.ceil(batch / chunk)))  # steps being prepared: 2 chunks a worker
+    in_flight = max(1, math.ceil(AHEAD * workers / math.ceil(batch / chunk)))  # steps being prepared
     slots = in_flight + 2  # and the two steps the consumer may hold
     ring = _Ring(slots, batch * row_bytes)
     try:

@@ -143,18 +143,20 @@ def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs, tmp_p
     reference = [a["x"].copy() for _, a in inputs.with_workers(0).batches(1)]
     folder = tmp_path / "stamps"
     folder.mkdir()
-    # 2 workers, steps of 1 sample: 4 steps in flight + the 2 the consumer may hold = 6 slots; borrowed, the
-    # consumer asking for step n may still read step n - 1, so steps up to n + 4 may be made
+    # 2 workers, steps of 1 sample: 4 chunks of 1 a worker in flight (stream.AHEAD) + the 2 steps the consumer may
+    # hold = 10 slots; borrowed, the consumer asking for step n may still read step n - 1: steps up to n + 8 are made
+    slots = 10
     made = steps(Stamped(inputs._load, folder), 25, 1, 2, borrowed=True)
     try:
-        assert _stamped_after(folder, {0, 1, 2, 3, 4}) == {0, 1, 2, 3, 4}  # nothing asked for yet
+        ahead = set(range(slots - 1))
+        assert _stamped_after(folder, ahead) == ahead  # nothing asked for yet
         time.sleep(0.5)
-        assert stamps(folder) == {0, 1, 2, 3, 4}  # not one more until step 1 is asked for
+        assert stamps(folder) == ahead  # not one more until step 1 is asked for
         first = next(made)
-        second = next(made)  # step 1 asked for (step 0 stays readable): room for step 5, made while it is held
-        assert _stamped_after(folder, set(range(6))) == set(range(6))
+        second = next(made)  # step 1 asked for (step 0 stays readable): room for one more, made while it is held
+        assert _stamped_after(folder, set(range(slots))) == set(range(slots))
         time.sleep(0.5)
-        assert stamps(folder) == set(range(6))
+        assert stamps(folder) == set(range(slots))
         np.testing.assert_array_equal(first.arrays["x"], reference[0])  # still readable: not overwritten
         np.testing.assert_array_equal(second.arrays["x"], reference[1])
         rest = [step.arrays["x"].copy() for step in made]
