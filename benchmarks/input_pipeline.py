@@ -280,7 +280,8 @@ def run(args: list[str], runs: Path, run_id: str, count: int, keep: bool = False
     with PeakMemory(process.pid) as memory:
         out, err = process.communicate()
     wall = time.perf_counter() - start
-    spans = [line.split("steps: ", 1)[1] for line in err.splitlines() if "qconsist.inference.runner: steps: " in line]
+    spans = ["; ".join(line.split("qconsist.inference.runner: ", 1)[1] for line in err.splitlines()
+                       if "qconsist.inference.runner: steps: " in line or "qconsist.inference.runner: start-up: " in line)]
     sys.stderr.write("".join(line + "\n" for line in err.splitlines() if not line.startswith("INFO ")))
     if process.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}")

@@ -475,6 +475,7 @@ def run_inference(
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
+    begun = time.perf_counter()
     prefetch_gpus()  # nvidia-smi, which the manifest's environment asks at the end, answers meanwhile
     label = f"run-{source.describe().get('name') or source.path.stem}"
     if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
@@ -496,6 +497,7 @@ def run_inference(
         labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
         writer = OutputWriter(run.path / "outputs", prepared.outputs, len(inputs))
+        log.info("start-up: %.2f s from run_inference's start (imports, options and the input listing before it) to the first step", time.perf_counter() - begun)
         try:
             with progress.task("inference" + prepared.recorder.description, len(inputs)) as task:
                 loop = _steps(stream, prepared, writer, (counter, position), labels, task)
