@@ -42,7 +42,9 @@ from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, make_recorder
-from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message, records_type
+from qconsist.inference.session import (
+    ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
+)
 from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
@@ -263,7 +265,7 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     model_path = source.path
     check: Future | None = None
     if request.dynamic_batch:
-        _check_outputs(create_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
+        _check_outputs(_outputs_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
         model_path = run.file("model/model.onnx")
         _restamp_write(source.path, model_path)
         # the check (CPU sessions) runs beside the run's own sessions, off the start-up's critical path; the run
@@ -287,6 +289,16 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
 
 
 # work beside the run's own sessions: the re-stamp check, the accuracy's output
+def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
+    """A session that tells the model's outputs: on the CPU, graph unoptimized (milliseconds), not the run's own
+    EP (on the CUDA EP a second session of the run's, 0.5 s and more before the first step); the run's EP where
+    the CPU cannot load the model."""
+    try:
+        return create_session(path, ExecutionOptions(intra_op_threads=1), level=OptimizationLevel.DISABLE)
+    except QconsistError:
+        return create_session(path, options)
+
+
 _BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 
