@@ -288,7 +288,6 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     return prepared
 
 
-# work beside the run's own sessions: the re-stamp check, the accuracy's output
 def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
     """A session that tells the model's outputs: on the CPU, graph unoptimized (milliseconds), not the run's own
     EP (on the CUDA EP a second session of the run's, 0.5 s and more before the first step); the run's EP where
@@ -299,6 +298,7 @@ def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
         return create_session(path, options)
 
 
+# work beside the run's own sessions: the re-stamp check, the accuracy's output
 _BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 
