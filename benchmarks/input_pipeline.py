@@ -18,7 +18,9 @@ kept): ``--count`` JPEGs of
 * ``decode, N threads``: the same by N threads of one process (for the choice of processes, not used by qconsist);
 * ``decode, N workers``: the input pipeline as `qconsist run` reads it (``InputSet.steps``, N worker processes);
 * ``inference``: the model on pre-decoded tensors (a pool of steps, cycled), the session only;
-* ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`;
+* ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`
+  (with ``-v``: the summary ends with where its main thread spent the steps — waiting for inputs, the session,
+  the recorder, the outputs, the progress);
 * ``run --dump``: the same with ``--dump --fingerprints host|device``;
 * ``run, 1/10 of the samples``: the plain run on the first tenth (its peak memory against the whole run's: flat);
 * ``run --dump, second``: the dump again with one thing changed (``--second``: ``batch=1``, another batch size;
@@ -27,7 +29,8 @@ kept): ``--count`` JPEGs of
   both runs' top-1 (and top-5) against the folders' labels, the predictions that flipped and their origin — and
   the first flipped samples.
 
-For each: wall time, samples per second, peak resident memory (the process and its workers, sampled every 0.2 s),
+For each: wall time, CPU time (this process and its ended children: steadier than the wall clock on a shared
+machine), samples per second, peak resident memory (the process and its workers, sampled every 0.2 s),
 and for runs the disk and files of the run directory (removed at the end). ``--model tiny`` (the default) is a
 224x224 classifier built here (open_nsfw's outputs: 2 classes) whose inference costs next to nothing, so that
 ``run`` measures qconsist's own path; on the GPU machine give the open_nsfw QDQ model (a run directory or its
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -90,6 +94,16 @@ def progress(description: str, total: int):
                   file=sys.stderr, flush=True)
 
     yield advance
+
+
+# --- CPU time -------------------------------------------------------------------------------------------------
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (input workers, `qconsist` processes with
+    their own workers): steadier than the wall clock on a machine shared with other work."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 # --- memory ---------------------------------------------------------------------------------------------------
@@ -222,11 +236,11 @@ def decode(folder: Path, count: int, batch: int, workers: int, label: str) -> di
     inputs = _inputs(folder, workers)
     inputs = inputs.subset(0, count) if count < len(inputs) else inputs
     with PeakMemory(os.getpid()) as memory, progress(label, count) as advance:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         for step in inputs.steps(batch, borrowed=True):
             advance(len(step.infos))
-        wall = time.perf_counter() - start
-    return {"wall": wall, "rss": memory.tree}
+        wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return {"wall": wall, "cpu": cpu, "rss": memory.tree}
 
 
 def decode_threads(folder: Path, count: int, threads: int) -> dict:
@@ -261,28 +275,31 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
     session.run(None, pool[0])  # warm: cuDNN picks its algorithms
     steps = -(-count // batch)
     with PeakMemory(os.getpid()) as memory, progress("inference", count) as advance:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         for n in range(steps):
             session.run(None, pool[n % len(pool)])
             advance(min(batch, count - n * batch))
-        wall = time.perf_counter() - start
-    return {"wall": wall, "rss": memory.tree}
+        wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return {"wall": wall, "cpu": cpu, "rss": memory.tree}
 
 
 def run(args: list[str], runs: Path, run_id: str, count: int, keep: bool = False) -> dict:
     """One `qconsist run` (its progress on this terminal); wall, peak memory, disk and files of its run (removed
     unless ``keep``)."""
-    command = [*QCONSIST, "run", *args, "--runs-dir", str(runs), "--run-id", run_id, "--json"]
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    command = [*QCONSIST, "-v", "run", *args, "--runs-dir", str(runs), "--run-id", run_id, "--json"]
+    start, cpu = time.perf_counter(), cpu_seconds()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(process.pid) as memory:
-        out, _ = process.communicate()
-    wall = time.perf_counter() - start
+        out, err = process.communicate()
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    spans = ["; ".join(line.split("qconsist.inference.runner: ", 1)[1] for line in err.splitlines()
+                       if "qconsist.inference.runner: steps: " in line or "qconsist.inference.runner: start-up: " in line)]
+    sys.stderr.write("".join(line + "\n" for line in err.splitlines() if not line.startswith("INFO ")))
     if process.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}")
     files = [p for p in (runs / run_id).rglob("*") if p.is_file()]
-    result = {"wall": wall, "rss": memory.tree, "rss_main": memory.main, "files": len(files),
-              "disk": sum(p.stat().st_size for p in files), "json": json.loads(out)}
+    result = {"wall": wall, "cpu": cpu, "rss": memory.tree, "rss_main": memory.main, "files": len(files),
+              "disk": sum(p.stat().st_size for p in files), "json": json.loads(out), "spans": spans[-1] if spans else ""}
     if not keep:
         shutil.rmtree(runs / run_id)
     return result
@@ -406,24 +423,35 @@ def main() -> None:
 
     print(f"\n{count} JPEGs of {options.size} in {min(count, options.classes)} class folders "
           f"({sum(p.stat().st_size for p in folder.rglob('*.JPEG')) / 1e6:.0f} MB{f', made in {made:.0f} s' if made else ''}); "
-          f"model {options.model} on {options.ep}, batch {batch}, {workers} workers, {available_cores()} cores")
-    print("| step | wall s | samples/s | vs decode, 1 process | peak RSS MB (with workers) | run disk MB | run files |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          f"model {options.model} on {options.ep}, batch {batch}, {workers} workers, {available_cores()} cores; "
+          + ("PYTHONDONTWRITEBYTECODE=1: a module without cached bytecode is compiled at every start, by every run and "
+             "every input worker (a worker's imports: 0.9 CPU s without, 0.2 s with)" if os.environ.get("PYTHONDONTWRITEBYTECODE")
+             else "bytecode written and used"))
+    print("| step | wall s | CPU s | samples/s | vs decode, 1 process | peak RSS MB (with workers) | run disk MB | run files |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     single = rows["decode, 1 process"]["wall"]
     for name, row in rows.items():
         per = row.get("per", count if name != "start-up (1 sample)" else 1)
         disk = f"{row['disk'] / 1e6:.1f}" if "disk" in row else ""
-        print(f"| {name}{' (' + row['estimated'] + ')' if 'estimated' in row else ''} | {row['wall']:.2f} | "
+        cpu = f"{row['cpu']:.2f}" if "cpu" in row and "estimated" not in row else ""
+        print(f"| {name}{' (' + row['estimated'] + ')' if 'estimated' in row else ''} | {row['wall']:.2f} | {cpu} | "
               f"{per / row['wall']:.0f} | {row['wall'] / single:.2f} | "
               f"{row['rss'] / 1e6:.0f} | {disk} | {row.get('files', '')} |")
     startup = rows["start-up (1 sample)"]["wall"]
     body = rows["run"]["wall"] - startup
+    if "estimated" not in rows["decode, 1 process"]:  # the same by CPU time, which other work on the machine moves less
+        cpu_body = rows["run"]["cpu"] - rows["start-up (1 sample)"]["cpu"]
+        print(f"\nby CPU time: run - start-up = {cpu_body:.2f} s = {cpu_body / rows['decode, 1 process']['cpu']:.2f} x decode "
+              f"in 1 process (the run's worker processes' start included; a 1-sample run starts none)", end="")
     print(f"\nrun wall - start-up = {body:.2f} s = {body / single:.2f} x decode in 1 process (goal <= 0.8); "
           f"run / max(decode with workers, inference) = "
           f"{rows['run']['wall'] / max(rows[f'decode, {workers} workers']['wall'], rows['inference (pre-decoded)']['wall']):.2f} (GPU goal <= 1.2)")
     dump = rows.get(f"run --dump --fingerprints {options.fingerprints}")
     if dump:
         print(f"run --dump / run = {dump['wall'] / rows['run']['wall']:.2f} (GPU goal <= 1.3)")
+    for name in ("run", f"run --dump --fingerprints {options.fingerprints}"):
+        if rows.get(name, {}).get("spans"):  # `qconsist -v run`'s line: where its main thread spent the steps
+            print(f"main thread of `{name}`: {rows[name]['spans']}")
     plain, tenth_row = rows["run"], rows[f"run, 1/10 of the samples ({tenth})"]
     print(f"peak RSS of the run: {plain['rss_main'] / 1e6:.0f} MB for {count} samples, {tenth_row['rss_main'] / 1e6:.0f} MB "
           f"for {tenth} (main process; goal: flat in the sample count); files per run: {plain['files']} plain"

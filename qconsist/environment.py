@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -58,8 +59,25 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_GPUS: list[list[dict[str, str]]] = []  # nvidia-smi's answer, asked once per process
+_GPUS_LOCK = threading.Lock()
+
+
 def _gpus() -> list[dict[str, str]]:
-    """GPU name, driver and memory from nvidia-smi, where present."""
+    """GPU name, driver and memory from nvidia-smi, where present (asked once per process)."""
+    with _GPUS_LOCK:
+        if not _GPUS:
+            _GPUS.append(_query_gpus())
+        return [dict(gpu) for gpu in _GPUS[0]]
+
+
+def prefetch_gpus() -> None:
+    """Ask nvidia-smi now, in a thread of its own: ``fingerprint``, at the end of a run, then finds the answer
+    instead of waiting for the tool (its start is off the run's critical path)."""
+    threading.Thread(target=_gpus, name="qconsist-gpus", daemon=True).start()
+
+
+def _query_gpus() -> list[dict[str, str]]:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return []

@@ -15,9 +15,10 @@ output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qc
 from __future__ import annotations
 
 import dataclasses
+from contextlib import closing
 import hashlib
 import importlib.util
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from qconsist.compare import compare_outputs
 from qconsist.compare.accuracy import AccuracyCounter, labels_array
 from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_kinds
 from qconsist.environment import fingerprint as environment_fingerprint
+from qconsist.environment import prefetch_gpus
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, distinct_second, probe_splits
 from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, observed_graph, plan_dump, select_raw
@@ -40,7 +42,9 @@ from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, make_recorder
-from qconsist.inference.session import ExecutionOptions, create_session, input_specs, ort_message, records_type
+from qconsist.inference.session import (
+    ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
+)
 from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
@@ -261,7 +265,7 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     model_path = source.path
     check: Future | None = None
     if request.dynamic_batch:
-        _check_outputs(create_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
+        _check_outputs(_outputs_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
         model_path = run.file("model/model.onnx")
         _restamp_write(source.path, model_path)
         # the check (CPU sessions) runs beside the run's own sessions, off the start-up's critical path; the run
@@ -284,7 +288,18 @@ def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: Ru
     return prepared
 
 
-_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="qconsist-restamp-check")
+def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
+    """A session that tells the model's outputs: on the CPU, graph unoptimized (milliseconds), not the run's own
+    EP (on the CUDA EP a second session of the run's, 0.5 s and more before the first step); the run's EP where
+    the CPU cannot load the model."""
+    try:
+        return create_session(path, ExecutionOptions(intra_op_threads=1), level=OptimizationLevel.DISABLE)
+    except QconsistError:
+        return create_session(path, options)
+
+
+# work beside the run's own sessions: the re-stamp check, the accuracy's output
+_BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 
 def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path) -> _Prepared:
@@ -355,18 +370,27 @@ def _on_device(plan: DumpPlan | None, request: RunRequest) -> bool:
     return on_device
 
 
-def _accuracy_counter(source: ModelSource, model: onnx.ModelProto, inputs: InputSet,
-                      outputs: list[str]) -> tuple[AccuracyCounter | None, int, str]:
-    """The counter of the class-scores output's accuracy, that output's position, or why there is none."""
+def _accuracy_target(source: ModelSource, model: onnx.ModelProto, inputs: InputSet) -> tuple[str | None, str]:
+    """The class-scores output whose accuracy the run records, or why there is none (the graph's reading, and
+    the float model's where the model is quantized: ``run_inference`` does it beside the sessions' creation)."""
     if inputs.labels is None:
-        return None, -1, ""
+        return None, ""
     try:
         judged = judged_outputs(_float_model(source, model), _declared_kinds(source))
         target = class_scores_output(judged, "accuracy against the labels")
     except ConfigError as exc:
-        log.warning("no accuracy recorded: %s", exc.message)
-        return None, -1, exc.message
-    return AccuracyCounter(target.output), outputs.index(target.output), ""
+        return None, exc.message
+    return target.output, ""
+
+
+def _accuracy_counter(target: tuple[str | None, str], outputs: list[str]) -> tuple[AccuracyCounter | None, int, str]:
+    """The counter of the class-scores output's accuracy, that output's position, or why there is none."""
+    output, note = target
+    if note:
+        log.warning("no accuracy recorded: %s", note)
+    if output is None:
+        return None, -1, note
+    return AccuracyCounter(output), outputs.index(output), ""
 
 
 def _quantized(model: onnx.ModelProto) -> bool:
@@ -403,6 +427,13 @@ class _Loop:
     infos: list[SampleInfo]
     seconds: float
     accuracy: AccuracyCounter | None
+    # where the main thread spent the steps' time besides production (logged, never recorded): waiting for the
+    # input workers' next step, the dump's recorder, writing the outputs and counting the accuracy, the progress
+    spans: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("inputs", "recorder", "outputs", "progress"), 0.0))
+
+    def describe(self, wall: float) -> str:
+        shares = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in [("session", self.seconds), *self.spans.items()])
+        return f"{len(self.infos)} samples in {wall:.2f} s on the main thread: {shares}"
 
 
 def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tuple[AccuracyCounter | None, int],
@@ -410,21 +441,36 @@ def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tup
     """Every step: the recorder's part, production (alone, so its time per sample is its own), the outputs."""
     counter, position = accuracy
     loop = _Loop([], 0.0, counter)
-    recorder = prepared.recorder
-    for index, step, step_infos in stream:  # input workers prepare the next steps meanwhile (inputs.stream)
+    recorder, spans, clock = prepared.recorder, loop.spans, time.perf_counter
+    steps, begun = iter(stream), clock()
+    while True:
+        mark = clock()
+        made = next(steps, None)  # input workers prepare the next steps meanwhile (inputs.stream)
+        spans["inputs"] += clock() - mark
+        if made is None:
+            break
+        index, step, step_infos = made
         count = len(step_infos)
         loop.infos += step_infos
+        mark = clock()
         recorder.before(step, count)
-        start = time.perf_counter()
+        start = clock()
         where = f" on sample {index}" if count == 1 else f" on samples {index}..{index + count - 1}"
         produced = _run(prepared.production, step, prepared.model_path, where)
-        loop.seconds += time.perf_counter() - start
+        end = clock()
+        loop.seconds += end - start
         rows = [split.rows(array, count, name) for split, array, name in zip(prepared.splits, produced, prepared.outputs)]
         writer.write_step(produced, count, rows)
         if counter is not None:
             counter.add(np.stack([np.asarray(r) for r in rows[position]]), labels[index:index + count])
+        written = clock()
         recorder.after(index, produced, count)
+        advanced = clock()
         task.advance(count)
+        spans["recorder"] += (start - mark) + (advanced - written)
+        spans["outputs"] += written - end
+        spans["progress"] += clock() - advanced
+    log.info("steps: %s", loop.describe(clock() - begun))
     return loop
 
 
@@ -441,19 +487,29 @@ def run_inference(
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
     if len(inputs) == 0:
         raise InputError(f"input set {inputs.source} is empty")
+    begun = time.perf_counter()
+    prefetch_gpus()  # nvidia-smi, which the manifest's environment asks at the end, answers meanwhile
     label = f"run-{source.describe().get('name') or source.path.stem}"
     if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
         axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
         inputs = dataclasses.replace(inputs, axes=axes or None)
     with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
-            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
-        stream = inputs.steps(request.batch_size, borrowed=True)  # the input workers start while the model loads
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log, \
+            closing(inputs.steps(request.batch_size, borrowed=True)) as stream:
+        # the input workers start now and prepare the first steps while the model is hashed and its sessions made
         model = _model_record(source)
-        prepared = _prepare(source, inputs, request, run, model)
-        counter, position, note = _accuracy_counter(source, model.model, inputs, prepared.outputs)
+        # the output whose accuracy is counted is read from the graph meanwhile (onnxruntime lets the GIL go)
+        target = _BESIDE.submit(_accuracy_target, source, model.model, inputs)
+        try:
+            prepared = _prepare(source, inputs, request, run, model)
+        except BaseException:
+            wait([target])  # the sessions' error is the run's (the accuracy's came after it, when it ran after)
+            raise
+        counter, position, note = _accuracy_counter(target.result(), prepared.outputs)
         labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
         writer = OutputWriter(run.path / "outputs", prepared.outputs, len(inputs))
+        log.info("start-up: %.2f s from run_inference's start (imports, options and the input listing before it) to the first step", time.perf_counter() - begun)
         try:
             with progress.task("inference" + prepared.recorder.description, len(inputs)) as task:
                 loop = _steps(stream, prepared, writer, (counter, position), labels, task)

@@ -10,7 +10,9 @@ Workers (``resolve_workers``):
 * **2 or more**: worker processes (fresh interpreters, never a fork of a process holding ONNX Runtime's
   threads), each preparing chunks of a step and writing them straight into a shared ring of step buffers (a
   memory-mapped file in ``/dev/shm``), so no tensor is pickled; the main process only learns which chunk is
-  ready and its samples' digests.
+  ready and its samples' digests. A thread of the main process (``_Feeder``) hands out the chunks and collects
+  the reports from the moment the stream is made, whatever the consumer does meanwhile (creating its sessions,
+  running a step): the ring's free slots alone bound how far ahead the workers go.
 
 Threads or processes: preparing a 500x375 JPEG for open_nsfw (2.4 ms) holds the GIL for part of the time
 (Pillow's header parsing, the Python around each call), and the main process wants it too (the session loop,
@@ -61,6 +63,10 @@ log = logging.getLogger(__name__)
 SAMPLES_PER_WORKER = 128  # a worker process is started only for this many samples (starting one costs ~0.1 s)
 CHUNK = 4  # samples a worker prepares per task (a step of 32 is prepared by 8 workers at once)
 THREAD_DEPTH = 3  # steps a worker thread prepares ahead
+# chunks per worker process the ring holds beyond the two steps the consumer may read (each worker is given 2 at a
+# time): room for a stall of the consumer's (a GPU's first step picking its algorithms, a collection) of about
+# two chunks' decoding; 16 workers at batch 32 on a 224x224 model: 8 steps in flight, a ring of 10, 193 MB
+AHEAD = 4
 _POLL = 0.5  # seconds between checks that the worker processes are alive
 
 
@@ -332,20 +338,25 @@ class _Workers:
             if process.poll() is not None:
                 raise _Worked(f"input worker {process.pid} stopped (exit code {process.returncode}) while preparing samples")
 
-    def ready(self) -> list[Connection]:
-        """The connections with a message waiting (after at most ``_POLL`` seconds; a dead worker raises)."""
-        found = wait(self.connections, timeout=_POLL)
+    def ready(self, *others: Any) -> list[Any]:
+        """The connections (and ``others``) with a message waiting, after at most ``_POLL`` seconds; a dead
+        worker raises."""
+        found = wait([*self.connections, *others], timeout=_POLL)
         if not found:
             self.check()
-        return found  # type: ignore[return-value]
+        return found
+
+    def terminate(self) -> None:
+        """Ask every worker to stop now (its connection then reads the end)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
 
     def stop(self) -> None:
         """Stop every worker now (they hold nothing that needs cleaning up)."""
         for connection in self.connections:
             connection.close()
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
+        self.terminate()
         for process in self.processes:
             try:
                 process.wait(timeout=10)
@@ -378,14 +389,15 @@ class _Pending:
             self.errors[index] = _Worked(f"input worker failed on sample {index}: {detail}")
 
 
-def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> Iterator[Step]:
-    """Start the workers now (they start while the caller goes on) and return the steps they will make."""
-    first_sample, _ = prepare_sample(loader, 0)  # its layout sizes the ring
+def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool) -> "_Stream":
+    """Start the workers and the thread that feeds them now: the first steps are prepared while the caller goes
+    on (a run creates its sessions meanwhile), and later ones while it is busy with a step."""
+    first_sample, _ = prepare(loader, 0)  # its layout sizes the ring (its digests are the workers' to make)
     layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in first_sample.items()]
     row_bytes = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
     chunk = max(1, min(batch, CHUNK))
     workers = min(workers, math.ceil(count / chunk))
-    in_flight = max(1, math.ceil(2 * workers / math.ceil(batch / chunk)))  # steps being prepared: 2 chunks a worker
+    in_flight = max(1, math.ceil(AHEAD * workers / math.ceil(batch / chunk)))  # steps being prepared
     slots = in_flight + 2  # and the two steps the consumer may hold
     ring = _Ring(slots, batch * row_bytes)
     try:
@@ -393,62 +405,153 @@ def _processes(loader: Any, count: int, batch: int, workers: int, borrowed: bool
     except BaseException:
         ring.close()
         raise
-    made = _deliver(pool, ring, layout, count, batch, chunk, slots, borrowed)
-    weakref.finalize(made, _close, pool, ring)  # a stream dropped before it is read stops its workers too
+    feeder = _Feeder(pool, ring, count, batch, chunk, slots, borrowed)
+    made = _Stream(feeder, layout, count, batch, borrowed)
+    weakref.finalize(made, feeder.close)  # a stream dropped before it is read stops its workers too
+    feeder.start()
     return made
 
 
-def _close(pool: _Workers, ring: _Ring) -> None:
-    pool.stop()
-    ring.close()
+class _Feeder(threading.Thread):
+    """The thread that keeps the workers busy: it gives them the chunks of every step the ring has room for
+    (``slots`` steps, less those the consumer may still read) and collects their reports, whatever the consumer
+    is doing — creating its sessions before the first step, running one, writing its outputs. Before, the
+    consumer's own thread handed out chunks only while it waited for a step, so the workers stood idle during
+    start-up and, once their two chunks were done, during every step of inference."""
 
+    def __init__(self, pool: _Workers, ring: _Ring, count: int, batch: int, chunk: int, slots: int,
+                 borrowed: bool) -> None:
+        super().__init__(name="qconsist-input-feeder", daemon=True)
+        self.pool, self.ring, self.count, self.batch, self.chunk, self.slots = pool, ring, count, batch, chunk, slots
+        self.total = math.ceil(count / batch)
+        self.held = 1 if borrowed else 0  # steps before the requested one whose slots the consumer may still read
+        self.condition = threading.Condition()
+        self.requested = 0  # the step the consumer asks for (it is done with those before, less ``held``)
+        self.done: dict[int, _Pending] = {}  # steps every chunk of which was reported, not yet taken
+        self.failure: BaseException | None = None
+        self.stopping = False
+        self.wake_reader, self.wake_writer = socket.socketpair()
+        self.wake_writer.setblocking(False)
 
-def _deliver(pool: _Workers, ring: _Ring, layout: list, count: int, batch: int, chunk: int, slots: int,
-             borrowed: bool) -> Iterator[Step]:
-    total = math.ceil(count / batch)
-    pending: dict[int, _Pending] = {}
-    queued: deque[tuple] = deque()  # chunks of submitted steps no worker has yet
-    submitted = 0
-    try:
+    # the consumer's side
+
+    def take(self, number: int) -> _Pending:
+        """Step ``number``'s reports, once every chunk is in (the consumer is then done with earlier steps)."""
+        with self.condition:
+            self.requested = number
+            self._wake()
+            while number not in self.done:
+                if self.failure is not None:
+                    raise self.failure
+                self.condition.wait(_POLL)
+            return self.done.pop(number)
+
+    def close(self) -> None:
+        """Stop the workers and this thread, and remove the ring (any thread; more than once is harmless)."""
+        with self.condition:
+            self.stopping = True
+            self._wake()
+        self.pool.terminate()  # a feeder blocked on a worker's connection reads its end
+        if self.is_alive() and self is not threading.current_thread():
+            self.join()
+        self.pool.stop()
+        self.ring.close()
+        self.wake_reader.close()
+        self.wake_writer.close()
+
+    def _wake(self) -> None:
+        try:
+            self.wake_writer.send(b"\0")
+        except (BlockingIOError, OSError):  # already woken (the buffer is full) or closed
+            pass
+
+    # the thread
+
+    def run(self) -> None:
+        try:
+            self._feed()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            with self.condition:
+                if not self.stopping:
+                    self.failure = exc
+                self.condition.notify_all()
+
+    def _feed(self) -> None:
+        pool = self.pool
         pool.wait_ready()
-        ring.unlink()  # every worker holds the mapping: the file's name is no longer needed
+        self.ring.unlink()  # every worker holds the mapping: the file's name is no longer needed
         busy = dict.fromkeys(pool.connections, 0)  # chunks given to each worker and not yet reported
-
-        def dispatch() -> None:
+        pending: dict[int, _Pending] = {}
+        queued: deque[tuple] = deque()  # chunks of submitted steps no worker has yet
+        submitted = completed = 0
+        while completed < self.total:
+            with self.condition:
+                if self.stopping:
+                    return
+                room = min(self.total, self.requested - self.held + self.slots)  # the slots no one may read
+            while submitted < room:
+                start, stop = submitted * self.batch, min(submitted * self.batch + self.batch, self.count)
+                chunks = range(start, stop, self.chunk)
+                pending[submitted] = _Pending(len(chunks))
+                queued.extend((submitted, submitted % self.slots, start, first, min(first + self.chunk, stop),
+                               stop - start) for first in chunks)
+                submitted += 1
             for connection in pool.connections:
                 while queued and busy[connection] < 2:
                     connection.send(queued.popleft())
                     busy[connection] += 1
+            for ready in pool.ready(self.wake_reader):
+                if ready is self.wake_reader:
+                    self.wake_reader.recv(4096)
+                    continue
+                message = pool.receive(ready)
+                busy[ready] -= 1
+                state = pending[message[1]]
+                state.add(message)
+                if state.chunks == 0:
+                    with self.condition:
+                        self.done[message[1]] = pending.pop(message[1])
+                        completed += 1
+                        self.condition.notify_all()
 
-        for number in range(total):
-            while submitted < min(total, number + slots - (1 if borrowed else 0)):  # the consumer may hold number - 1
-                start, stop = submitted * batch, min(submitted * batch + batch, count)
-                chunks = range(start, stop, chunk)
-                pending[submitted] = _Pending(len(chunks))
-                queued.extend((submitted, submitted % slots, start, first, min(first + chunk, stop), stop - start)
-                              for first in chunks)
-                submitted += 1
-            dispatch()
-            state = pending.pop(number)
-            while state.chunks > 0:
-                for connection in pool.ready():
-                    message = pool.receive(connection)
-                    busy[connection] -= 1
-                    (state if message[1] == number else pending[message[1]]).add(message)
-                dispatch()
-            if state.errors:
-                raise state.errors[min(state.errors)]  # the first failing sample, as in one thread
-            start = number * batch
-            rows = min(batch, count - start)
-            infos = [state.infos[i] for i in range(start, start + rows)]
-            arrays = _views(ring.map, (number % slots) * ring.slot_bytes, layout, rows)
-            if state.spilled:  # a sample of another shape than sample 0's
-                if rows != 1:
-                    stack([state.spilled.get(i) or {n: v[i - start: i - start + 1] for n, v in arrays.items()}
-                           for i in range(start, start + rows)], start)  # raises the error naming both shapes
-                arrays = state.spilled[start]
-            elif not borrowed:
-                arrays = {name: array.copy() for name, array in arrays.items()}
-            yield Step(start, arrays, infos)
-    finally:
-        _close(pool, ring)
+
+class _Stream:
+    """The steps the workers make, in order (an iterator; ``close`` stops the workers before the end)."""
+
+    def __init__(self, feeder: _Feeder, layout: list, count: int, batch: int, borrowed: bool) -> None:
+        self._feeder, self._layout, self._count, self._batch, self._borrowed = feeder, layout, count, batch, borrowed
+        self._next = 0
+
+    def __iter__(self) -> "_Stream":
+        return self
+
+    def __next__(self) -> Step:
+        feeder, number = self._feeder, self._next
+        if number >= feeder.total:
+            feeder.close()
+            raise StopIteration
+        try:
+            state = feeder.take(number)
+        except BaseException:
+            feeder.close()
+            raise
+        self._next += 1
+        if state.errors:
+            feeder.close()
+            raise state.errors[min(state.errors)]  # the first failing sample, as in one thread
+        start = number * self._batch
+        rows = min(self._batch, self._count - start)
+        infos = [state.infos[i] for i in range(start, start + rows)]
+        arrays = _views(feeder.ring.map, (number % feeder.slots) * feeder.ring.slot_bytes, self._layout, rows)
+        if state.spilled:  # a sample of another shape than sample 0's
+            if rows != 1:
+                feeder.close()
+                stack([state.spilled.get(i) or {n: v[i - start: i - start + 1] for n, v in arrays.items()}
+                       for i in range(start, start + rows)], start)  # raises the error naming both shapes
+            arrays = state.spilled[start]
+        elif not self._borrowed:
+            arrays = {name: array.copy() for name, array in arrays.items()}
+        return Step(start, arrays, infos)
+
+    def close(self) -> None:
+        self._feeder.close()

@@ -98,6 +98,25 @@ def test_dynamic_batch_restamps_and_records_it(tmp_path, small_models):
     assert diff_runs(baseline.run_dir, tmp_path / "runs" / "restamped").top1_agreement == 1.0
 
 
+def test_dynamic_batch_makes_one_session_of_the_runs_options(tmp_path, small_models, monkeypatch):
+    """--dynamic-batch reads the model's outputs (a sequence output is refused before re-stamping) from a CPU
+    session of the graph unoptimized, not from a second session of the run's own options (on the CUDA EP, a
+    second CUDA session on the start-up's critical path): the run's options make production alone, the
+    re-stamp check's two sessions run on the CPU with one thread."""
+    from qconsist.inference import runner
+
+    made, original = [], runner.create_session
+    monkeypatch.setattr(runner, "create_session",
+                        lambda path, options, **kw: made.append((options, kw.get("level"))) or original(path, options, **kw))
+    options = ExecutionOptions(graph_optimization_level="basic", intra_op_threads=2)
+    inputs = open_input_set(small_models["arrays"], None, "x")
+    run_inference(resolve_model(small_models["classifier"]), inputs, RunRequest(options, batch_size=4, dynamic_batch=True),
+                  tmp_path / "runs", run_id="restamped")
+    assert [o for o, _ in made].count(options) == 1
+    assert (ExecutionOptions(intra_op_threads=1), "disable") in made
+    assert len(made) == 4  # the outputs' session, the check's two, production
+
+
 def test_a_model_with_its_batch_baked_in_cannot_be_restamped(tmp_path, small_models):
     # Reshape to [1, 5 * 8] keeps the batch of one inside the graph
     nodes = [

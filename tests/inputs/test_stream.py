@@ -17,12 +17,14 @@ from typer.testing import CliRunner
 
 from onnx_builders import build_classifier_model
 from photo_files import photo
+from stamped_loader import Stamped, stamps
 from qconsist.cli import app
 from qconsist.errors import InputError, ShapeMismatchError
 from qconsist.inputs import Preprocess, open_input_set
 from qconsist.inputs.digest import legacy_digest, sample_digest
 from qconsist.inputs.preprocess import ChannelOrder
-from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers
+from qconsist.inputs import stream
+from qconsist.inputs.stream import SAMPLES_PER_WORKER, resolve_workers, steps
 from qconsist.store.rundir import open_run, run_state
 from qconsist.store.run import Run
 
@@ -122,6 +124,60 @@ def test_borrowed_steps_stay_readable_for_one_more_step(jpegs):
             np.testing.assert_array_equal(previous.arrays["x"], reference[previous.start // 3])
         np.testing.assert_array_equal(step.arrays["x"], reference[step.start // 3])
         previous = step
+
+
+def _stamped_after(folder, wanted, seconds=60.0):
+    """The samples the workers have prepared, once they are ``wanted`` (or the deadline passes)."""
+    deadline = time.monotonic() + seconds
+    while stamps(folder) != wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return stamps(folder)
+
+
+def test_workers_prepare_the_steps_ahead_while_the_consumer_is_busy(jpegs, tmp_path):
+    """The workers are fed by a thread of their own: before the first step is asked for (a run creates its
+    sessions meanwhile) and while the consumer holds a step (a run is inside the session), they prepare every
+    step the ring has room for, and not one more (the slots the consumer may still read). Before, chunks were
+    handed out only while the consumer waited for a step: nothing was prepared before the first was asked for."""
+    inputs = open_input_set(jpegs, CAFFE, "x")
+    reference = [a["x"].copy() for _, a in inputs.with_workers(0).batches(1)]
+    folder = tmp_path / "stamps"
+    folder.mkdir()
+    # 2 workers, steps of 1 sample: 4 chunks of 1 a worker in flight (stream.AHEAD) + the 2 steps the consumer may
+    # hold = 10 slots; borrowed, the consumer asking for step n may still read step n - 1: steps up to n + 8 are made
+    slots = 10
+    made = steps(Stamped(inputs._load, folder), 25, 1, 2, borrowed=True)
+    try:
+        ahead = set(range(slots - 1))
+        assert _stamped_after(folder, ahead) == ahead  # nothing asked for yet
+        time.sleep(0.5)
+        assert stamps(folder) == ahead  # not one more until step 1 is asked for
+        first = next(made)
+        second = next(made)  # step 1 asked for (step 0 stays readable): room for one more, made while it is held
+        assert _stamped_after(folder, set(range(slots))) == set(range(slots))
+        time.sleep(0.5)
+        assert stamps(folder) == set(range(slots))
+        np.testing.assert_array_equal(first.arrays["x"], reference[0])  # still readable: not overwritten
+        np.testing.assert_array_equal(second.arrays["x"], reference[1])
+        rest = [step.arrays["x"].copy() for step in made]
+        assert len(rest) == 23 and all((a == b).all() for a, b in zip(rest, reference[2:]))
+        assert stamps(folder) == set(range(25))
+    finally:
+        made.close()
+
+
+def test_with_worker_processes_the_main_process_digests_no_sample(jpegs, monkeypatch):
+    """Every sample's digest and its file's are made where the sample is decoded: with worker processes, never in
+    the main process (its thread runs the session); the same digests as one thread makes."""
+    inputs = open_input_set(jpegs, CAFFE, "x")
+    reference = inputs.with_workers(0).sample_infos()
+    made_here = []
+    for name in ("sample_digest", "file_digest"):
+        original = getattr(stream, name)
+        monkeypatch.setattr(stream, name, lambda *args, _original=original, _name=name: made_here.append(_name) or _original(*args))
+    infos = [info for step in inputs.with_workers(2).steps(4, borrowed=True) for info in step.infos]
+    assert made_here == []
+    assert infos == reference
 
 
 def test_resolve_workers():
