@@ -83,6 +83,10 @@ class RowWork:
     ``work``: the dump's worker thread computes the row, and the recording thread, once it has nothing else to do
     but wait for that row, takes columns too (``dump.DumpRecorder.wait``), so that both cores fingerprint.
 
+    Columns are taken from the last to the first: the tensors the session wrote last are the ones still in the
+    processor's caches (open_nsfw, 83 MB a sample, right after the session's run: 15-17 ms of CPU in that order
+    against 24-29 ms from the first column, one thread, this machine loaded).
+
     Each column's record depends on that column alone (its tensor, the previous sample's record): which thread
     computes it changes nothing. The shape table's ids are assigned here, in column order, before any column
     is taken, so the table is the same whatever thread took which column.
@@ -102,7 +106,7 @@ class RowWork:
             known, self._last, self._last_hash, self._last_shape, self._last_dtype = 0, None, [], [], []
         self._known = known
         self.records: list[tuple | None] = [None] * count
-        self._next = 0  # the next column no thread has taken
+        self._next = count - 1  # the next column no thread has taken: from the last to the first
         self._finished = 0
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
@@ -116,15 +120,15 @@ class RowWork:
         while True:
             with self._lock:
                 column = self._next
-                if column >= count or self._failure is not None:
+                if column < 0 or self._failure is not None:
                     return
-                self._next = column + 1
+                self._next = column - 1
             try:
                 self.records[column] = self._record(column)
             except BaseException as exc:  # handed to ``row``'s caller: the other threads stop taking columns
                 with self._lock:
                     self._failure = self._failure or exc
-                    self._next = count
+                    self._next = -1
                     self._done.set()
                 return
             with self._lock:
@@ -142,6 +146,8 @@ class RowWork:
 
     def _record(self, column: int) -> tuple:
         array = self.arrays[column]
+        if not array.flags.c_contiguous:  # a relaid tensor put back in its original's order: copied once, not per pass
+            array = np.ascontiguousarray(array)
         digest, shape_id = tensor_hash(array), self.shape_ids[column]
         if (column < self._known and self._last_hash[column] == digest and self._last_shape[column] == shape_id
                 and self._last_dtype[column] == dtype_code(array.dtype)):
