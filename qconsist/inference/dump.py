@@ -189,7 +189,9 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
         repair = "; ".join(filter(None, [repair, produced]))
     exposed, names = expose_all(optimized)
     # its idle threads sleep: spinning, they took the cores from the fingerprint worker and production (on 2
-    # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged)
+    # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged).
+    # Still so with the fingerprints taken right after the session's run (``DumpRecorder.fingerprint``): spinning,
+    # the dump measured 3.5x production per sample against 2.3x (median of 16 paired rounds each, load 6-7)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE, spinning=False)
     runtime, ranks = {}, {}
     left_out: dict[str, str] = {}
