@@ -98,9 +98,27 @@ class HostBinding:
             return None
         slots = []
         for _ in range(SLOTS):
-            buffers = [np.empty(a.shape, a.dtype) for a in arrays]
+            buffers = _carved([(a.shape, a.dtype) for a in arrays])
             binding = self.session.io_binding()
             for name, buffer in zip(self.names, buffers):
                 binding.bind_output(name, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
             slots.append(_Slot(binding, buffers))
         return slots
+
+
+ALIGN = 64  # bytes: each buffer starts on a cache line
+
+
+def _carved(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    """Buffers of the shapes and element types ``specs``, carved out of one allocation, each on a cache line: one
+    block of memory instead of hundreds (open_nsfw: 243 of 0.2-3.2 MB) made writing and hashing a step's
+    83 MB 10-12% faster here (10.1 against 11.6 ms to write, 13.2 against 14.6 ms to hash)."""
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += -(-size // ALIGN) * ALIGN
+    block = np.empty(total + ALIGN, np.uint8)
+    offset = -block.ctypes.data % ALIGN
+    return [block[offset + start: offset + start + size].view(dtype).reshape(shape)
+            for (shape, dtype), start, size in zip(specs, starts, sizes)]
