@@ -6,8 +6,9 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 1. lets ORT optimize the model at the production level and EP and save the graph it will run
    (``SessionOptions.optimized_model_filepath``),
 2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
-3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
-   ``DumpRecorder``, overlapping ORT's next sample), keeps raw tensors only when asked, and
+3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; right after the session's run,
+   by two threads, ``DumpRecorder.fingerprint``), keeps raw tensors only when asked (in a background thread,
+   overlapping ORT's next sample), and
    (a tensor ORT holds in another axis order than the original model's — an NHWC QLinearConv output, a
    DequantizeLinear the NHWC transformer moved — is recorded in the original's order: ``DumpPlan.to_original``,
    the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``), and
@@ -366,7 +367,7 @@ class FaithfulCheck:
                 "mismatched_samples": list(self.mismatched), "max_abs_diff": self.max_abs_diff}
 
 
-OVERLAP = True  # fingerprint sample i in a worker thread while ORT runs sample i + 1 (benchmarks turn it off)
+OVERLAP = True  # a worker thread: fingerprints beside the recording thread, records sample i while ORT runs i + 1
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -378,10 +379,10 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 class DumpRecorder:
     """Records each dumped sample: its fingerprint row, the faithfulness check, the raw tensors kept.
 
-    With ``OVERLAP`` the work runs in one background thread, so fingerprinting a sample overlaps ONNX
-    Runtime computing the next one in the dump session (the numba kernels and numpy release the GIL;
-    the runner waits for the worker before the production session runs). At most one sample waits, so
-    memory holds two samples' tensors whatever the number of samples.
+    With ``OVERLAP`` one background thread takes half the columns of ``fingerprint`` (the numba kernels and
+    numpy release the GIL) and then records the step (table, faithfulness check, raw tensors) while ONNX Runtime
+    computes the next one. At most one step waits, so memory holds two steps' tensors whatever the number of
+    samples.
     """
 
     def __init__(

@@ -8,9 +8,9 @@ every output with IOBinding to a preallocated numpy array instead, so ORT writes
 (0.85–1.0× production, the same run measured side by side): the kernels and their results are the same (the
 dump's faithfulness check compares the final outputs with production's bit for bit on every sample).
 
-Two sets of buffers alternate (``SLOTS``): the fingerprint worker (``dump.DumpRecorder``) reads step i's
-tensors while ORT writes step i + 1's into the other set; the recording side waits for the worker before a
-third step is run, so a set is never written while it is read.
+Two sets of buffers alternate (``SLOTS``): the dump's worker (``dump.DumpRecorder``) records step i (the final
+outputs' check, raw tensors) while ORT writes step i + 1's into the other set; the recording side waits for the
+worker before a third step is run, so a set is never written while it is read.
 
 The buffers' shapes are learnt per input shape from a first ordinary run (whose arrays serve that step).
 Where a binding cannot serve — an output whose shape depends on the values (``NonZero``: ORT refuses a
@@ -29,7 +29,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-SLOTS = 2  # sets of buffers in turn: one read by the fingerprint worker, one written by ORT
+SLOTS = 2  # sets of buffers in turn: one read by the dump's worker, one written by ORT
 
 
 @dataclass

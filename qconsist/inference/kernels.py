@@ -22,8 +22,8 @@ counts. The hash and the statistics are two loops over the tensor. Fusing them w
 of float32); a float32-only loop reading each word and its two values was 21–33 ms against 36–37 ms for the
 two loops (2 loaded cores), not adopted yet: it would compute statistics that ``FingerprintTable`` now skips
 for tensors equal to the previous sample's (weights). numba's ``prange`` over blocks of one tensor was 50×
-slower on the 2 loaded cores here; the cores are used by overlapping: the dump's worker thread fingerprints
-one step (these kernels release the GIL) while ONNX Runtime computes the next.
+slower on the 2 loaded cores here; the cores are used by columns instead: a dump's two threads each take whole
+tensors (``fingerprint.RowWork``; these kernels release the GIL).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def prepare(dtypes: "list[str] | tuple[str, ...]") -> None:
     numba finds the machine code in its cache, but the first call of each signature still imports numba's
     typing modules and loads that code (1.1–2.1 s on the 2 cores here, more where Python writes no bytecode),
     which a dump otherwise paid in its first sample. A dump calls this once before its first step, in its
-    fingerprint worker (``recording.HostDump``)."""
+    worker thread (``recording.HostDump``)."""
     for name in dict.fromkeys(dtypes):
         try:
             kind = np.dtype(name)
