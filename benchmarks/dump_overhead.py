@@ -12,7 +12,8 @@ variants REPEATS times (default 3) so that machine load hits them alike:
 - per sample: the production session; the dump session alone (every tensor of ORT's optimized graph
   exposed), its outputs copied into new arrays by ``session.run`` and bound into reused buffers as the dump
   runs it (``host_binding``); the bound session plus fingerprints in one thread, and in two threads taking
-  columns from the last (``DumpRecorder.fingerprint``, as the dump does); each as a ratio to production;
+  columns from the last (``fingerprint.RowWork``, as the dump's worker and its waiting thread do); each as a
+  ratio to production;
 - whole ``run_inference`` with and without ``--dump`` (the dump's run includes the production run, whose
   outputs are the inference result, and the faithfulness check of every sample), with the fingerprint
   worker thread on and off;
@@ -95,13 +96,13 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
 
     times: dict[str, list[float]] = {"plain": [], "dump session, outputs copied (session.run)": [],
                                      "dump session, outputs bound (the dump's)": [], "bound + fingerprints, one thread": [],
-                                     "bound + fingerprints, two threads (the dump's)": []}
+                                     "bound + fingerprints, two threads": []}
     for _ in range(repeats):
         times["plain"].append(per_sample(lambda f: production.run(None, f), feeds))
         times["dump session, outputs copied (session.run)"].append(per_sample(lambda f: plan.session.run(names, f), feeds))
         times["dump session, outputs bound (the dump's)"].append(per_sample(bound.run, feeds))
         times["bound + fingerprints, one thread"].append(per_sample(fingerprinted, feeds))
-        times["bound + fingerprints, two threads (the dump's)"].append(per_sample(two_threads, feeds))
+        times["bound + fingerprints, two threads"].append(per_sample(two_threads, feeds))
     helper.shutdown()
     plain = float(np.median(times["plain"]))
     for label, values in times.items():

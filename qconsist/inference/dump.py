@@ -6,9 +6,9 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 1. lets ORT optimize the model at the production level and EP and save the graph it will run
    (``SessionOptions.optimized_model_filepath``),
 2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
-3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; right after the session's run,
-   by two threads, ``DumpRecorder.fingerprint``), keeps raw tensors only when asked (in a background thread,
-   overlapping ORT's next sample), and
+3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
+   ``DumpRecorder``, overlapping ORT's next sample, helped by the recording thread while it waits), keeps raw
+   tensors only when asked, and
    (a tensor ORT holds in another axis order than the original model's — an NHWC QLinearConv output, a
    DequantizeLinear the NHWC transformer moved — is recorded in the original's order: ``DumpPlan.to_original``,
    the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``), and
@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -191,8 +192,8 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     exposed, names = expose_all(optimized)
     # its idle threads sleep: spinning, they took the cores from the fingerprint worker and production (on 2
     # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged).
-    # Still so with the fingerprints taken right after the session's run (``DumpRecorder.fingerprint``): spinning,
-    # the dump measured 3.5x production per sample against 2.3x (median of 16 paired rounds each, load 6-7)
+    # Still so with the fingerprints taken right after the session's run by both threads (tried): spinning, the
+    # dump measured 3.5x production per sample against 2.3x (median of 16 paired rounds each, load 6-7)
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE, spinning=False)
     runtime, ranks = {}, {}
     left_out: dict[str, str] = {}
@@ -367,7 +368,7 @@ class FaithfulCheck:
                 "mismatched_samples": list(self.mismatched), "max_abs_diff": self.max_abs_diff}
 
 
-OVERLAP = True  # a worker thread: fingerprints beside the recording thread, records sample i while ORT runs i + 1
+OVERLAP = True  # fingerprint sample i in a worker thread while ORT runs sample i + 1 (benchmarks turn it off)
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -379,10 +380,13 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 class DumpRecorder:
     """Records each dumped sample: its fingerprint row, the faithfulness check, the raw tensors kept.
 
-    With ``OVERLAP`` one background thread takes half the columns of ``fingerprint`` (the numba kernels and
-    numpy release the GIL) and then records the step (table, faithfulness check, raw tensors) while ONNX Runtime
-    computes the next one. At most one step waits, so memory holds two steps' tensors whatever the number of
-    samples.
+    With ``OVERLAP`` the work runs in one background thread, so fingerprinting a step overlaps what the run
+    does next (fetching the next input, the dump session computing it; the numba kernels and numpy release the
+    GIL), and the recording thread, once it waits for the worker, takes the columns the worker has not reached
+    (``wait``): through ``qconsist run --dump`` (open_nsfw, 21 photos, load 3-6) 55.6-98.1 ms a sample against
+    main's 62.0-130.6 in the same alternating rounds. Fingerprinting right after the session's run by both threads
+    instead was tried: 62.5-98.1 (the worker no longer used the time the run spends on its inputs). At most one
+    step waits, so memory holds two steps' tensors whatever the number of samples.
     """
 
     def __init__(
@@ -402,45 +406,22 @@ class DumpRecorder:
         self._differing = differing
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="qconsist-dump") if OVERLAP else None
         self._pending: Future | None = None
-        self._last: np.ndarray | None = None  # the records of the last sample fingerprinted
+        self._current: RowWork | None = None  # the row the worker fingerprints now, which ``wait`` helps with
 
     @property
     def final_columns(self) -> list[int]:
         """The columns of the model's final outputs (checked against production)."""
         return list(self._final)
 
-    def fingerprint(self, rows: list[list[np.ndarray]]) -> list[np.ndarray]:
-        """The fingerprint rows of a step's samples (``rows``: each sample's tensors), computed now by this thread
-        and the worker together (``fingerprint.RowWork``: each takes columns until none is left).
-
-        Fingerprinting right after the dump session wrote the tensors, rather than in the worker while ORT
-        computes the next step, reads them while they are still in the processor's cache and leaves ORT both
-        cores: on the 2 cores here, hashing and statistics of open_nsfw's 83 MB a sample took 14-18 ms of CPU
-        right after the session's run against 24-28 ms a step later (another 83 MB written in between), and the
-        worker thread no longer holds a core that one of ORT's threads waits for."""
-        found = []
-        for sample in rows:
-            work = RowWork(sample, self.table.shapes, self._last)
-            if self._pool is not None:
-                self._pool.submit(work.work)  # behind the previous step's recording, if that is still running
-            self._last = work.row()
-            found.append(self._last)
-        return found
-
-    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None,
-               records: list[np.ndarray] | None = None) -> None:
+    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None) -> None:
         """Record the step starting at sample ``index`` (production outputs, dumped tensors, and the tensors
-        split per sample: ``rows``, one sample by default; ``records``: their fingerprint rows, if ``fingerprint``
-        made them already); raises what an earlier one raised. The rest (the faithfulness check, the table, the
-        raw tensors) is done in the worker while the run goes on."""
+        split per sample: ``rows``, one sample by default); raises what an earlier one raised."""
         self.wait()
         rows = rows if rows is not None else [arrays]
-        if records is None:
-            records = self.fingerprint(rows)
         if self._pool is None:
-            self._record(index, produced, arrays, rows, records)
+            self._record(index, produced, arrays, rows)
         else:
-            self._pending = self._pool.submit(self._record, index, produced, arrays, rows, records)
+            self._pending = self._pool.submit(self._record, index, produced, arrays, rows)
 
     def start(self, work: Callable[[], Any]) -> None:
         """Run ``work`` (loading the fingerprint kernels) in the worker before the first step is recorded, so
@@ -452,9 +433,18 @@ class DumpRecorder:
             self._pending = self._pool.submit(work)
 
     def wait(self) -> None:
+        """Until the worker has recorded the step submitted last. Meanwhile this thread takes the columns of the
+        worker's row that the worker has not taken yet (``fingerprint.RowWork``): when the recording side waits,
+        the dump session has finished its step, so both cores can fingerprint."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        if pending is None:
+            return
+        while not pending.done():
+            row = self._current
+            if row is not None:
+                row.work()
+            wait_for([pending], timeout=0.001)  # the worker's next row (steps of several samples), or its end
+        pending.result()
 
     def close(self) -> None:
         """Wait for the last sample and stop the worker (also after an error: nothing is left running)."""
@@ -481,10 +471,15 @@ class DumpRecorder:
                          for c in keep}
                 save_npz(self._raw_path(index + offset), {f"t{c}": split[c] for c in sorted(keep)})
 
-    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]],
-                records: list[np.ndarray]) -> None:
+    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
         self.check.add(index, produced, [arrays[c] for c in self._final])
-        for offset, (sample, row) in enumerate(zip(rows, records)):
+        for offset, sample in enumerate(rows):
+            work = RowWork(sample, self.table.shapes, self.table.last)
+            self._current = work
+            try:
+                row = work.row()
+            finally:
+                self._current = None
             self.table.write_records(index + offset, row)
             keep = set(self._raw)
             if self._differing is not None:

@@ -83,9 +83,9 @@ class RowWork:
     ``work``: the dump's worker thread computes the row, and the recording thread, once it has nothing else to do
     but wait for that row, takes columns too (``dump.DumpRecorder.wait``), so that both cores fingerprint.
 
-    Columns are taken from the last to the first: the tensors the session wrote last are the ones still in the
-    processor's caches (open_nsfw, 83 MB a sample, right after the session's run: 15-17 ms of CPU in that order
-    against 24-29 ms from the first column, one thread, this machine loaded).
+    Columns are taken from the last to the first: the tensors the session wrote last are the likeliest still in
+    the processor's caches (open_nsfw, 83 MB a sample, right after the session's run: 15-17 ms of CPU in that
+    order against 24-29 ms from the first column, one thread, this machine loaded).
 
     Each column's record depends on that column alone (its tensor, the previous sample's record): which thread
     computes it changes nothing. The shape table's ids are assigned here, in column order, before any column

@@ -8,9 +8,9 @@ every output with IOBinding to a preallocated numpy array instead, so ORT writes
 (0.85–1.0× production, the same run measured side by side): the kernels and their results are the same (the
 dump's faithfulness check compares the final outputs with production's bit for bit on every sample).
 
-Two sets of buffers alternate (``SLOTS``): the dump's worker (``dump.DumpRecorder``) records step i (the final
-outputs' check, raw tensors) while ORT writes step i + 1's into the other set; the recording side waits for the
-worker before a third step is run, so a set is never written while it is read.
+Two sets of buffers alternate (``SLOTS``): the fingerprint worker (``dump.DumpRecorder``) reads step i's
+tensors while ORT writes step i + 1's into the other set; the recording side waits for the worker before a
+third step is run, so a set is never written while it is read.
 
 The buffers' shapes are learnt per input shape from a first ordinary run (whose arrays serve that step).
 Where a binding cannot serve — an output whose shape depends on the values (``NonZero``: ORT refuses a
@@ -29,7 +29,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-SLOTS = 2  # sets of buffers in turn: one read by the dump's worker, one written by ORT
+SLOTS = 2  # sets of buffers in turn: one read by the fingerprint worker, one written by ORT
 
 
 @dataclass
@@ -98,27 +98,9 @@ class HostBinding:
             return None
         slots = []
         for _ in range(SLOTS):
-            buffers = _carved([(a.shape, a.dtype) for a in arrays])
+            buffers = [np.empty(a.shape, a.dtype) for a in arrays]
             binding = self.session.io_binding()
             for name, buffer in zip(self.names, buffers):
                 binding.bind_output(name, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
             slots.append(_Slot(binding, buffers))
         return slots
-
-
-ALIGN = 64  # bytes: each buffer starts on a cache line
-
-
-def _carved(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
-    """Buffers of the shapes and element types ``specs``, carved out of one allocation, each on a cache line: one
-    block of memory instead of hundreds (open_nsfw: 243 of 0.2-3.2 MB) made writing and hashing a step's
-    83 MB 10-12% faster here (10.1 against 11.6 ms to write, 13.2 against 14.6 ms to hash)."""
-    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in specs]
-    starts, total = [], 0
-    for size in sizes:
-        starts.append(total)
-        total += -(-size // ALIGN) * ALIGN
-    block = np.empty(total + ALIGN, np.uint8)
-    offset = -block.ctypes.data % ALIGN
-    return [block[offset + start: offset + start + size].view(dtype).reshape(shape)
-            for (shape, dtype), start, size in zip(specs, starts, sizes)]

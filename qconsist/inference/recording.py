@@ -5,8 +5,8 @@ and a ``StepRecorder`` says what else happens:
 
 * ``NoDump``: nothing (a plain run);
 * ``HostDump``: the exposed graph (``dump.DumpPlan``) runs on the step, writing its tensors into reused numpy
-  buffers, which are fingerprinted on the CPU at once by two threads; the table, the faithfulness check and the
-  raw tensors are written by a worker thread while the run goes on (``dump.DumpRecorder``);
+  buffers, which a worker thread fingerprints on the CPU while the run goes on, helped by the recording thread
+  while it waits (``dump.DumpRecorder``);
 * ``DeviceDump``: the exposed graph runs with every tensor bound to GPU memory and fingerprinted there
   (``device.DeviceDump``); only the records, the final outputs and the raw tensors asked for come back.
 
@@ -139,11 +139,9 @@ class _Dump:
 
 class HostDump(_Dump):
     """Tensors written by ORT into reused host buffers (``host_binding.HostBinding``) and fingerprinted on the
-    CPU right after the dump session's run, by this thread and the recorder's worker together."""
+    CPU a step behind the dump session (worker thread; this thread takes columns too while it waits)."""
 
     _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
-    _rows: list[list[np.ndarray]] = []  # the same split into the step's samples
-    _records: list[np.ndarray] = []  # their fingerprint rows
 
     def __init__(self, plan: DumpPlan, options: ExecutionOptions, run_dir: Path, samples: int,
                  raw_columns: set[int], raw: dict[str, Any], differing: Callable[[int, np.ndarray], set[int]] | None) -> None:
@@ -161,14 +159,13 @@ class HostDump(_Dump):
 
         def work() -> None:
             self._arrays = self.plan.to_original(_dumped(lambda: self.binding.run(step)))
-            self._rows = self.plan.rows(self._arrays, count)
-            self._records = self.recorder.fingerprint(self._rows)
+            self.recorder.wait()
 
         self._timed(work)
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
-        arrays, rows, records = self._arrays, self._rows, self._records
-        self._timed(lambda: self.recorder.submit(index, produced, arrays, rows, records))
+        arrays = self._arrays
+        self._timed(lambda: self.recorder.submit(index, produced, arrays, self.plan.rows(arrays, count)))
 
 
 class DeviceDump(_Dump):

@@ -144,7 +144,7 @@ def test_host_dump_costs_under_twice_production_per_sample(nsfw_run, tmp_path):
 
 
 def test_host_dump_records_equal_each_tensor_fingerprinted_alone(nsfw_run, tmp_path):
-    """The dump's records (columns fingerprinted by two threads, last to first, right after the session's run;
+    """The dump's records (columns fingerprinted by the worker and the waiting recording thread, last to first;
     statistics reused for columns equal to the previous sample's) equal each tensor of a separate ``session.run``
     fingerprinted on its own, byte for byte, and the final outputs equal production's."""
     model = resolve_model(nsfw_run.path).path
