@@ -29,9 +29,9 @@ import pytest
 
 from qconsist.inference import ExecutionOptions
 from qconsist.inference.dump import plan_dump
+from qconsist.inference.fingerprint import RECORD, ShapeTable, fingerprint
 from qconsist.inference.model import resolve_model
 from qconsist.inference.recording import HostDump
-from qconsist.inference.fingerprint import RECORD, ShapeTable, fingerprint
 from qconsist.inference.session import create_session, input_specs
 from qconsist.store.fingerprints import CompactTable
 
