@@ -11,7 +11,9 @@ variants REPEATS times (default 3) so that machine load hits them alike:
 
 - per sample: the production session; the dump session alone (every tensor of ORT's optimized graph
   exposed), its outputs copied into new arrays by ``session.run`` and bound into reused buffers as the dump
-  runs it (``host_binding``); the bound session plus fingerprints in one thread; each as a ratio to production;
+  runs it (``host_binding``); the bound session plus fingerprints in one thread, and in two threads taking
+  columns from the last (``fingerprint.RowWork``, as the dump's worker and its waiting thread do); each as a
+  ratio to production;
 - whole ``run_inference`` with and without ``--dump`` (the dump's run includes the production run, whose
   outputs are the inference result, and the faithfulness check of every sample), with the fingerprint
   worker thread on and off;
@@ -62,7 +64,9 @@ def spread(values: list[float]) -> str:
 def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     from qconsist.inference import ExecutionOptions, kernels, resolve_model
     from qconsist.inference.dump import plan_dump
-    from qconsist.inference.fingerprint import ShapeTable, fingerprint_row
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qconsist.inference.fingerprint import RowWork, ShapeTable, fingerprint_row
     from qconsist.inference.host_binding import HostBinding
     from qconsist.inference.session import create_session, input_specs
 
@@ -83,13 +87,23 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     def fingerprinted(feed):
         last[0] = fingerprint_row(bound.run(feed), shapes, last[0])
 
+    helper = ThreadPoolExecutor(1)
+
+    def two_threads(feed):
+        work = RowWork(bound.run(feed), shapes, last[0])
+        helper.submit(work.work)
+        last[0] = work.row()
+
     times: dict[str, list[float]] = {"plain": [], "dump session, outputs copied (session.run)": [],
-                                     "dump session, outputs bound (the dump's)": [], "bound + fingerprints, one thread": []}
+                                     "dump session, outputs bound (the dump's)": [], "bound + fingerprints, one thread": [],
+                                     "bound + fingerprints, two threads": []}
     for _ in range(repeats):
         times["plain"].append(per_sample(lambda f: production.run(None, f), feeds))
         times["dump session, outputs copied (session.run)"].append(per_sample(lambda f: plan.session.run(names, f), feeds))
         times["dump session, outputs bound (the dump's)"].append(per_sample(bound.run, feeds))
         times["bound + fingerprints, one thread"].append(per_sample(fingerprinted, feeds))
+        times["bound + fingerprints, two threads"].append(per_sample(two_threads, feeds))
+    helper.shutdown()
     plain = float(np.median(times["plain"]))
     for label, values in times.items():
         print(f"  {label:45s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}")

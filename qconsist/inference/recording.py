@@ -4,8 +4,9 @@
 and a ``StepRecorder`` says what else happens:
 
 * ``NoDump``: nothing (a plain run);
-* ``HostDump``: the exposed graph (``dump.DumpPlan``) runs on the step, its tensors are copied to numpy and
-  fingerprinted on the CPU by a worker thread while production runs (``dump.DumpRecorder``);
+* ``HostDump``: the exposed graph (``dump.DumpPlan``) runs on the step, writing its tensors into reused numpy
+  buffers, which a worker thread fingerprints on the CPU while the run goes on, helped by the recording thread
+  while it waits (``dump.DumpRecorder``);
 * ``DeviceDump``: the exposed graph runs with every tensor bound to GPU memory and fingerprinted there
   (``device.DeviceDump``); only the records, the final outputs and the raw tensors asked for come back.
 
@@ -139,7 +140,7 @@ class _Dump:
 
 class HostDump(_Dump):
     """Tensors written by ORT into reused host buffers (``host_binding.HostBinding``) and fingerprinted on the
-    CPU, a step behind the dump session (worker thread)."""
+    CPU a step behind the dump session (worker thread; this thread takes columns too while it waits)."""
 
     _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
 

@@ -9,7 +9,10 @@ import pytest
 
 from qconsist.inference import dump as dump_module
 from qconsist.inference.dump import DumpRecorder
-from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTIONS, ShapeTable, fingerprint_row
+import threading
+
+from qconsist.inference import fingerprint as fingerprint_module
+from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTIONS, RECORD, RowWork, ShapeTable, fingerprint, fingerprint_row
 from qconsist.store.fingerprints import CompactTable, TableWriter
 from mix64_reference import reference_mix64
 
@@ -72,6 +75,75 @@ def test_rows_reuse_statistics_only_for_identical_columns(tmp_path):
                         shapes)
     for sample in range(3):
         assert read.row(sample).tobytes() == again[sample].tobytes()
+
+
+def _mixed_tensors(rng: np.random.Generator, sample: int) -> list[np.ndarray]:
+    """A sample's tensors of every kind a dump meets: floats with NaN / Inf / -0.0, integers, float16, bool, empty,
+    a transposed (non-contiguous) view, a constant column (the same in every sample), shapes shared by columns."""
+    tensors = []
+    for column in range(40):
+        kind = column % 8
+        if kind == 0:
+            array = rng.standard_normal((2, 3, 5)).astype(np.float32)
+            array.flat[rng.integers(0, 30, 3)] = [np.nan, np.inf, -0.0]
+        elif kind == 1:
+            array = rng.integers(-128, 128, (5000,), dtype=np.int8)
+        elif kind == 2:
+            array = rng.standard_normal((64, 80)).astype(np.float32).T  # non-contiguous: hashed in C order
+        elif kind == 3:
+            array = np.full((2, 3, 5), 0.5 * column, np.float32)  # constant: statistics reused from the last sample
+        elif kind == 4:
+            array = rng.standard_normal(7).astype(np.float16)
+        elif kind == 5:
+            array = rng.integers(0, 2, (3, 3)).astype(bool)
+        elif kind == 6:
+            array = np.zeros((0, 4), np.float32)
+        else:
+            array = rng.integers(0, 256, (6000,), dtype=np.uint8) if sample else np.arange(6000, dtype=np.uint16)
+        tensors.append(array)
+    return tensors
+
+
+def test_columns_taken_by_several_threads_give_the_serial_records():
+    """RowWork: any number of threads taking columns at once make the records one thread makes, and the
+    records equal each tensor's fingerprint computed alone (a reused record is what recomputing gives)."""
+    rng = np.random.default_rng(5)
+    samples = [_mixed_tensors(rng, s) for s in range(3)]
+    serial_shapes, shared_shapes = ShapeTable(), ShapeTable()
+    serial_last = shared_last = None
+    for tensors in samples:
+        serial = fingerprint_row(tensors, serial_shapes, serial_last)  # the calling thread alone
+        work = RowWork(tensors, shared_shapes, shared_last)
+        helpers = [threading.Thread(target=work.work) for _ in range(3)]
+        for helper in helpers:
+            helper.start()
+        shared = work.row()
+        for helper in helpers:
+            helper.join()
+        assert shared.tobytes() == serial.tobytes()
+        alone = np.array([fingerprint(np.ascontiguousarray(a), serial_shapes.id(a.shape)) for a in tensors], dtype=RECORD)
+        assert shared.tobytes() == alone.tobytes()
+        serial_last, shared_last = serial, shared
+    assert shared_shapes.shapes == serial_shapes.shapes  # shape ids in column order, whichever thread took a column
+    assert serial_last[3]["mean"] == 1.5 and serial_last[2]["hash"] != 0
+
+
+def test_a_column_that_fails_fails_the_row(monkeypatch):
+    tensors = [np.arange(10, dtype=np.float32), np.arange(10, dtype=np.int64), np.arange(5, dtype=np.int8)]
+    hash_of = fingerprint_module.tensor_hash
+
+    def failing(array):
+        if array.dtype == np.int64:
+            raise MemoryError("column 1 could not be read")
+        return hash_of(array)
+
+    monkeypatch.setattr(fingerprint_module, "tensor_hash", failing)
+    work = RowWork(tensors, ShapeTable(), None)
+    helper = threading.Thread(target=work.work)
+    helper.start()
+    with pytest.raises(MemoryError, match="column 1 could not be read"):
+        work.row()
+    helper.join()
 
 
 def _recorder(tmp_path: Path, raw_dir: Path, columns: int = 2) -> DumpRecorder:

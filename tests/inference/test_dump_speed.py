@@ -2,22 +2,22 @@
 
 Issue 31 item 4: on the CPU the dump had drifted to 6× production per sample (2.75–2.9× before): every dumped
 tensor was copied into a new numpy array by ``session.run`` and numba's first calls were paid in the first
-sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 4.5 today, the goal not yet reached).
+sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 4.0, the goal not reached: the
+exposed session alone costs 1.7-1.8× production here, see LIMIT).
 
 The 2-core machine this runs on is shared and noisy, so the figure is a ratio of paired, interleaved passes:
 each round runs K steps as ``qconsist run`` does (production alone) and K steps as ``qconsist run --dump`` does
 (the recorder's ``before``, production, ``after``; the recorder's time is the dump's, as the CLI reports it),
-in alternating order. Load inflates the dump's side more than production's (hashing 83 MB a sample is bound by
-memory, and the fingerprint worker competes for the cores): with 9 rounds this machine measured, at load
-averages 8–13, a median round of 2.2–2.3 and a lowest of 1.87–2.10 (main: median 3.30, lowest 2.77 at load 11).
-So the verdict is the lowest of 12 rounds (LIMIT below says where it stands) — one quiet round suffices; a regression (a copy per tensor, numba's
-first call in a sample, spinning threads) lifts every round — and the median is reported beside it. Under a
-load average above ~12 on 2 cores the lowest round can still pass 2: the figure is the machine's as much as the
-code's.
+in alternating order. Load moves the ratio, and not always up: the same code measured a lowest round of 3.42 at
+load 1.5 and 1.49-2.17 at load 4 (production's spinning threads suffer more from other processes than the dump's
+sleeping ones). So the verdict is the lowest of 12 rounds (LIMIT below says where it stands) — one quiet round
+suffices; a regression (a copy per tensor, numba's first call in a sample, spinning threads) lifts every round —
+and the median is reported beside it. The figure is the machine's as much as the code's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -29,16 +29,22 @@ import pytest
 
 from qconsist.inference import ExecutionOptions
 from qconsist.inference.dump import plan_dump
+from qconsist.inference.fingerprint import RECORD, ShapeTable, fingerprint
 from qconsist.inference.model import resolve_model
 from qconsist.inference.recording import HostDump
 from qconsist.inference.session import create_session, input_specs
+from qconsist.store.fingerprints import CompactTable
 
-# The slow tier fails past this. Issue 31's goal is 1.6 and its guard 2.0; measured on the merged code with this
-# machine idle (load 1.1-2.2, the test alone): lowest round 3.31-3.60, median 3.64-3.93 — the goal is not reached
-# in this process-level form (the CLI's own figures, idle: dump 55.5-56.2 ms per sample against run's 22.2-23.1,
-# 2.5x; main before the fixes 140.6-197.0 against 23.6-24.9, 6-8x). The guard sits above today's figure and below
-# the regression it was written for, and is to come down to 2.0 with the work that reaches the goal.
-LIMIT = 4.5
+# The slow tier fails past this. Issue 31's goal is 1.6 and its guard 2.0; neither is reachable on this machine in
+# this form, and the guard sits above what the code measures at its quietest, below the regression it was written
+# for. Lowest / median round of 12, this branch against main's code in alternating processes (h-cpudump):
+# load 2.0: 3.28 / 3.63 and 3.21 / 3.54 against 3.30 / 3.86 and 3.34 / 3.76; under load the ratio falls for both
+# (load 8-9: lowest 1.8-2.0, median 2.4; production's spinning threads suffer more from other processes than the
+# dump's sleeping ones). The floor, measured at load 1.5-2.4 (benchmarks/dump_overhead.py): the exposed session
+# alone takes 23-27 ms a sample against production's 12.6-15.5 (1.8-1.9x: ORT writes 83 MB of tensors to memory,
+# 7-10 ms at the 8-11 GB/s one thread fills memory here, where production's intermediates stay in its arena in the
+# caches), and fingerprinting them adds 20 ms on both cores (bound session + fingerprints, two threads: 3.2x).
+LIMIT = 4.0
 
 
 @dataclass
@@ -135,3 +141,35 @@ def test_host_dump_costs_under_twice_production_per_sample(nsfw_run, tmp_path):
     assert ratios.recorder.binding.bound_steps > 0  # the tensors were written into the reused buffers
     assert ratios.recorder.recorder.check.faithful
     assert ratios.wall_lowest <= LIMIT, f"dump / production per sample: {ratios.describe()}"
+
+
+def test_host_dump_records_equal_each_tensor_fingerprinted_alone(nsfw_run, tmp_path):
+    """The dump's records (columns fingerprinted by the worker and the waiting recording thread, last to first;
+    statistics reused for columns equal to the previous sample's) equal each tensor of a separate ``session.run``
+    fingerprinted on its own, byte for byte, and the final outputs equal production's."""
+    model = resolve_model(nsfw_run.path).path
+    feeds = photo_feeds(model, 4)
+    options = ExecutionOptions()
+    production = create_session(model, options)
+    plan = plan_dump(model, options, tmp_path / "dump")
+    recorder = HostDump(plan, options, tmp_path / "run", len(feeds), set(), {}, None)
+    try:
+        for index, step in enumerate(feeds):
+            recorder.before(step, 1)
+            produced = production.run(None, step)
+            recorder.after(index, produced, 1)
+        summary = recorder.finish(len(feeds), lambda sample: 1)
+    finally:
+        recorder.close()
+    assert summary.faithful and summary.samples_checked == len(feeds)
+    assert recorder.binding.bound_steps == len(feeds) - 1  # the first step learns the buffers' shapes
+    index = json.loads((tmp_path / "run" / "dump" / "index.json").read_text())
+    table = CompactTable("dump", lambda name: tmp_path / "run" / "dump" / "table" / name, index["table"]["dtypes"],
+                         index["hash_function"], len(feeds), index["shapes"])
+    names = [t.name for t in plan.tensors]
+    shapes = ShapeTable()
+    for sample, step in enumerate(feeds):
+        alone = plan.to_original(plan.session.run(names, step))
+        expected = np.array([fingerprint(np.ascontiguousarray(a), shapes.id(a.shape)) for a in alone], dtype=RECORD)
+        assert table.row(sample).tobytes() == expected.tobytes()
+    assert [list(s) for s in shapes.shapes] == index["shapes"]

@@ -22,6 +22,11 @@ def test_hash_of_unaligned_and_strided_views_is_that_of_their_bytes():
     base = np.arange(1000, dtype=np.uint8)
     odd = base[3:3 + 500]  # starts at an odd address: copied to aligned words first
     assert tensor_hash(odd) == reference_mix64(odd.tobytes())
+    # a float32 tensor whose byte count is a multiple of 8 but whose address is not: its words cannot be a view
+    floats = np.frombuffer(np.arange(40, dtype=np.float32).tobytes() * 2, dtype=np.float32, count=32, offset=4)
+    assert floats.ctypes.data % 8 == 4 and floats.nbytes % 8 == 0
+    assert tensor_hash(floats) == reference_mix64(floats.tobytes())
+    assert tensor_hash(floats.reshape(4, 8)) == tensor_hash(floats.copy())
     strided = np.arange(64, dtype=np.float32).reshape(8, 8)[:, ::2]
     assert tensor_hash(strided) == reference_mix64(np.ascontiguousarray(strided).tobytes())
 
