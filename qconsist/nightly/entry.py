@@ -282,13 +282,13 @@ def entry_devices(task: EntryTask, visible: list[GpuDevice]) -> list[GpuDevice]:
     wanted = task.entry.devices
     if wanted is None:
         return visible[:1]
-    seen = ", ".join(g.short for g in visible) or "none"
+    seen = f"{len(visible)}: {', '.join(g.short for g in visible)}" if visible else "none"
     if wanted == "all":
         if not visible:
             raise UnavailableError("asks for every GPU of its node (devices = \"all\"); its process sees none")
         return list(visible)
     if len(visible) < int(wanted):
-        raise UnavailableError(f"asks for {wanted} distinct GPUs (devices = {wanted}); its process sees {len(visible)}: {seen}"
+        raise UnavailableError(f"asks for {wanted} distinct GPUs (devices = {wanted}); its process sees {seen}"
                                + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
                                   if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else ""))
     return list(visible[:int(wanted)])
