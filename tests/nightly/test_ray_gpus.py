@@ -20,7 +20,8 @@ from run_content import _data
 
 pytestmark = pytest.mark.gpu
 
-# the Caffe-born open_nsfw and the determinized FCN head: both bit-stable on the CUDA EP, both pass
+# the Caffe-born open_nsfw and the determinized FCN head: both bit-stable on the CUDA EP (open_nsfw pins no GPU
+# config: where locate recommends one, its gate fails gpu.pinned, on either executor)
 MODELS = ["open_nsfw-minmax", "fcn_head-determinized"]
 
 
@@ -46,7 +47,7 @@ def nights(host, tmp_path_factory):
 
 def test_the_ray_night_runs_its_entries_on_both_gpus_and_each_records_its_gpu(host, nights):
     _, night = nights["ray"]
-    assert night.executor == "ray" and [e.status for e in night.entries] == ["pass", "pass"], night.to_json()
+    assert night.executor == "ray" and all(e.status in ("pass", "fail") for e in night.entries), night.to_json()
     devices = [e.devices for e in night.entries]
     assert all(len(d) == 1 for d in devices), devices
     uuids = [d[0].uuid for d in devices]
@@ -72,11 +73,25 @@ def test_the_ray_night_runs_its_entries_on_both_gpus_and_each_records_its_gpu(ho
     assert [[(d.index, d.uuid) for d in e.devices] for e in local.entries] == [[(0, host[0].uuid)]] * 2
 
 
+def _checks(verdict, runs: Path) -> dict:
+    """A verdict's checks by name; ``gpu.pinned`` by its status alone: its message and figures are the night's
+    latency medians from locate (which config is fastest moves with timing noise, on any executor)."""
+    checks = {c["name"]: _data(c, runs) for c in verdict.to_json()["checks"]}
+    if "gpu.pinned" in checks:
+        checks["gpu.pinned"] = checks["gpu.pinned"]["status"]
+    # a task Ray gave a GPU accepts its index as no change of environment (its policy's allow_changed says so)
+    allowed = (checks.get("environment") or {}).get("tolerance") or {}
+    if isinstance(allowed.get("allow_changed"), list):
+        allowed["allow_changed"] = [name for name in allowed["allow_changed"] if name != "CUDA_VISIBLE_DEVICES"]
+    return checks
+
+
 def test_a_ray_night_over_two_gpus_equals_a_local_night(nights):
     (local_runs, local), (ray_runs, ray) = nights["local"], nights["ray"]
     for a, b in zip(local.entries, ray.entries):
         assert (a.model, a.status) == (b.model, b.status)
-        assert _data(b.verdict.to_json(), ray_runs) == _data(a.verdict.to_json(), local_runs), a.model
+        assert b.verdict.passed == a.verdict.passed, a.model
+        assert _checks(b.verdict, ray_runs) == _checks(a.verdict, local_runs), a.model
         assert a.figures and b.figures == a.figures, a.model
     db_local, db_ray = History(local_runs / "history.sqlite"), History(ray_runs / "history.sqlite")
     for model in MODELS:
