@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nightly", nargs="?", default=str(ROOT / "pipelines" / "nightly.toml"))
     parser.add_argument("--small", action="store_true", help="the test suite's small counts")
-    parser.add_argument("--only", nargs="*", default=[], help="these entries only")
+    parser.add_argument("--only", nargs="*", default=[], help="these entries only (with --small: in the file's order)")
     parser.add_argument("--out", default=None, help="keep the runs, JSON and logs here (default: a temporary folder)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -96,7 +96,8 @@ def main() -> None:
     same = {}
     for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):
         same[a["model"]] = {"status": a["status"] == b["status"], "verdict": _verdict(a) == _verdict(b),
-                            "md5s": _stages(a, folder) == _stages(b, folder), "figures": a.get("figures") == b.get("figures")}
+                            "md5s": bool(_stages(a, folder)) and _stages(a, folder) == _stages(b, folder),
+                            "figures": bool(a.get("figures")) and a.get("figures") == b.get("figures")}
     report = {
         "gpus": gpus, "config": str(config),
         "nights": {k: {kk: vv for kk, vv in v.items() if kk != "raw"} for k, v in results.items()},

@@ -20,9 +20,10 @@ from run_content import _data
 
 pytestmark = pytest.mark.gpu
 
-# the Caffe-born open_nsfw and the determinized FCN head: both bit-stable on the CUDA EP (open_nsfw pins no GPU
-# config: where locate recommends one, its gate fails gpu.pinned, on either executor)
-MODELS = ["open_nsfw-minmax", "fcn_head-determinized"]
+# the FCN head (its Deconvolution varies run to run on the CUDA EP: its gate fails gpu.pinned, on either executor)
+# and its determinized twin (bit-stable, passes): small, so that the GPU machine's minutes go to both executors
+# (benchmarks/nightly_gpus.py compares the bundled open_nsfw entries the same way)
+MODELS = ["fcn_head", "fcn_head-determinized"]
 
 
 @pytest.fixture(scope="module")
