@@ -92,6 +92,8 @@ def main() -> None:
                                        "gpus": [f"GPU {d['host_index']} {d['uuid']}" for d in e.get("devices") or []],
                                        "error": e.get("error")} for e in data["entries"]],
                           "raw": data}
+        print(f"{label} ({executor}): exit {code}, night {data.get('seconds') or 0:.1f} s, process {wall:.1f} s, "
+              f"entries {[(e['model'], round(e['seconds'], 1)) for e in data['entries']]}", file=sys.stderr, flush=True)
     one, two = results["one GPU"], results["two GPUs"]
     same = {}
     for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):

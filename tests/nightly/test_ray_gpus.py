@@ -72,6 +72,9 @@ def test_the_ray_night_runs_its_entries_on_both_gpus_and_each_records_its_gpu(ho
     # the local night: every entry on device 0 of this process, the host's first GPU
     _, local = nights["local"]
     assert [[(d.index, d.uuid) for d in e.devices] for e in local.entries] == [[(0, host[0].uuid)]] * 2
+    print(f"\nnight on one GPU (local) {local.seconds:.1f} s, entries {[round(e.seconds, 1) for e in local.entries]}; "
+          f"on two GPUs (ray) {night.seconds:.1f} s, entries {[round(e.seconds, 1) for e in night.entries]} on "
+          f"{[e.devices[0].short for e in night.entries]}; ratio {night.seconds / local.seconds:.3f}")
 
 
 def _checks(verdict, runs: Path) -> dict:
