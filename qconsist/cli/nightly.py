@@ -20,6 +20,8 @@ def render_night(result) -> None:  # NightlyResult
     skipped = [entry.locate_skipped for entry in result.entries if entry.locate_skipped]
     for entry in result.entries:
         gpu = f"  [{entry.gpu_label}]" if entry.gpu_type or entry.gpus else ""
+        if entry.devices:  # the GPU(s) it ran on, as the host numbers them
+            gpu += f" on {', '.join(d.short for d in entry.devices)}"
         console.print(f"  {entry.status.upper():<5} {entry.model}{gpu}  ({entry.seconds:.1f} s)  {entry.entry_run or ''}")
         if entry.error:
             console.print(f"        error: {entry.error}")
@@ -45,7 +47,9 @@ def render_night(result) -> None:  # NightlyResult
     for reason in dict.fromkeys(r for r in skipped if skipped.count(r) > 1):  # the same sentence once, not per entry
         console.print(f"locate skipped for {skipped.count(reason)} entries: {reason}")
     for comparison in result.across_gpus:
-        console.print(f"across GPU types: {comparison}")
+        console.print(f"across {'devices' if comparison.scope == 'device' else 'GPU types'}: {comparison}")
+    if result.seconds:
+        console.print(f"wall time: {result.seconds:.1f} s (entries together: {sum(e.seconds for e in result.entries):.1f} s)")
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
     failing = [entry.model for entry in result.entries if entry.status != "pass"]

@@ -20,6 +20,8 @@ Relative paths start at the nightly file's folder. Format::
                                                # (qconsist.inputs.labels); a class-folder set labels itself
     locate = true                              # run qconsist locate where a GPU exists (default true)
     gpus = ["H100", "H200"]                    # run this entry once on each GPU type (history key name@TYPE)
+    devices = 2                                # dump it on the CUDA EP on 2 distinct GPUs of one node (or "all":
+                                               # every GPU of the node) and compare the dumps across the devices
     cpus = 1                                   # what one run of the entry needs: CPU cores (default 1) …
     memory_gb = 8                              # … and memory (default: not declared); the Ray executor
                                                # schedules by them (GPU types: Ray's accelerator_type)
@@ -53,7 +55,7 @@ from qconsist.store.serde import serialized
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _TOP_KEYS = {"runs_dir", "history", "policy", "models"}
-_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate", "gpus", "cpus", "memory_gb", "sensitivity"}
+_MODEL_KEYS = {"name", "pipeline", "set", "policy", "gpu_config", "labels", "locate", "gpus", "cpus", "memory_gb", "sensitivity", "devices"}
 _SENSITIVITY_KEYS = {"target", "when", "candidates", "all", "widen", "alternatives"}
 _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,40}$")
 
@@ -122,6 +124,7 @@ class ModelEntry:
     cpus: float = 1.0
     memory_gb: float | None = None
     sensitivity: EntrySensitivity | None = None
+    devices: int | str | None = None  # GPUs of one node to dump it on and compare across: a count, or "all"
 
     def keys(self) -> tuple[tuple[str, str | None], ...]:
         """(history key, GPU type) of each run of this entry: ``name`` alone, or ``name@TYPE`` per GPU type."""
@@ -228,6 +231,7 @@ def _entry(data: Any, index: int, base: Path, origin: Path, default_policy: Path
         gpu_config=gpu_config, labels=_labels(base, labels, where) if labels else None, locate=locate,
         gpus=_gpus(data.get("gpus", []), where), cpus=_amount(data, "cpus", where, 1.0),
         memory_gb=_amount(data, "memory_gb", where, None), sensitivity=_sensitivity(data.get("sensitivity"), where),
+        devices=_devices(data.get("devices"), where),
     )
 
 
@@ -246,6 +250,19 @@ def _gpus(value: Any, where: str) -> tuple[str, ...]:
     if duplicates:
         raise ConfigError(f"{where}: GPU type '{duplicates[0]}' is listed twice in 'gpus'")
     return tuple(value)
+
+
+MAX_DEVICES = 64
+
+
+def _devices(value: Any, where: str) -> int | str | None:
+    """``devices``: how many distinct GPUs of one node the entry is dumped on (2 or more), or "all" of them."""
+    if value is None or value == "all":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= MAX_DEVICES:
+        raise ConfigError(f"{where}: 'devices' must be a number of GPUs from 2 to {MAX_DEVICES} or \"all\" (every GPU "
+                          f"of the node), got {value!r}")
+    return value
 
 
 def _amount(table: dict[str, Any], key: str, where: str, default: float | None) -> float | None:

@@ -18,6 +18,7 @@ check then says what changed).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import traceback
@@ -37,6 +38,7 @@ from qconsist.inference.model import resolve_model
 from qconsist.inference.runner import RunRequest, run_inference
 from qconsist.inference.session import MEASUREMENT, require_provider
 from qconsist.nightly.config import ModelEntry, SensitivityWhen
+from qconsist.nightly.devices import GpuDevice, visible_gpus
 from qconsist.pipeline.runner import run_pipeline
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_entry_report
@@ -136,6 +138,9 @@ class EntryOutcome:
     attempts: list[Attempt] = field(default_factory=list)  # earlier attempts lost with their worker
     figures: dict[str, float] = field(default_factory=dict)  # the night's own figures for the history (accuracy)
     sensitivity: dict[str, Any] | None = None  # the candidate fix (``sensitivity`` of the entry), or why there is none
+    # the GPU(s) it ran on: the one its CUDA sessions use (device 0 of its process), or with ``devices`` every one it
+    # was dumped on (run role ``gpu`` on the first, ``gpu:N`` on device N of its process); none without a GPU
+    devices: list[GpuDevice] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +149,7 @@ class EntryOutcome:
             "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
             "attempts": [a.to_json() for a in self.attempts], "figures": dict(self.figures), "sensitivity": self.sensitivity,
+            "devices": [d.to_json() for d in self.devices],
         }
 
     @classmethod
@@ -154,7 +160,8 @@ class EntryOutcome:
         return cls(**values, verdict=verdict, seconds=float(data.get("seconds", 0.0)),
                    runs=[RunRecord(**r) for r in data.get("runs", [])], gpus=list(data.get("gpus") or []),
                    attempts=[Attempt(**a) for a in data.get("attempts") or []],
-                   figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()}, sensitivity=data.get("sensitivity"))
+                   figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()}, sensitivity=data.get("sensitivity"),
+                   devices=[GpuDevice.from_json(d) for d in data.get("devices") or []])
 
     @property
     def gpu_label(self) -> str:
@@ -180,16 +187,20 @@ def _locate(entry: ModelEntry, pipeline_run: Path, runs_dir: Path, progress: Pro
     return path, None
 
 
-def _gpu_dump(entry: ModelEntry, pipeline_run: Path, side: Side, runs_dir: Path, progress: Progress) -> tuple[Path | None, str | None]:
-    """The quantized model's dumps on the CUDA EP under the entry's pinned GPU config (else ORT's default);
-    where CUDA is missing, why not."""
+def _gpu_dump(entry: ModelEntry, pipeline_run: Path, side: Side, runs_dir: Path, progress: Progress,
+              device: int = 0) -> tuple[Path | None, str | None]:
+    """The quantized model's dumps on the CUDA EP under the entry's pinned GPU config (else ORT's default), on
+    ``device`` (the CUDA device id in this process); where CUDA is missing, why not."""
     try:
         require_provider("cuda")
     except UnavailableError as exc:
         return None, exc.message
     config = GpuConfig.parse(entry.gpu_config) if entry.gpu_config else GpuConfig()
+    options = config.execution_options()
+    if device:
+        options = options.with_options(device_id=device)
     result = run_inference(resolve_model(pipeline_run, "quantize"), evaluation_inputs(side),
-                           RunRequest(options=config.execution_options(), dump=True), runs_dir,
+                           RunRequest(options=options, dump=True), runs_dir,
                            command=["qconsist", "nightly"], progress=progress)
     return result.run_dir, None
 
@@ -265,8 +276,31 @@ def _inference_runs(run: RunDirectory, side: Side, pipeline_run: Path, runs_dir:
     return inference_runs
 
 
+def entry_devices(task: EntryTask, visible: list[GpuDevice]) -> list[GpuDevice]:
+    """The GPUs the entry uses, of those its process sees: with ``devices``, that many (or all of them), else the
+    one its CUDA sessions take (device 0), if any. Fewer than ``devices`` asks for: the entry cannot be judged."""
+    wanted = task.entry.devices
+    if wanted is None:
+        return visible[:1]
+    seen = f"{len(visible)}: {', '.join(g.short for g in visible)}" if visible else "none"
+    if wanted == "all":
+        if not visible:
+            raise UnavailableError("asks for every GPU of its node (devices = \"all\"); its process sees none")
+        return list(visible)
+    if len(visible) < int(wanted):
+        raise UnavailableError(f"asks for {wanted} distinct GPUs (devices = {wanted}); its process sees {seen}"
+                               + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
+                                  if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else ""))
+    return list(visible[:int(wanted)])
+
+
+def gpu_role(index: int) -> str:
+    """The run role of the CUDA-EP dumps on device ``index`` of the entry's process."""
+    return "gpu" if index == 0 else f"gpu:{index}"
+
+
 def _device_runs(task: EntryTask, run: RunDirectory, side: Side, pipeline_run: Path, record: dict[str, Any],
-                 runs: list[RunRecord], progress: Progress) -> None:
+                 runs: list[RunRecord], progress: Progress, devices: list[GpuDevice]) -> None:
     """The locate run and, for a GPU type, the dumps on it; each recorded, or why it was skipped."""
     run.mark_progress("locate")
     locate_run, skipped = _locate(task.entry, pipeline_run, task.runs_dir, progress)
@@ -275,12 +309,21 @@ def _device_runs(task: EntryTask, run: RunDirectory, side: Side, pipeline_run: P
     side.locate_path, side.locate_skipped = locate_run, skipped
     if locate_run:
         runs.append(RunRecord("locate", locate_run.name, "locate", str(locate_run)))
-    if task.gpu_type is not None:  # the dumps on this GPU type, for comparisons across GPU types
+    if task.gpu_type is not None or task.entry.devices is not None:  # the dumps on the GPU(s), compared across them
         run.mark_progress("inference:gpu")
-        gpu_run, record["gpu_skipped"] = _gpu_dump(task.entry, pipeline_run, side, task.runs_dir, progress)
-        record["gpu_run"] = gpu_run.name if gpu_run else None
-        if gpu_run:
-            runs.append(RunRecord("gpu", gpu_run.name, "inference", str(gpu_run)))
+        targets = devices if task.entry.devices is not None else devices[:1]
+        for device in targets or [None]:
+            index = device.index if device is not None else 0
+            gpu_run, skipped = _gpu_dump(task.entry, pipeline_run, side, task.runs_dir, progress, index)
+            if index == 0:
+                record["gpu_run"], record["gpu_skipped"] = (gpu_run.name if gpu_run else None), skipped
+            if task.entry.devices is not None:
+                record.setdefault("gpu_runs", []).append({"role": gpu_role(index), "run": gpu_run.name if gpu_run else None,
+                                                          "device": device.to_json() if device else None})
+            if gpu_run:
+                runs.append(RunRecord(gpu_role(index), gpu_run.name, "inference", str(gpu_run)))
+            if skipped:
+                break
 
 
 def _write_verdict(run: RunDirectory, verdict: GateVerdict) -> None:
@@ -307,6 +350,7 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
 
     entry, runs_dir, night_id = task.entry, task.runs_dir, task.night_id
     policy = _entry_policy(task)
+    devices = entry_devices(task, visible_gpus())
     environment = fingerprint()
     baseline_run, baseline_night = choose_baseline(task, environment)
     runs: list[RunRecord] = []
@@ -315,6 +359,7 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         record: dict[str, Any] = {
             "model": task.key, "night_id": night_id, "pinned_gpu": entry.gpu_config, "labels": None,
             "baseline": baseline_run, "baseline_night": baseline_night, "gpu_type": task.gpu_type,
+            "devices": [d.to_json() for d in devices],  # the GPU(s) it used: index here and on the host, UUID, name
         }
         if entry.labels:  # kept in a file of the entry (its manifest refers to it), not copied into the manifest
             write_json_atomic(run.file(LABELS_FILE), entry.labels)
@@ -328,7 +373,7 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         side = Side(run=Run(run.path, Manifest(kind=ENTRY_KIND, sections={ENTRY_SECTION: record})),
                     pipeline=pipeline, pinned_gpu=entry.gpu_config, labels=entry.labels)
         record["inference_runs"] = _inference_runs(run, side, result.path, runs_dir, runs, progress)
-        _device_runs(task, run, side, result.path, record, runs, progress)
+        _device_runs(task, run, side, result.path, record, runs, progress, devices)
         run.mark_progress("gate")
         verdict = evaluate_gate(side, Path(baseline_run) if baseline_run else None, policy, progress=progress)
         _write_verdict(run, verdict)
@@ -350,6 +395,7 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
         locate_skipped=side.locate_skipped, verdict=verdict, runs=runs, hashes=list(pipeline.manifest.stages),
         gpu_type=task.gpu_type, gpus=[str(g.get("name")) for g in environment.get("gpus") or []],
         figures=quantized.figures() if quantized is not None else {}, sensitivity=record.get("sensitivity"),
+        devices=devices,
     )
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -43,7 +44,7 @@ from qconsist.environment import NUMERIC_ENV_VARS, fingerprint
 from qconsist.errors import ConfigError
 from qconsist.gate.evidence import ENTRY_KIND
 from qconsist.history import History
-from qconsist.nightly.across import GpuComparison, compare_across_gpus
+from qconsist.nightly.across import GpuComparison, compare_across_devices, compare_across_gpus
 from qconsist.nightly.config import NightlyConfig
 from qconsist.nightly.entry import EntryOutcome, EntryTask, write_text
 from qconsist.nightly.executors import Executor, ExecutorOptions, make_executor
@@ -74,7 +75,8 @@ class NightlyResult:
     entries: list[EntryOutcome] = field(default_factory=list)
     history: str = ""
     executor: str = "local"
-    across_gpus: list[GpuComparison] = field(default_factory=list)  # on request: one model across GPU types
+    across_gpus: list[GpuComparison] = field(default_factory=list)  # one model across GPU types (on request) and devices
+    seconds: float = 0.0  # the night's wall time, from its first task handed out to its last outcome and comparison
 
     @property
     def passed(self) -> bool:
@@ -193,6 +195,7 @@ def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Se
             night.mark_progress(task.key)
             history.start_entry(night.run_id, task.key)
 
+        start = time.perf_counter()
         try:
             runner.run(tasks, started, in_order.add, progress)
         except BaseException:  # Ctrl-C, or an executor's failure: what finished is recorded, the night is incomplete
@@ -202,6 +205,9 @@ def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Se
         result.entries = [outcomes[t.key] for t in tasks if t.key in outcomes]
         if across_gpus:
             result.across_gpus = compare_across_gpus(result.entries)
+        # an entry with `devices` asked for its comparison across them: made on every night
+        result.across_gpus += compare_across_devices(result.entries, {t.key: t.entry.gpu_config for t in tasks})
+        result.seconds = time.perf_counter() - start
         manifest = Manifest(kind=NIGHT_KIND, command=list(sys.argv), environment=fingerprint(),
                             sections={"nightly": result.to_json(), "config": config.to_json()})
         if ort_log.refresh():

@@ -114,13 +114,17 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
         rows.append(f"<tr><td><a href=\"#model-{entry['model']}\">{entry['model']}</a></td>"
                     f"<td class=\"status-{'pass' if entry['status'] == 'pass' else 'fail'}\">{entry['status']}</td>"
                     f"<td>{_esc(entry.get('gpu_label') or '—')}</td>"
+                    f"<td>{_esc(_devices(entry.get('devices')))}</td>"
                     f"<td>{detail}</td><td>{_esc(verdict.get('first_diverging_node') or '—')}</td>"
                     f"<td>{entry.get('seconds', 0):.1f}</td></tr>")
     history = (f'<p class="history-link">Every night of these models, at a glance: <a href="{_esc(history_page)}">the history '
                "page</a> (hashes, verdicts, figures and what changed first, by model and GPU type).</p>") if history_page else ""
     body = [banner(state, title, f"config {data.get('config')}"), "<main>", history, "<h2>Summary</h2>",
-            "<table><tr><th>model</th><th>status</th><th>GPU type</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
+            "<table><tr><th>model</th><th>status</th><th>GPU type</th><th>GPU</th><th>reasons</th><th>first diverging node</th><th>seconds</th></tr>"
             + "".join(rows) + "</table>"]
+    if data.get("seconds"):
+        body.append(f'<p class="muted">Wall time of the night: {data["seconds"]:.1f} s ({data.get("executor", "local")} executor; '
+                    f'the entries together: {sum(e.get("seconds", 0) for e in entries):.1f} s).</p>')
     retries = data.get("retries") or {}
     if retries:
         body.append("<h2>Retries</h2><p>Entries whose worker was lost, run again; each lost attempt's run directory is "
@@ -132,10 +136,12 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
             f"<tr><td>{_esc(c['model'])}</td><td>{_esc(c['gpu_a'])} vs {_esc(c['gpu_b'])}</td>"
             f"<td>{'CUDA EP' if c['role'] == 'gpu' else 'CPU EP'}</td>"
             f"<td class=\"status-{'pass' if c['identical'] else 'fail'}\">{_esc(_across_result(c))}</td>"
+            f"<td>{_esc(_found(c))}</td>"
             f"<td>{_esc(', '.join(c['nodes']) or '—')}</td></tr>" for c in across)
-        body.append("<h2>Across GPU types</h2><p>The same model's dumps on each GPU type against the first type's: the nodes "
-                    "listed depend on the GPU.</p><table><tr><th>model</th><th>GPU types</th><th>dumps</th><th>result</th>"
-                    "<th>nodes that differ</th></tr>" + rows + "</table>")
+        body.append("<h2>Across GPU types</h2><p>The same model's dumps on each GPU type against the first type's, and on "
+                    "each device of an entry with <code>devices</code> against its first device's, under the entry's pinned "
+                    "GPU config: the nodes listed depend on the GPU.</p><table><tr><th>model</th><th>GPU types or devices</th>"
+                    "<th>dumps</th><th>result</th><th>origins and spans</th><th>nodes that differ</th></tr>" + rows + "</table>")
     for entry in entries:
         if entry.get("entry_run"):
             path = Path(entry["entry_run"])  # the night's own record, written by this qconsist
@@ -149,6 +155,20 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
             body.append(f"<h2 id=\"model-{entry['model']}\">{entry['model']}</h2><p class=\"reasons\">error: {_esc(entry.get('error'))}</p>")
     body.append("</main>")
     return page(f"qconsist nightly {data['night_id']}", body)
+
+
+def _devices(devices: Any) -> str:
+    """The GPU(s) an entry ran on: host index and UUID (``—`` without a GPU)."""
+    return ", ".join(f"GPU {d.get('host_index')} ({d.get('uuid')})" for d in devices or []) or "—"
+
+
+def _found(comparison: dict[str, Any]) -> str:
+    inside = comparison.get("span_nodes") or []
+    spans = [f"{span} (inside: {', '.join(inside[i])})" if i < len(inside) and inside[i] else span
+             for i, span in enumerate(comparison.get("spans") or [])]
+    parts = ([f"origins: {', '.join(comparison['origins'])}"] if comparison.get("origins") else []) + (
+        [f"spans: {', '.join(spans)}"] if spans else [])
+    return "; ".join(parts) or "—"
 
 
 def _across_result(comparison: dict[str, Any]) -> str:

@@ -53,6 +53,7 @@ def test_history_and_run_directories_are_identical_in_content(nights):
         assert expected[model]["hashes"]["quantize"]["md5"]  # hashes recorded, and below: equal
         assert actual[model]["hashes"] == expected[model]["hashes"], model
         assert actual[model]["verdict"] == expected[model]["verdict"], model
+        assert expected[model]["figures"] and actual[model]["figures"] == expected[model]["figures"], model  # the night's figures
         for role, files in expected[model]["runs"].items():
             assert sorted(actual[model]["runs"][role]) == sorted(files), (model, role)
             for name, content in files.items():
@@ -71,3 +72,10 @@ def test_night_report_and_summary_are_identical_in_content(nights):
     summary = {k: v for k, v in run_content(ray_night, ray_runs)["summary.json"].items() if k != "executor"}
     expected = {k: v for k, v in run_content(local_night, local_runs)["summary.json"].items() if k != "executor"}
     assert summary == expected
+    # each entry says on which GPU it ran (none here: no GPU), and both nights record their wall time
+    for runs, night in ((local_runs, local_night), (ray_runs, ray_night)):
+        data = run_content(night, runs)["summary.json"]
+        assert [e["devices"] for e in data["entries"]] == [[]] * 3
+        recorded = json.loads((night / "summary.json").read_text())
+        assert 0 < max(e["seconds"] for e in recorded["entries"]) <= recorded["seconds"]
+        assert "Wall time of the night: " in (night / "report.html").read_text()

@@ -145,10 +145,20 @@ def _check_reachable(address: str) -> None:
                                "`ray start --head` or check `address`") from None
 
 
-def needs(task: EntryTask, cluster: dict[str, float]) -> dict[str, Any] | str:
-    """The Ray task options of ``task`` on a cluster with ``cluster`` resources, or why no node can run it."""
+def node_gpus(ray: Any) -> float:
+    """The most GPUs one live node of the Ray cluster has (an entry with ``devices`` needs them on one node)."""
+    try:
+        return max((float(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), default=0.0)
+    except Exception:  # noqa: BLE001 - an older or remote Ray without the node table: the cluster's total instead
+        return float(ray.cluster_resources().get("GPU", 0))
+
+
+def needs(task: EntryTask, cluster: dict[str, float], largest_node: float | None = None) -> dict[str, Any] | str:
+    """The Ray task options of ``task`` on a cluster with ``cluster`` resources (``largest_node``: the most GPUs
+    of one node; default the cluster's), or why no node can run it."""
     entry = task.entry
     options: dict[str, Any] = {"num_cpus": entry.cpus, "max_retries": 0, "retry_exceptions": False}
+    largest = cluster.get("GPU", 0) if largest_node is None else largest_node
     if entry.memory_gb is not None:
         options["memory"] = int(entry.memory_gb * 2**30)
     if task.gpu_type is not None:
@@ -161,6 +171,12 @@ def needs(task: EntryTask, cluster: dict[str, float]) -> dict[str, Any] | str:
         options.update(num_gpus=1, accelerator_type=task.gpu_type)
     elif entry.locate and cluster.get("GPU", 0) > 0:
         options["num_gpus"] = 1  # locate runs where a GPU exists, as it does locally
+    if entry.devices is not None:  # that many distinct GPUs of one node, at once: Ray gives each task its own
+        wanted = int(largest) if entry.devices == "all" else int(entry.devices)
+        if wanted < 1 or largest < wanted:
+            asked = "every GPU of a node (devices = \"all\")" if entry.devices == "all" else f"{wanted} GPUs of one node (devices = {wanted})"
+            return f"needs {asked}; the largest node of the Ray cluster has {largest:g}"
+        options["num_gpus"] = wanted
     if entry.cpus > cluster.get("CPU", 0):
         return f"needs {entry.cpus:g} CPUs; the Ray cluster has {cluster.get('CPU', 0):g}"
     if "memory" in options and options["memory"] > cluster.get("memory", 0):
@@ -187,11 +203,12 @@ class _Night:
 
     def run(self, tasks: Sequence[EntryTask]) -> None:
         cluster = self.ray.cluster_resources()
+        largest = node_gpus(self.ray) if any(t.entry.devices is not None for t in tasks) else None
         with self.progress.task(f"nightly on Ray ({len(tasks)} entries)", len(tasks)) as overall:
             self.overall = overall
             for task in tasks:
                 self.started(task)
-                options = needs(task, cluster)
+                options = needs(task, cluster, largest)
                 if isinstance(options, str):
                     self._finish(task, None, EntryOutcome(model=task.key, status="error", error=options, gpu_type=task.gpu_type))
                     continue
