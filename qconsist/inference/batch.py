@@ -127,9 +127,33 @@ def classify(one: Any, other: Any, both: Any) -> Split:
         if any(both.shape[a] != one.shape[a] for a in range(one.ndim) if a != axis):
             continue
         lead = (slice(None),) * axis
-        if _close(both[lead + (slice(0, extent),)], one) and _close(both[lead + (slice(extent, 2 * extent),)], other):
+        first, second = both[lead + (slice(0, extent),)], both[lead + (slice(extent, 2 * extent),)]
+        if (_close(first, one) and _close(second, other)) or _apart(first, second, one, other):
             return Split("axis", axis, extent)
     return Split("unknown", why="no axis holds the samples one after the other")
+
+
+QUANTUM_SHARE = 0.02  # of the tensor's magnitude: a few int8 quanta (1/255 of a [0, 1] score each)
+
+
+def _apart(first: np.ndarray, second: np.ndarray, one: np.ndarray, other: np.ndarray) -> bool:
+    """A float tensor whose step of two holds each sample as the sample computed alone up to a few quanta — what a
+    quantized model shows where a step of two runs other kernels than a step of one (the CUDA EP picks its
+    convolution algorithms by the step's shape, and a last-bit change before a QuantizeLinear moves its int8 by
+    one) — and whose two samples the step's halves tell apart: each half is nearer to its own sample than to the
+    other one, so the halves are the samples in order, not mixed or swapped."""
+    if one.dtype.kind != "f" or not one.size or not all(np.isfinite(x).all() for x in (first, second, one, other)):
+        return False
+    scale = max(float(np.abs(one).max()), float(np.abs(other).max()))
+    if scale == 0.0:
+        return False
+
+    def gap(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+    own = max(gap(first, one), gap(second, other))
+    swapped = max(gap(first, other), gap(second, one))
+    return own <= QUANTUM_SHARE * scale and own < swapped / 2
 
 
 def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: Sample,

@@ -241,6 +241,23 @@ def test_classify_never_takes_a_coincidence_of_shapes_for_a_batch_axis():
     assert [r.shape for r in rows] == [(2, 1, 4)] * 3 and rows[2].tolist() == state[:, 2:3].tolist()
 
 
+def test_a_quantized_output_a_quantum_off_in_a_step_of_two_still_has_its_batch_axis():
+    """On the CUDA EP a step of two runs other convolution algorithms than a step of one, and a last-bit change
+    before a QuantizeLinear moves open_nsfw QDQ's class scores by one int8 quantum (1/255): measured on an H200,
+    the probe then found no batch axis for `prob` and refused every --batch-size 32 run. Each half nearer its own
+    sample than the other is the batch axis; swapped or mixed halves, or a gap of more than a few quanta, are not."""
+    from qconsist.inference.batch import Split, classify
+
+    one, other = np.array([[0.99608, 0.00392]], np.float32), np.array([[0.2, 0.8]], np.float32)
+    quantum = np.float32(1 / 255)
+    step = np.concatenate([one + [[-quantum, quantum]], other])
+    assert classify(one, other, step) == Split("axis", 0, 1)
+    assert classify(one, other, step[::-1]).kind == "unknown"  # swapped: sample 1 first
+    assert classify(one, other, np.concatenate([one + [[-0.1, 0.1]], other])).kind == "unknown"  # 25 quanta off
+    near = np.array([[0.99608, 0.00392]], np.float32) + [[-quantum, quantum]]  # two samples a quantum apart:
+    assert classify(one, near.astype(np.float32), np.concatenate([near, one]).astype(np.float32)).kind == "unknown"
+
+
 def test_a_batch_fixed_at_the_step_size_runs_unprobed_split_on_its_first_axis(tmp_path):
     """A model fixed at batch 4 cannot run the probe's steps of 1 and 2: at --batch-size 4 its tensors are split
     by their first axis (kind ``first``, as before the probe) and its outputs are onnxruntime's."""
