@@ -93,7 +93,9 @@ def _checks(verdict, runs: Path) -> dict:
 def test_a_ray_night_over_two_gpus_equals_a_local_night(nights):
     (local_runs, local), (ray_runs, ray) = nights["local"], nights["ray"]
     for a, b in zip(local.entries, ray.entries):
-        assert (a.model, a.status) == (b.model, b.status)
+        failing = [(o.model, o.error, [f"{c.name}: {c.message}" for c in (o.verdict.checks if o.verdict else []) if c.failed])
+                   for o in (a, b) if o.status != "pass"]
+        assert (a.model, a.status) == (b.model, b.status), failing
         assert b.verdict.passed == a.verdict.passed, a.model
         assert _checks(b.verdict, ray_runs) == _checks(a.verdict, local_runs), a.model
         assert b.figures == a.figures, a.model  # accuracy figures (none for the FCN head: no classes)
