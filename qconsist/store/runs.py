@@ -429,6 +429,10 @@ def remove_runs(runs_root: Path, names: list[str], incomplete: bool = False, old
         if info.running:
             result.kept[path.name] = info.detail
             continue
+        if info.status == "incomplete" and os.path.lexists(path / MANIFEST_NAME):
+            # it finished while it was looked at: a run writes its manifest before it removes its RUNNING.json, so
+            # a marker gone when read with a manifest there now is a complete run, not an interrupted one
+            continue
         if path.name in protected and not force:
             result.kept[path.name] = "the history names it as a baseline (--force removes it)"
             continue
