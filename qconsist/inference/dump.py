@@ -184,10 +184,12 @@ class Probe:
     stack: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]]
 
 
-def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None) -> DumpPlan:
+def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None,
+              finals: dict[str, Split] | None = None) -> DumpPlan:
     """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session.
     ``probe``: for steps of several samples, find how each tensor divides among them; a tensor that cannot be
-    divided is left out (``left_out``), a final output that cannot refuses the run."""
+    divided is left out (``left_out``), a final output that cannot refuses the run. ``finals``: the model's
+    outputs' splits as the run found them (on the CPU, ``runner._output_splits``), which the dump keeps for them."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     original = read_onnx(model_path, external_data=True)
@@ -258,6 +260,9 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     if probe is not None:
         plan.splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
                                    probe.stack, "the dump of the model")
+        for name, split in (finals or {}).items():
+            if name in plan.outputs:
+                plan.splits[plan.column(name)] = split
         _leave_out_unsplittable(plan)
     return plan
 

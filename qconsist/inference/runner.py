@@ -298,6 +298,18 @@ def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
         return create_session(path, options)
 
 
+def _output_splits(model_path: Path, options: ExecutionOptions, probe: Probe, path: Path) -> dict[str, Split]:
+    """Where each of the model's outputs holds the samples of a step, probed on the CPU with the graph unoptimized
+    (``_outputs_session``). Which part of an output is whose is the graph's property, the same on every EP; the
+    CPU computes a step of two as two steps of one, where the CUDA EP picks other convolution algorithms for
+    another step size and a last-bit change before a QuantizeLinear moves a quantized output by a quantum — on an
+    H200 open_nsfw QDQ's ``prob`` then had no batch axis and every ``--batch-size 32`` run was refused."""
+    session = _outputs_session(model_path, options)
+    names = [o.name for o in session.get_outputs()]
+    splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}")
+    return dict(zip(names, splits))
+
+
 # work beside the run's own sessions: the re-stamp check, the accuracy's output
 _BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
@@ -312,13 +324,13 @@ def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: R
     # the probe runs steps of 1 and 2 samples: a model whose batch is fixed at the step's size cannot (``batch.ONE``)
     free = all(axis is not None for axis in input_axes(input_specs(production)).values())
     probe = _probe(inputs) if batch != 1 and len(inputs) > 1 and free else None
-    plan = plan_dump(model_path, options, run.file("dump"), probe) if request.dump else None
+    finals = _output_splits(model_path, options, probe, source.path) if probe is not None else None
+    plan = plan_dump(model_path, options, run.file("dump"), probe, finals) if request.dump else None
     splits = [ONE] * len(outputs)
     if plan is not None:
         splits = [plan.splits[plan.column(name)] for name in outputs]
-    elif probe is not None:
-        splits = probe_splits(lambda feed: _run(production, feed, source.path), probe.first, probe.second, probe.stack,
-                              f"model {source.path}")
+    elif finals is not None:
+        splits = [finals[name] for name in outputs]
         unknown = [(n, s) for n, s in zip(outputs, splits) if s.kind == "unknown"]
         if unknown:
             raise UnsupportedModelError(f"output {unknown[0][0]!r} cannot be split into the samples of a step "

@@ -258,6 +258,43 @@ def test_a_quantized_output_a_quantum_off_in_a_step_of_two_still_has_its_batch_a
     assert classify(one, near.astype(np.float32), np.concatenate([near, one]).astype(np.float32)).kind == "unknown"
 
 
+class _OtherKernelsForTwo:
+    """A session whose step of two samples computes sample 0's scores 0.05 off (as an EP with other kernels for
+    another step size may, more than the probe can tell from the samples themselves)."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def run(self, names, feed, *args):
+        outputs = self._session.run(names, feed, *args)
+        if next(iter(feed.values())).shape[0] == 2:
+            outputs = [o.copy() for o in outputs]
+            outputs[0][0, 0] += np.float32(0.05)
+        return outputs
+
+
+def test_the_outputs_batch_axis_is_the_graphs_whatever_the_run_s_ep_computes_for_a_step_of_two(tmp_path, monkeypatch):
+    """The model's outputs are probed on the CPU with the graph unoptimized (one definition: the graph decides
+    where a sample's part lies): the run's own session moving a step of two by more than a few quanta no longer
+    refuses the run (measured on an H200: every open_nsfw QDQ --batch-size 32 run on the CUDA EP was refused)."""
+    from onnx_builders import build_classifier_model, save_arrays
+    import qconsist.inference.runner as runner
+
+    model = build_classifier_model(tmp_path / "m.onnx", batch="N")
+    data = save_arrays(tmp_path / "x.npy", 4, seed=3)
+    real = runner.create_session
+    monkeypatch.setattr(runner, "create_session", lambda path, options=ExecutionOptions(), **kw: (
+        real(path, options, **kw) if kw.get("level") is not None else _OtherKernelsForTwo(real(path, options, **kw))))
+    result = CliRunner().invoke(app, ["run", str(model), "--inputs", str(data), "--batch-size", "2", "--run-id", "r",
+                                      "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    run = open_run(tmp_path / "runs" / "r")
+    assert run.sections["inference"]["samples"] == 4
+
+
 def test_a_batch_fixed_at_the_step_size_runs_unprobed_split_on_its_first_axis(tmp_path):
     """A model fixed at batch 4 cannot run the probe's steps of 1 and 2: at --batch-size 4 its tensors are split
     by their first axis (kind ``first``, as before the probe) and its outputs are onnxruntime's."""
