@@ -1,10 +1,12 @@
-"""One model across GPU types, on request (``qconsist nightly --across-gpus``): which nodes' results depend on
-the GPU.
+"""One model across GPU types, on request (``qconsist nightly --across-gpus``): which nodes' results differ
+between GPUs.
 
 An entry with ``gpus = ["H100", "H200"]`` runs once per GPU type; each such run also dumps the quantized
 model on the CUDA EP under the entry's pinned GPU config (role ``gpu``, where CUDA exists). Across GPU types
 the head process diffs those dumps (``qconsist.diff``, the one comparison) of every type against the first
-type listed: the nodes that diverge are the ones whose results depend on the GPU. Where a run has no CUDA
+type listed: the nodes that diverge. One dump on each GPU cannot tell a node whose results depend on the GPU
+from one that varies from run to run on any GPU (the FCN head's deconvolution under EXHAUSTIVE): the comparison
+says so, and the entry's ``locate`` (repeated fresh sessions on one GPU) tells them apart. Where a run has no CUDA
 dump (no CUDA on its node), the CPU-EP dumps (role ``quantized``) are compared instead and the comparison
 says so: then a difference names the nodes whose results depend on the node's CPU.
 
@@ -57,7 +59,7 @@ class GpuComparison:
 
     @property
     def what(self) -> str:
-        return "the device" if self.scope == "device" else "the GPU type"
+        return "the devices" if self.scope == "device" else "the GPU types"
 
     def found(self) -> str:
         """The origins and spans, in words ("" where none was found)."""
@@ -78,7 +80,8 @@ class GpuComparison:
             return (f"{head}: bit-identical; the two devices compute the same bits" if self.scope == "device"
                     else f"{head}: bit-identical; no node depends on the GPU type")
         found = self.found()
-        return f"{head}: {len(self.nodes)} node(s) depend on {self.what}, first {self.first}" + (f" ({found})" if found else "")
+        return (f"{head}: {len(self.nodes)} node(s) differ between {self.what}, first {self.first}" + (f" ({found})" if found else "")
+                + "; one dump on each, so a node that varies from run to run on one GPU differs here too (locate tells them apart)")
 
 
 def _runs(outcome: EntryOutcome) -> dict[str, str]:

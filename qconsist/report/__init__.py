@@ -140,7 +140,8 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
             f"<td>{_esc(', '.join(c['nodes']) or '—')}</td></tr>" for c in across)
         body.append("<h2>Across GPU types</h2><p>The same model's dumps on each GPU type against the first type's, and on "
                     "each device of an entry with <code>devices</code> against its first device's, under the entry's pinned "
-                    "GPU config: the nodes listed depend on the GPU.</p><table><tr><th>model</th><th>GPU types or devices</th>"
+                    "GPU config: the nodes listed differ between them (one dump on each: a node that varies from run to run on one "
+                    "GPU differs too; the entry's locate tells them apart).</p><table><tr><th>model</th><th>GPU types or devices</th>"
                     "<th>dumps</th><th>result</th><th>origins and spans</th><th>nodes that differ</th></tr>" + rows + "</table>")
     for entry in entries:
         if entry.get("entry_run"):

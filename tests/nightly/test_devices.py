@@ -128,9 +128,10 @@ def test_the_comparison_across_devices_names_the_devices_and_the_span(chain_dump
     assert comparison.origins == () and comparison.spans == ("conv0",)
     assert comparison.span_nodes == (("x_DequantizeLinear", "w0_DequantizeLinear", "b0_DequantizeLinear", "conv0", "c0_QuantizeLinear"),)
     assert str(comparison) == (
-        "chain: GPU 0 (GPU-8d3c0f2a) vs GPU 1 (GPU-1f00aa11) (CUDA EP dumps, HEURISTIC/tf32=0): 3 node(s) depend on the "
-        "device, first conv0 (spans: conv0 (nodes inside: x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, "
-        "conv0, c0_QuantizeLinear))")
+        "chain: GPU 0 (GPU-8d3c0f2a) vs GPU 1 (GPU-1f00aa11) (CUDA EP dumps, HEURISTIC/tf32=0): 3 node(s) differ between "
+        "the devices, first conv0 (spans: conv0 (nodes inside: x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, "
+        "conv0, c0_QuantizeLinear)); one dump on each, so a node that varies from run to run on one GPU differs here too "
+        "(locate tells them apart)")
     assert GpuComparison.from_json(json.loads(json.dumps(comparison.to_json()))) == comparison
     # the same dumps on both devices: the two devices compute the same bits
     same = {"a": chain_dumps["all"], "b": chain_dumps["all"]}
@@ -149,7 +150,7 @@ def test_the_comparison_across_gpu_types_names_spans_too(chain_dumps):
     (comparison,) = compare_across_gpus([_outcome("chain@H100", h100, [], roles=("gpu",), gpu_type="H100"),
                                          _outcome("chain@H200", h200, [], roles=("gpu",), gpu_type="H200")])
     assert (comparison.scope, comparison.gpu_a, comparison.gpu_b, comparison.spans) == ("type", "H100", "H200", ("conv0",))
-    assert str(comparison).startswith("chain: H100 vs H200 (CUDA EP dumps): 3 node(s) depend on the GPU type, first conv0 "
+    assert str(comparison).startswith("chain: H100 vs H200 (CUDA EP dumps): 3 node(s) differ between the GPU types, first conv0 "
                                       "(spans: conv0 (nodes inside: x_DequantizeLinear")
 
 

@@ -127,7 +127,8 @@ def test_the_same_model_on_gpu_0_and_gpu_1_is_compared_across_the_devices(host, 
     assert fcn.config == "EXHAUSTIVE/tf32=0" and not fcn.identical, str(fcn)
     named = {*fcn.origins, *fcn.spans, *(node for inside in fcn.span_nodes for node in inside)}
     assert "deconvolution3" in named, str(fcn)
-    assert f"depend on the device, first {fcn.first}" in str(fcn)
+    # one dump on each device: the deconvolution varies run to run on either, so no device is blamed for it
+    assert f"differ between the devices, first {fcn.first}" in str(fcn) and "(locate tells them apart)" in str(fcn)
     html = (night.path / "report.html").read_text()
     assert "deconvolution3" in html and entry.devices[1].uuid in html
     print(*(str(c) for c in night.across_gpus), sep="\n")
