@@ -18,11 +18,6 @@ SYNC := $(UV) sync --locked --python $(PY) $(addprefix --extra ,$(EXTRAS)) --gro
 # Every core (pytest-xdist): a module at a time per worker, the Ray modules in one worker (tests/conftest.py).
 PYTEST := $(VENV)/bin/python -m pytest -q -m "not gpu" -n auto
 export UV_PYTHON_DOWNLOADS := never
-# Bytecode written at install (uv) and for qconsist's own modules before each job: where PYTHONDONTWRITEBYTECODE
-# is set (this project's CI machines), every interpreter — each test's `qconsist` process, each input worker —
-# would otherwise compile every module it imports (0.89 s against 0.42 s for the CLI's imports here).
-export UV_COMPILE_BYTECODE := 1
-COMPILE := $(VENV)/bin/python -m compileall -q -j 0 qconsist
 
 .PHONY: run test check setup lock lock-uv matrix lint clean browser qemu docs
 
@@ -43,11 +38,9 @@ $(STAMP): pyproject.toml uv.lock $(UV)
 setup: $(STAMP)
 
 run: $(RUN_STAMP)
-	@$(COMPILE)
 	$(VENV)/bin/qconsist pipeline run pipelines/open_nsfw.toml
 
 test: $(STAMP) browser qemu
-	@$(COMPILE)
 	$(PYTEST)
 
 # The quick tier while developing (under a minute on 2 idle cores): every test but the `slow` ones (the real
