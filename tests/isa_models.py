@@ -19,6 +19,15 @@ from onnx import TensorProto, helper, numpy_helper
 CHANNELS_IN, CHANNELS_OUT, SIZE = 16, 8, 6
 
 
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    """``graph`` as a checked opset-17, IR 8 model at ``path``."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
 def saturating_qdq_model(path: Path) -> Path:
     rng = np.random.default_rng(28)
     weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 127, -127).astype(np.int8)
@@ -46,11 +55,7 @@ def saturating_qdq_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
         initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path)
 
 
 def saturating_inputs(path: Path, count: int = 2) -> Path:
@@ -74,11 +79,7 @@ def saturating_float_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
         [numpy_helper.from_array(weights, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path)
 
 
 def shared_constant_qdq_model(path: Path) -> Path:
@@ -100,11 +101,7 @@ def shared_constant_qdq_model(path: Path) -> Path:
     graph = helper.make_graph(nodes, "shared_constant",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path)
 
 
 def shared_constant_float_model(path: Path) -> Path:
@@ -125,8 +122,4 @@ def shared_constant_float_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
         [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(constant, "c")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path)

@@ -94,13 +94,20 @@ def test_a_pin_that_cannot_load_fails_the_pipeline_and_the_gate_with_onnxruntime
     assert check["status"] == "fail" and check["message"] == f"[isa] pin: {CANNOT_LOAD}"
 
 
+def _locate_cpu(shared: Path, isas: str, run_id: str):
+    """``locate --ep cpu`` of the shared-constant pipeline run's quantized model, one sample, under ``isas``."""
+    runs = shared / "runs"
+    out = CliRunner().invoke(app, ["locate", str(runs / "q"), "--stage", "quantize", "--inputs", str(shared / "data.npy"),
+                                   "--count", "1", "--ep", "cpu", "--isa", isas, "--runs-dir", str(runs),
+                                   "--run-id", run_id, "--timed-runs", "3"])
+    assert out.exit_code == 0, out.output
+    return out
+
+
 @pytest.mark.slow
 def test_locate_cpu_never_recommends_a_setting_that_cannot_load(shared):
     runs = shared / "runs"
-    out = CliRunner().invoke(app, ["locate", str(runs / "q"), "--stage", "quantize", "--inputs", str(shared / "data.npy"),
-                                   "--count", "1", "--ep", "cpu", "--isa", "native,haswell", "--runs-dir", str(runs),
-                                   "--run-id", "lch", "--timed-runs", "3"])
-    assert out.exit_code == 0, out.output
+    out = _locate_cpu(shared, "native,haswell", "lch")
     lines = out.output.splitlines()
     reason = cannot_load(runs / "q" / "quantize" / "model.onnx").split(": ", 1)[1]
     assert f"session.x64quantprecision=1: cannot load under this setting: {reason}" in lines
@@ -123,10 +130,7 @@ def test_locate_cpu_never_recommends_a_setting_that_cannot_load(shared):
 @pytest.mark.slow
 def test_the_gate_and_the_pipeline_read_a_locate_cpu_record_of_the_model(shared):
     runs = shared / "runs"
-    out = CliRunner().invoke(app, ["locate", str(runs / "q"), "--stage", "quantize", "--inputs", str(shared / "data.npy"),
-                                   "--count", "1", "--ep", "cpu", "--isa", "native,nehalem", "--runs-dir", str(runs),
-                                   "--run-id", "lcn", "--timed-runs", "3"])
-    assert out.exit_code == 0, out.output
+    out = _locate_cpu(shared, "native,nehalem", "lcn")
     result = Run.open(runs / "lcn").manifest.sections["locate_cpu"]
     md5 = result["md5"]
     # under Nehalem (no AVX2) the option changes nothing, and the session loads
