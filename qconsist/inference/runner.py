@@ -316,7 +316,9 @@ _BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path) -> _Prepared:
     options, batch = request.options, request.batch_size
-    production = create_session(model_path, options)
+    # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
+    # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
+    production = create_session(model_path, options, spinning=not (request.dump and options.provider == "cpu"))
     _check_outputs(production, source.path)
     if batch != 1:
         check_batching(input_specs(production), batch, len(inputs))

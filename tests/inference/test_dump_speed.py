@@ -79,7 +79,8 @@ def dump_ratio(model: Path, feeds: list[dict[str, np.ndarray]], folder: Path, ro
     seconds (the plain run's figure). CPU: the dump pass's process CPU time less the plain pass's, over the
     plain pass's (what the dump adds to production's work)."""
     options = ExecutionOptions()
-    production = create_session(model, options)
+    production = create_session(model, options)  # as `qconsist run` makes it
+    beside = create_session(model, options, spinning=False)  # as `qconsist run --dump` makes it (runner._sessions)
     plan = plan_dump(model, options, folder / "dump")
     samples = 2 + rounds * per_round
     recorder = HostDump(plan, options, folder / "run", samples, set(), {}, None)
@@ -91,7 +92,7 @@ def dump_ratio(model: Path, feeds: list[dict[str, np.ndarray]], folder: Path, ro
         for _ in range(count):
             step = feeds[index % len(feeds)]
             recorder.before(step, 1)
-            produced = production.run(None, step)
+            produced = beside.run(None, step)
             recorder.after(index, produced, 1)
             index += 1
         recorder._timed(recorder.recorder.wait)  # the last step's fingerprints belong to this pass
