@@ -169,3 +169,33 @@ def test_a_step_of_two_samples_records_each_as_a_step_of_one(padded, tmp_path):
         assert tables[2].row(sample).tobytes() == tables[1].row(sample).tobytes()
         with np.load(runs[1] / "dump" / "raw" / f"{sample:06d}.npz") as one, np.load(runs[2] / "dump" / "raw" / f"{sample:06d}.npz") as two:
             assert one.files == two.files and all(np.array_equal(one[k], two[k]) for k in one.files)
+
+
+def test_production_sleeps_beside_a_cpu_dump_and_spins_in_a_plain_run(padded, tmp_path, monkeypatch):
+    """The production session of ``run --dump`` on the CPU lets its idle threads sleep, as the dump session does (its
+    spinning threads took a core from the fingerprint worker), and the final outputs stay bit-identical to the dump's;
+    a plain ``run`` keeps onnxruntime's spinning. Read from the sessions onnxruntime made."""
+    from qconsist.inference import runner
+
+    model, inputs = padded
+    made: list[tuple[str, str]] = []
+    create = runner.create_session
+
+    def recording(path, options, **kwargs):
+        session = create(path, options, **kwargs)
+        try:
+            spinning = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            spinning = "default"
+        made.append((Path(path).name, spinning))
+        return session
+
+    monkeypatch.setattr(runner, "create_session", recording)
+    for dump in (False, True):
+        made.clear()
+        out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(inputs), "--runs-dir", str(tmp_path),
+                                       "--run-id", f"dump{dump}", "--json", *(["--dump"] if dump else [])])
+        assert out.exit_code == 0, out.output
+        assert made == [("padded.onnx", "0" if dump else "default")]  # production: the one session the runner makes
+        if dump:
+            assert json.loads(out.output)["dump"]["faithful"] is True
