@@ -128,9 +128,11 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
         "exposed, outputs bound (as the dump runs it)": [], "bound + fingerprints, one thread": [],
         "bound + fingerprints, two threads": [], "full dump (dump.ms_per_sample of run --dump)": [],
     }
+    cpu: dict[str, list[float]] = {label: [] for label in times}  # the process's CPU time per sample (every thread)
     for r in range(repeats):
         order = list(times) if r % 2 == 0 else list(times)[::-1]
         for label in order:
+            used = time.process_time()
             if label == "production":
                 times[label].append(per_sample(lambda f: production.run(None, f), feeds))
             elif label.startswith("optimized"):
@@ -145,6 +147,8 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
                 times[label].append(per_sample(two_threads, feeds))
             else:
                 times[label].append(full_dump(feeds))
+            warm = 0 if label.startswith("full") else 2  # per_sample's two warm calls
+            cpu[label].append(1000 * (time.process_time() - used) / (len(feeds) + warm))
     helper.shutdown()
     recorder.finish(steps[0], lambda sample: 1)
     recorder.close()
@@ -152,8 +156,12 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
     plain = float(np.median(times["production"]))
     print(f"per sample, {repeats} interleaved passes of {len(feeds)} samples (load {load()}); ratio: median over production's median")
     times["full dump's step (dump + production beside)"] = steps_ms
+    cpu["full dump's step (dump + production beside)"] = cpu["full dump (dump.ms_per_sample of run --dump)"]
+    plain_cpu = float(np.median(cpu["production"]))
     for label, values in times.items():
-        print(f"  {label:45s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}")
+        used = "  CPU: the step's" if label.startswith("full dump (") else \
+            f"  CPU ms/sample {np.median(cpu[label]):6.2f} ({np.median(cpu[label]) / plain_cpu:.2f})"
+        print(f"  {label:45s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}{used}")
     bound_ratio = np.median(times["exposed, outputs bound (as the dump runs it)"]) / plain
     full_ratio = np.median(times["full dump (dump.ms_per_sample of run --dump)"]) / plain
     print(f"  the floor, as ratios to production: exposed and bound {bound_ratio:.2f}, full dump {full_ratio:.2f}; "
