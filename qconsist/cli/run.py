@@ -50,16 +50,22 @@ def run(
 
         if reexec_under(isa, quiet=json_output):
             return
+    from qconsist.inference.startup import Startup
+
+    startup = Startup()  # the process so far: the interpreter, the command line's imports, its options
     from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
     from qconsist.pipeline.inputs import open_inputs
 
+    startup.mark("imports")
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,
                          engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
+    startup.mark("model")
     input_set = open_inputs(inputs, source, batch_size if not dynamic_batch else 1)
+    startup.mark("inputs")
     result = run_inference(source, input_set, request, runs_dir, run_id=run_id, command=sys.argv,
-                           progress=progress_for(json_output))
+                           progress=progress_for(json_output), startup=startup)
     _render(result, json_output)
     if result.dump is not None and not result.dump.faithful:
         _warn_unfaithful(result.dump)
