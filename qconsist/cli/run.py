@@ -62,10 +62,10 @@ def run(
                          engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
     startup.mark("model")
-    input_set = open_inputs(inputs, source, batch_size if not dynamic_batch else 1)
-    startup.mark("inputs")
-    result = run_inference(source, input_set, request, runs_dir, run_id=run_id, command=sys.argv,
-                           progress=progress_for(json_output), startup=startup)
+    # the inputs are opened (a folder listed, its first sample checked) while the run makes its session
+    result = run_inference(source, lambda: open_inputs(inputs, source, batch_size if not dynamic_batch else 1), request,
+                           runs_dir, run_id=run_id, command=sys.argv, progress=progress_for(json_output),
+                           startup=startup)
     _render(result, json_output)
     if result.dump is not None and not result.dump.faithful:
         _warn_unfaithful(result.dump)

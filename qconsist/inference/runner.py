@@ -15,7 +15,6 @@ output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qc
 from __future__ import annotations
 
 import dataclasses
-from contextlib import closing
 import hashlib
 import importlib.util
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -23,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -280,8 +279,8 @@ class _Prepared:
 # session run beside its creation, in threads (onnxruntime lets the GIL go while it makes a session, hashlib while
 # it hashes); each keeps its place here, so that a run fails with the error it failed with when nothing ran
 # beside: a main-thread step's error comes after those of the parts placed before it (``_Parts``).
-_ORDER = ("model md5", "outputs check", "re-stamp", "re-stamp sample", "re-stamp md5", "re-stamp check", "session",
-          "output probe", "dump plan", "recorder", "accuracy target")
+_ORDER = ("inputs", "run directory", "model md5", "outputs check", "re-stamp", "re-stamp sample", "re-stamp md5",
+          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target")
 
 
 class _Parts:
@@ -323,11 +322,43 @@ class _Parts:
         self.settle(_ORDER.index(place))
         return self.clock.wait(place, future)
 
-    def close(self, failed: bool) -> None:
-        """A failed start-up waits for every part: none may still write in a run directory being removed."""
-        if failed:
-            wait(self.every)
+    def join(self) -> None:
+        """Wait for every part (a failed start-up: none may still write in a run directory being removed)."""
+        wait(self.every)
+
+    def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
+
+
+@dataclass
+class _Opened:
+    """The input set, checked, and its steps (their input workers started; None: not yet)."""
+
+    inputs: InputSet
+    stream: Any = None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
+def _open_inputs(inputs: InputSet | Callable[[], InputSet], source: ModelSource, batch: int | None) -> _Opened:
+    """``inputs`` (opened here where it is the function that opens them), not empty, with its inputs' batch axes;
+    its steps started where ``batch`` is given (the workers start at once)."""
+    if callable(inputs):
+        inputs = inputs()
+    if len(inputs) == 0:
+        raise InputError(f"input set {inputs.source} is empty")
+    if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
+        axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
+        inputs = dataclasses.replace(inputs, axes=axes or None)
+    return _Opened(inputs, inputs.steps(batch, borrowed=True) if batch is not None else None)
+
+
+def _ready(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 @dataclass
@@ -337,54 +368,56 @@ class _Started:
     model: _ModelRecord
     prepared: _Prepared
     target: tuple[str | None, str]
+    inputs: InputSet
 
 
-def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, clock: Startup) -> _Started:
+def _prepare(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
     """The model's record and the run's sessions: production made on the main thread, everything that does not
-    need it done beside (``_Parts``): the model's hashes, the re-stamp's check and hashes, the outputs' CPU session
-    and the batch-axis probe, the dump's plan, the accuracy's output. Every check runs before the first step."""
-    parts = _Parts(clock)
-    failed = True
+    need it done beside (``_Parts``): the inputs opened (``opened``), the model's hashes, the re-stamp's check and
+    hashes, the outputs' CPU session and the batch-axis probe, the dump's plan, the accuracy's output. Every check
+    runs before the first step."""
     try:
-        started = _start(source, inputs, request, run, parts)
-        failed = False
-        return started
-    finally:
-        parts.close(failed)
+        return _start(source, opened, request, run, parts)
+    except Exception:
+        parts.join()
+        raise
 
 
-def _start(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
+def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
     options, batch, clock = request.options, request.batch_size, parts.clock
-    model_path, read, restamped = source.path, None, None
+    model_path, restamped = source.path, None
     if request.dynamic_batch:  # the re-stamp needs the model now: read here, hashed beside
-        read = parts.main("model md5", "model read", read_model_and_external_data, source.path)
-    record = parts.beside("model md5", "model md5", _model_record, source, read)
-    target = parts.beside("accuracy target", "accuracy target", _accuracy_target_after, source, record, inputs)
+        read = _ready(parts.main("model md5", "model read", read_model_and_external_data, source.path))
+    else:
+        read = parts.beside("model read", "model md5", read_model_and_external_data, source.path)
+    record = parts.beside("model md5", "model md5", _model_record_after, source, read)
+    target = parts.beside("accuracy target", "accuracy target", _accuracy_target_after, source, read, opened)
     if request.dynamic_batch:
         model_path = run.file("model/model.onnx")
         try:
-            restamped = _restamp_write(source.path, model_path, read[0])
+            restamped = _restamp_write(source.path, model_path, read.result()[0])
         except Exception:
             parts.settle(_ORDER.index("re-stamp"))
             _check_outputs(_outputs_session(source.path, options), source.path)  # checked before re-stamping
             raise
         clock.mark("re-stamp")
-    probing = batch != 1 and len(inputs) > 1  # and every input's batch axis free (the probe part reads it)
     outputs = None
-    if request.dynamic_batch or probing:
+    if request.dynamic_batch or batch != 1:
         outputs = parts.beside("outputs session", "outputs check", _outputs, source.path, model_path, options,
                                request.dynamic_batch)
     restamp_md5 = None
     if request.dynamic_batch:
-        sample = parts.main("re-stamp sample", "re-stamp sample", inputs.sample, 0)
+        sample = parts.beside("re-stamp sample", "re-stamp sample", _first_sample, opened)
         restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", hash_artifact, model_path, run.path, restamped)
-        original = parts.beside("re-stamp check, original", None, _restamp_original, source.path, sample, options)
-        parts.beside("re-stamp check", "re-stamp check", _restamp_check, source.path, model_path, sample, options, original)
-    probe = parts.beside("output probe", "output probe", _probe_part, outputs, inputs, source.path) if probing else None
+        original = parts.beside("re-stamp check, original", None, _restamp_original_after, source.path, sample, options)
+        parts.beside("re-stamp check", "re-stamp check", _restamp_check_after, source.path, model_path, sample, options,
+                     original)
+    probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
     plan = None
     if request.dump:
         plan = parts.beside("dump plan", "dump plan", _plan_part, probe, model_path, options, run.file("dump"))
     production = parts.main("session", "session", create_session, model_path, options)
+    inputs = parts.result("session", opened).inputs
     prepared = parts.main("output probe", None, _sessions, source, inputs, request, run, model_path,
                           production, parts, probe, plan)
     try:
@@ -396,12 +429,28 @@ def _start(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunD
     if restamp_md5 is not None:
         model.record["dynamic_batch"] = {"path": "model/model.onnx", **{
             k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}
-    return _Started(model, prepared, target.result())
+    return _Started(model, prepared, target.result(), inputs)
 
 
-def _accuracy_target_after(source: ModelSource, record: Future, inputs: InputSet) -> tuple[str | None, str]:
-    """``_accuracy_target`` of the model ``record`` (a part done beside) reads."""
-    return _accuracy_target(source, record.result().model, inputs)
+def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
+    return _model_record(source, read.result())
+
+
+def _accuracy_target_after(source: ModelSource, read: Future, opened: Future) -> tuple[str | None, str]:
+    """``_accuracy_target`` once the model is read and the inputs opened (parts done beside)."""
+    return _accuracy_target(source, read.result()[0], opened.result().inputs)
+
+
+def _first_sample(opened: Future) -> dict[str, np.ndarray]:
+    return opened.result().inputs.sample(0)
+
+
+def _restamp_original_after(source: Path, sample: Future, options: ExecutionOptions) -> list[np.ndarray]:
+    return _restamp_original(source, sample.result(), options)
+
+
+def _restamp_check_after(source: Path, target: Path, sample: Future, options: ExecutionOptions, original: Future) -> Path:
+    return _restamp_check(source, target, sample.result(), options, original)
 
 
 def _outputs(source: Path, model_path: Path, options: ExecutionOptions, dynamic: bool) -> tuple[Any, QconsistError | None]:
@@ -430,9 +479,13 @@ class _Probed:
     error: QconsistError | None = None
 
 
-def _probe_part(outputs: Future, inputs: InputSet, path: Path) -> _Probed:
-    """The outputs' batch axes (``_output_splits``) where every input's batch axis is free in the graph."""
+def _probe_part(outputs: Future, opened: Future, path: Path) -> _Probed:
+    """The outputs' batch axes (``_output_splits``) where the set has several samples and every input's batch axis
+    is free in the graph."""
     session, error = outputs.result()
+    inputs = opened.result().inputs
+    if len(inputs) < 2:
+        return _Probed(None, None)
     if error is not None:
         return _Probed(None, None, error)
     if not all(axis is not None for axis in input_axes(input_specs(session)).values()):
@@ -662,7 +715,7 @@ def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tup
 
 def run_inference(
     source: ModelSource,
-    inputs: InputSet,
+    inputs: InputSet | Callable[[], InputSet],
     request: RunRequest,
     runs_root: Path,
     *,
@@ -672,26 +725,41 @@ def run_inference(
     startup: Startup | None = None,
 ) -> InferenceResult:
     """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory.
-    ``startup``: the clock of the start-up so far (the command line's), continued here and logged at the first
-    step."""
-    if len(inputs) == 0:
-        raise InputError(f"input set {inputs.source} is empty")
+
+    ``inputs``: the input set, or the function that opens it (``pipeline.inputs.open_inputs``, as the command line
+    passes it): the set is then opened — a folder listed, its first sample checked — and its input workers started
+    in a thread while production's session is made, and an error of the inputs is still the run's first (before
+    the run directory's, the model's). ``startup``: the clock of the start-up so far (the command line's),
+    continued here and logged at the first step."""
     clock = startup or Startup()
     clock.mark_pending()
     clock.run_begun = time.perf_counter()
+    parts = _Parts(clock)
+    if callable(inputs):
+        opened = parts.beside("inputs", "inputs", _open_inputs, inputs, source, request.batch_size)
+    else:  # as it was: checked now, its input workers started once the run directory is made
+        opened = _ready(_open_inputs(inputs, source, None))
+        clock.mark("input axes")
+    try:
+        return _inference(source, opened, request, runs_root, run_id, command, progress, parts)
+    finally:
+        parts.shutdown()
+        if opened.done() and opened.exception() is None:
+            opened.result().close()  # where the run stopped before its steps
+
+
+def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_root: Path, run_id: str | None,
+               command: Sequence[str], progress: Progress, parts: _Parts) -> InferenceResult:
+    clock = parts.clock
     prefetch_gpus()  # nvidia-smi, which the manifest's environment asks at the end, answers meanwhile
     label = f"run-{source.describe().get('name') or source.path.stem}"
-    if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
-        axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
-        inputs = dataclasses.replace(inputs, axes=axes or None)
-    clock.mark("input axes")
-    with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
-            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log, \
-            closing(inputs.steps(request.batch_size, borrowed=True)) as stream:
-        # the input workers start now and prepare the first steps while the model is hashed and its sessions made
+    with parts.main("run directory", None, RunDirectory.create, runs_root, label, KIND, run_id) as run, \
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
+        if opened.done() and opened.result().stream is None:  # a set given opened: its input workers start now
+            opened.result().stream = opened.result().inputs.steps(request.batch_size, borrowed=True)
         clock.mark("run directory and workers")
-        started = _prepare(source, inputs, request, run, clock)
-        model, prepared = started.model, started.prepared
+        started = _prepare(source, opened, request, run, parts)
+        model, prepared, inputs, stream = started.model, started.prepared, started.inputs, opened.result().stream
         counter, position, note = _accuracy_counter(started.target, prepared.outputs)
         labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
