@@ -80,8 +80,9 @@ def _render(result, json_output: bool) -> None:  # result: InferenceResult
         console.print(f"run {result.run_dir}  ({result.samples} samples, {result.ms_per_sample:.1f} ms per sample)")
         if result.dump is not None:
             d = result.dump
+            beside = ", beside production" if d.beside_production else ""
             console.print(f"dump: {d.tensors} tensors of ORT's optimized graph, {d.ms_per_sample:.1f} ms per sample "
-                          f"(fingerprints on the {d.fingerprints_on}, {d.hash_function})")
+                          f"(fingerprints on the {d.fingerprints_on}{beside}, {d.hash_function})")
             if d.faithful:
                 console.print(f"dump faithful: final outputs bit-identical to production in {d.samples_checked} samples")
         if result.accuracy is not None:
