@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -50,12 +51,12 @@ def run(
 
         if reexec_under(isa, quiet=json_output):
             return
-    from qconsist.inference.startup import Startup
-
-    startup = Startup()  # the process so far: the interpreter, the command line's imports, its options
+    entered = time.perf_counter()  # the process so far: the interpreter, the command line's imports, its options
     from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
+    from qconsist.inference.startup import Startup
     from qconsist.pipeline.inputs import open_inputs
 
+    startup = Startup(entered)
     startup.mark("imports")
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,

@@ -55,7 +55,7 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputWriter, ShapeTable
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.store.hashing import hash_artifact, hash_file, read_model_and_external_data
+from qconsist.store.hashing import ArtifactHashes, content_hash, hash_artifact, hash_file, read_model_and_external_data
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
@@ -158,7 +158,8 @@ class _ModelRecord:
 def _model_record(source: ModelSource, read: tuple[onnx.ModelProto, list[dict[str, Any]]] | None = None) -> _ModelRecord:
     """The model's record (``read``: the model and its external data's record, read already)."""
     model, external = read if read is not None else read_model_and_external_data(source.path)
-    hashes = hash_artifact(source.path, model=model).to_json()
+    # a model of a run is recorded without its initializers' digests (the run it came from has them): not computed
+    hashes = (hash_artifact(source.path, model=model) if source.run is None else _artifact(source.path, model)).to_json()
     hashes["path"] = str(source.path.resolve())
     if external:  # an artifact is its whole content: the weights files it names, verified with it on every read
         hashes["external_data"] = external
@@ -181,6 +182,15 @@ def _model_record(source: ModelSource, read: tuple[onnx.ModelProto, list[dict[st
                 stage["artifact"]["path"] = str((source.run.path / artifact["path"]).resolve())
         stages.append(stage)
     return _ModelRecord(record, stages, model)
+
+
+def _artifact(path: Path, model: onnx.ModelProto, relative_to: Path | None = None) -> ArtifactHashes:
+    """``hash_artifact``'s record of the model file at ``path`` (``model``: its content) where its initializers'
+    digests are not kept: they are not computed (Python over every initializer, beside the main thread's work)."""
+    files = hash_file(path)
+    shown = str(path.relative_to(relative_to)) if relative_to else str(path)
+    return ArtifactHashes(path=shown, md5=files.md5, sha256=files.sha256, size=files.size, content=content_hash(model),
+                          initializers={})
 
 
 def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
@@ -292,9 +302,10 @@ class _Parts:
         self.placed: list[tuple[int, str, Future]] = []
         self.every: list[Future] = []
 
-    def beside(self, name: str, place: str | None, function: Any, *args: Any) -> Future:
-        """``function(*args)`` in a thread; its error is raised at ``place`` (None: by the part that uses it)."""
-        future = self.clock.beside(name, function, *args, pool=self.pool)
+    def beside(self, name: str, place: str | None, function: Any, *args: Any, after: Future | None = None) -> Future:
+        """``function(*args)`` in a thread (once ``after`` is done); its error is raised at ``place`` (None: by the
+        part that uses it)."""
+        future = self.clock.beside(name, function, *args, pool=self.pool, after=after)
         self.every.append(future)
         if place is not None:
             self.placed.append((_ORDER.index(place), name, future))
@@ -390,8 +401,11 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         read = _ready(parts.main("model md5", "model read", read_model_and_external_data, source.path))
     else:
         read = parts.beside("model read", "model md5", read_model_and_external_data, source.path)
-    record = parts.beside("model md5", "model md5", _model_record_after, source, read)
-    target = parts.beside("accuracy target", "accuracy target", _accuracy_target_after, source, read, opened)
+    # the parts that are Python throughout (they hold the GIL) start once the inputs are opened: the listing, which
+    # the re-stamp check and the input workers wait for, goes first at full speed
+    record = parts.beside("model md5", "model md5", _model_record_after, source, read, after=opened)
+    target = parts.beside("accuracy target", "accuracy target", _accuracy_target_after, source, read, opened,
+                          after=opened)
     if request.dynamic_batch:
         model_path = run.file("model/model.onnx")
         try:
@@ -404,11 +418,12 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     outputs = None
     if request.dynamic_batch or batch != 1:
         outputs = parts.beside("outputs session", "outputs check", _outputs, source.path, model_path, options,
-                               request.dynamic_batch)
+                               request.dynamic_batch, None if request.dynamic_batch else opened)
     restamp_md5 = None
     if request.dynamic_batch:
         sample = parts.beside("re-stamp sample", "re-stamp sample", _first_sample, opened)
-        restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", hash_artifact, model_path, run.path, restamped)
+        restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", _artifact, model_path, restamped, run.path,
+                                   after=opened)
         original = parts.beside("re-stamp check, original", None, _restamp_original_after, source.path, sample, options)
         parts.beside("re-stamp check", "re-stamp check", _restamp_check_after, source.path, model_path, sample, options,
                      original)
@@ -428,7 +443,7 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     model = record.result()
     if restamp_md5 is not None:
         model.record["dynamic_batch"] = {"path": "model/model.onnx", **{
-            k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}
+            k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}  # as hash_artifact's
     return _Started(model, prepared, target.result(), inputs)
 
 
@@ -453,11 +468,15 @@ def _restamp_check_after(source: Path, target: Path, sample: Future, options: Ex
     return _restamp_check(source, target, sample.result(), options, original)
 
 
-def _outputs(source: Path, model_path: Path, options: ExecutionOptions, dynamic: bool) -> tuple[Any, QconsistError | None]:
+def _outputs(source: Path, model_path: Path, options: ExecutionOptions, dynamic: bool,
+             opened: Future | None) -> tuple[Any, QconsistError | None]:
     """The one session of the model's outputs (``_outputs_session``), of the model the run runs; with
     ``dynamic_batch`` its outputs checked as the original's were before re-stamping (a re-stamp changes no output's
     type: the same verdict, the same line). Where the model run cannot be loaded, the original's outputs are
-    checked instead, and the load's error is kept for the probe that needs it (its place in ``_ORDER``)."""
+    checked instead, and the load's error is kept for the probe that needs it (its place in ``_ORDER``). Without
+    ``dynamic_batch`` it serves the probe alone: made once the inputs (``opened``) have several samples."""
+    if opened is not None and len(opened.result().inputs) < 2:
+        return None, None
     try:
         session = _outputs_session(model_path, options)
     except QconsistError as exc:

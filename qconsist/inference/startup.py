@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -35,18 +35,20 @@ def process_age() -> float | None:
 class Startup:
     """The start-up's clock: ``mark`` the end of each main-thread phase, run parts ``beside``, ``wait`` for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, begun: float | None = None) -> None:
+        """``begun``: when the clock's first phase began (``time.perf_counter``; default now)."""
         now = time.perf_counter()
+        begun = now if begun is None else begun
         age = process_age()
         self.origin = now - age if age is not None else None  # the process's start on this clock
-        self.begun = now  # the command's function, or run_inference where it made this clock
-        self.run_begun = now  # run_inference's start (set by it)
-        self._last = now
+        self.begun = begun  # the command's function, or run_inference where it made this clock
+        self.run_begun = begun  # run_inference's start (set by it)
+        self._last = begun
         self._lock = threading.Lock()
         self.phases: dict[str, float] = {}  # main thread, in order
         self.beside_parts: dict[str, float] = {}  # threads, in the order they finished
-        if age is not None:
-            self.phases["process"] = age  # the interpreter, the command line's imports and options parsing
+        if self.origin is not None:  # the interpreter, the command line's imports, its options
+            self.phases["process"] = max(begun - self.origin, 0.0)
 
     def mark(self, name: str) -> None:
         """The main thread's phase ``name`` ends now (added to an earlier phase of that name)."""
@@ -54,10 +56,13 @@ class Startup:
         self.phases[name] = self.phases.get(name, 0.0) + now - self._last
         self._last = now
 
-    def beside(self, name: str, function: Callable[..., Any], *args: Any, pool: Executor | None = None) -> Future:
+    def beside(self, name: str, function: Callable[..., Any], *args: Any, pool: Executor | None = None,
+               after: Future | None = None) -> Future:
         """``function(*args)`` in a thread of ``pool`` (default: one shared by the library) beside the main thread,
-        timed as part ``name``."""
+        once ``after`` is done (whatever its outcome), timed as part ``name`` from then."""
         def timed() -> Any:
+            if after is not None:
+                wait([after])
             start = time.perf_counter()
             try:
                 return function(*args)
