@@ -418,13 +418,14 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     outputs = None
     if request.dynamic_batch or batch != 1:
         outputs = parts.beside("outputs session", "outputs check", _outputs, source.path, model_path, options,
-                               request.dynamic_batch, None if request.dynamic_batch else opened)
+                               request.dynamic_batch, None if request.dynamic_batch else opened,
+                               after=None if request.dynamic_batch else opened)
     restamp_md5 = None
     if request.dynamic_batch:
         sample = parts.beside("re-stamp sample", "re-stamp sample", _first_sample, opened)
         restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", _artifact, model_path, restamped, run.path,
                                    after=opened)
-        original = parts.beside("re-stamp check, original", None, _restamp_original_after, source.path, sample, options)
+        original = parts.beside("re-stamp check of the original", None, _restamp_original_after, source.path, sample, options)
         parts.beside("re-stamp check", "re-stamp check", _restamp_check_after, source.path, model_path, sample, options,
                      original)
     probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
