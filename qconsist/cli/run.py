@@ -56,7 +56,9 @@ def run(
     from qconsist.inference.startup import Startup
     from qconsist.pipeline.inputs import open_inputs
 
-    startup = Startup(entered)
+    from qconsist import cli
+
+    startup = Startup(entered, getattr(cli, "IMPORTED", None))
     startup.mark("imports")
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,

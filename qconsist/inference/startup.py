@@ -35,8 +35,9 @@ def process_age() -> float | None:
 class Startup:
     """The start-up's clock: ``mark`` the end of each main-thread phase, run parts ``beside``, ``wait`` for them."""
 
-    def __init__(self, begun: float | None = None) -> None:
-        """``begun``: when the clock's first phase began (``time.perf_counter``; default now)."""
+    def __init__(self, begun: float | None = None, imported: float | None = None) -> None:
+        """``begun``: when the clock's first phase began (``time.perf_counter``; default now); ``imported``: when
+        the command line had been imported (its options parsed from then to ``begun``)."""
         now = time.perf_counter()
         begun = now if begun is None else begun
         age = process_age()
@@ -47,7 +48,10 @@ class Startup:
         self._lock = threading.Lock()
         self.phases: dict[str, float] = {}  # main thread, in order
         self.beside_parts: dict[str, float] = {}  # threads, in the order they finished
-        if self.origin is not None:  # the interpreter, the command line's imports, its options
+        if self.origin is not None and imported is not None and self.origin <= imported <= begun:
+            self.phases["process"] = imported - self.origin  # the interpreter and the command line's imports
+            self.phases["options"] = begun - imported  # typer's parsing, the options' objects
+        elif self.origin is not None:  # the interpreter, the command line's imports, its options
             self.phases["process"] = max(begun - self.origin, 0.0)
 
     def mark(self, name: str) -> None:
