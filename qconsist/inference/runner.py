@@ -338,7 +338,8 @@ class _Parts:
         wait(self.every)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False)
+        """No part is waited for (a run that ends has settled them all); one not begun is dropped (an interrupt)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass

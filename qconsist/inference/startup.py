@@ -8,17 +8,11 @@ to wait, is a phase of its own (``wait``): what is on the critical path is what 
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from typing import Any, Callable
-
-log = logging.getLogger(__name__)
-
-# work beside the main thread's start-up where its caller gives no pool of its own
-_BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
 
 
 def process_age() -> float | None:
@@ -60,10 +54,10 @@ class Startup:
         self.phases[name] = self.phases.get(name, 0.0) + now - self._last
         self._last = now
 
-    def beside(self, name: str, function: Callable[..., Any], *args: Any, pool: Executor | None = None,
+    def beside(self, name: str, function: Callable[..., Any], *args: Any, pool: Executor,
                after: Future | None = None) -> Future:
-        """``function(*args)`` in a thread of ``pool`` (default: one shared by the library) beside the main thread,
-        once ``after`` is done (whatever its outcome), timed as part ``name`` from then."""
+        """``function(*args)`` in a thread of ``pool`` beside the main thread, once ``after`` is done (whatever its
+        outcome), timed as part ``name`` from then."""
         def timed() -> Any:
             if after is not None:
                 wait([after])
@@ -73,7 +67,7 @@ class Startup:
             finally:
                 with self._lock:
                     self.beside_parts[name] = self.beside_parts.get(name, 0.0) + time.perf_counter() - start
-        return (pool or _BESIDE).submit(timed)
+        return pool.submit(timed)
 
     def wait(self, name: str, future: Future) -> Any:
         """``future``'s result (its error raised), the main thread's wait for it timed as phase ``wait NAME``."""
