@@ -216,25 +216,35 @@ def _check_options(options: ExecutionOptions) -> ExecutionOptions:
                             disabled_optimizers=options.disabled_optimizers)
 
 
-def _restamp_original(source: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> list[np.ndarray]:
+def _restamp_original(source: Path, sample: dict[str, np.ndarray] | Future, options: ExecutionOptions) -> list[np.ndarray]:
     """What the original gives for ``sample`` in ``_restamp_check`` (a thread of its own beside the re-stamped
-    model's session: the two sessions are made at once)."""
-    return create_session(source, _check_options(options)).run(None, sample)
+    model's session: the two sessions are made at once, and made while ``sample``, a ``Future``, is being read)."""
+    session = create_session(source, _check_options(options))
+    return session.run(None, sample.result() if isinstance(sample, Future) else sample)
 
 
-def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions,
-                   original: Future | None = None) -> Path:
-    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
-    3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions). ``original``: the
-    original's outputs (``_restamp_original``) being computed in another thread; its error comes after the
-    re-stamped model's, as when the two ran one after the other."""
+def _batch_refused(source: Path, call: Any) -> Any:
+    """``call()``; onnxruntime's own error (at run time) is the model's refusal of another batch size."""
     try:
-        restamped = create_session(target, _check_options(options))
-        pair = restamped.run(None, {k: np.concatenate([v, v]) for k, v in sample.items()})
+        return call()
     except QconsistError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
         raise UnsupportedModelError(f"{source} cannot take another batch size (`dynamic_batch`): {ort_message(exc)}") from None
+
+
+def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray] | Future, options: ExecutionOptions,
+                   original: Future | None = None) -> Path:
+    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
+    3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions). ``original``: the
+    original's outputs (``_restamp_original``) being computed in another thread; its error comes after the
+    re-stamped model's, as when the two ran one after the other. ``sample`` may be a ``Future`` (the first sample
+    being read beside): the sessions are made meanwhile."""
+    restamped = _batch_refused(source, lambda: create_session(target, _check_options(options)))
+    if isinstance(sample, Future):
+        sample = sample.result()  # its own error, at its place (``_ORDER``)
+    step = {k: np.concatenate([v, v]) for k, v in sample.items()}
+    pair = _batch_refused(source, lambda: restamped.run(None, step))
     single = original.result() if original is not None else _restamp_original(source, sample, options)
     names = [o.name for o in restamped.get_outputs()]
     comparison = compare_outputs([dict(zip(names, single))] * 2,
@@ -426,8 +436,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         sample = parts.beside("re-stamp sample", "re-stamp sample", _first_sample, opened)
         restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", _artifact, model_path, restamped, run.path,
                                    after=opened)
-        original = parts.beside("re-stamp check of the original", None, _restamp_original_after, source.path, sample, options)
-        parts.beside("re-stamp check", "re-stamp check", _restamp_check_after, source.path, model_path, sample, options,
+        # the check's sessions are made at once; they run the first sample once it is read
+        original = parts.beside("re-stamp check of the original", None, _restamp_original, source.path, sample, options)
+        parts.beside("re-stamp check", "re-stamp check", _restamp_check, source.path, model_path, sample, options,
                      original)
     probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
     plan = None
@@ -462,12 +473,6 @@ def _first_sample(opened: Future) -> dict[str, np.ndarray]:
     return opened.result().inputs.sample(0)
 
 
-def _restamp_original_after(source: Path, sample: Future, options: ExecutionOptions) -> list[np.ndarray]:
-    return _restamp_original(source, sample.result(), options)
-
-
-def _restamp_check_after(source: Path, target: Path, sample: Future, options: ExecutionOptions, original: Future) -> Path:
-    return _restamp_check(source, target, sample.result(), options, original)
 
 
 def _outputs(source: Path, model_path: Path, options: ExecutionOptions, dynamic: bool,
