@@ -176,7 +176,7 @@ class GpuComparison:
 
     def __str__(self) -> str:
         under = f", {self.config}" if self.config and self.role == "gpu" else ""
-        sessions = "; two fresh sessions on each" if self.repeats else ""
+        sessions = "; two fresh sessions on each" if self.repeats and self.unknown is None else ""
         head = f"{self.model}: {self.gpu_a} vs {self.gpu_b} ({'CUDA EP' if self.role == 'gpu' else 'CPU EP'} dumps{under}{sessions})"
         gpu = "the device" if self.scope == "device" else "the GPU type"
         if self.error:
