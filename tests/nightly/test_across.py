@@ -26,9 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
 from qconsist.inputs import open_input_set
-from qconsist.nightly.across import GpuComparison, RepeatCheck, classify, compare_across_devices, compare_across_gpus
+from qconsist.nightly.across import GpuComparison, compare_across_devices, compare_across_gpus
 from qconsist.nightly.devices import host_gpus, visible_from
-from qconsist.nightly.entry import EntryOutcome, RunRecord, gpu_role, repeat_role
+from qconsist.nightly.entry import EntryOutcome, RunRecord
 from qconsist.report import render_nightly_report
 
 SMI = """0, GPU-8d3c0f2a-1b2c-3d4e-5f60-718293a4b5c6, NVIDIA H100 80GB HBM3, 00000000:19:00.0
@@ -94,8 +94,8 @@ def dumps(tmp_path_factory) -> dict[str, Path]:
 def _entry(dumps: dict[str, Path], gpu0: tuple[str, str | None], gpu1: tuple[str, str | None]) -> EntryOutcome:
     """An entry dumped on two devices: ``(first session, second session)`` of each (None: no second dump)."""
     runs = []
-    for index, sessions in enumerate((gpu0, gpu1)):
-        for role, name in zip((gpu_role(index), repeat_role(gpu_role(index))), sessions):
+    for roles, sessions in ((("gpu", "gpu-repeat"), gpu0), (("gpu:1", "gpu:1-repeat"), gpu1)):
+        for role, name in zip(roles, sessions):
             if name is not None:
                 runs.append(RunRecord(role, dumps[name].name, "inference", str(dumps[name])))
     return EntryOutcome(model="act", status="pass", runs=runs, devices=DEVICES)
@@ -109,56 +109,57 @@ def _compare(dumps, gpu0, gpu1) -> GpuComparison:
 
 def test_bit_identical_on_both_devices_and_in_both_sessions(dumps):
     c = _compare(dumps, ("base", "base2"), ("base3", "base"))
+    assert str(c) == f"{HEAD}: bit-identical, each device's two sessions too; the two devices compute the same bits"
     assert (c.identical, c.nodes, c.run_to_run, c.device_origins, c.unknown, c.blame) == (True, (), (), (), None, "none")
     assert [(r.where, r.stable) for r in c.repeats] == [(G0, True), (G1, True)]
-    assert str(c) == f"{HEAD}: bit-identical, each device's two sessions too; the two devices compute the same bits"
 
 
 def test_a_node_that_depends_on_the_device_is_blamed_on_it(dumps):
     """'leaky' computes other bits on GPU 1 in both its sessions, from the same inputs as on GPU 0."""
     c = _compare(dumps, ("base", "base2"), ("device", "device2"))
-    assert c.nodes == ("leaky",) and c.origins == ("leaky",)
-    assert (c.device_origins, c.device_spans, c.run_to_run, c.blame) == (("leaky",), (), (), "device")
     assert str(c) == (f"{HEAD}: 1 node(s) differ between the devices, first leaky; depends on the device: origins: leaky "
                       "(inputs identical on both, output stable in both sessions on each)")
+    assert c.nodes == ("leaky",) and c.origins == ("leaky",)
+    assert (c.device_origins, c.device_spans, c.run_to_run, c.blame) == (("leaky",), (), (), "device")
 
 
 def test_a_node_that_varies_from_run_to_run_is_not_blamed_on_the_device(dumps):
     """'elu' differs between GPU 0's two sessions: the difference between the devices at 'elu' (an origin of it,
     which main reported as differing between the devices) is run-to-run variation, not the device."""
     c = _compare(dumps, ("varies", "base"), ("base2", "base3"))
+    assert str(c) == (f"{HEAD}: 1 node(s) differ between the devices, first elu; no node shown to depend on the device; "
+                      f"1 vary from run to run (on {G0} (origins: elu)), not blamed on the device")
     assert c.nodes == ("elu",) and c.origins == ("elu",)
     assert (c.device_origins, c.device_spans, c.run_to_run, c.blame) == ((), (), ("elu",), "run-to-run")
     gpu0, gpu1 = c.repeats
     assert (gpu0.nodes, gpu0.origins, gpu1.nodes) == (("elu",), ("elu",), ())
-    assert str(c) == (f"{HEAD}: 1 node(s) differ between the devices, first elu; no node shown to depend on the device; "
-                      f"1 vary from run to run (on {G0} (origins: elu)), not blamed on the device")
 
 
 def test_both_a_device_dependent_node_and_a_varying_one(dumps):
     c = _compare(dumps, ("varies", "base"), ("device", "device2"))
-    assert c.nodes == ("leaky", "elu") and c.origins == ("leaky", "elu")
-    assert (c.device_origins, c.run_to_run, c.blame) == (("leaky",), ("elu",), "device and run-to-run")
     assert str(c) == (f"{HEAD}: 2 node(s) differ between the devices, first leaky; depends on the device: origins: leaky "
                       "(inputs identical on both, output stable in both sessions on each); 1 vary from run to run "
                       f"(on {G0} (origins: elu)), not blamed on the device")
+    assert c.nodes == ("leaky", "elu") and c.origins == ("leaky", "elu")
+    assert (c.device_origins, c.run_to_run, c.blame) == (("leaky",), ("elu",), "device and run-to-run")
 
 
 def test_dumps_that_agree_by_chance_while_a_node_varies(dumps):
     """The first sessions agree, but GPU 1's second session differs at 'elu': the devices did not compute the
     same bits by construction, they agreed by chance."""
     c = _compare(dumps, ("base", "base2"), ("base3", "varies"))
-    assert (c.identical, c.run_to_run, c.blame) == (True, ("elu",), "run-to-run")
     assert str(c) == (f"{HEAD}: bit-identical in these dumps, but 1 node(s) vary from run to run "
                       f"(on {G1} (origins: elu)): the two agreed by chance")
+    assert (c.identical, c.run_to_run, c.blame) == (True, ("elu",), "run-to-run")
 
 
 def test_without_a_second_dump_the_cause_is_unknown(dumps):
     c = _compare(dumps, ("varies", "base"), ("base2", None))
+    assert str(c) == (f"act: {G0} vs {G1} (CUDA EP dumps, EXHAUSTIVE/tf32=0): 1 node(s) differ between the devices, first elu "
+                      "(origins: elu); whether from the device "
+                      f"or from run-to-run variation is unknown ({G1}: no second dump among the entry's runs)")
     assert (c.device_origins, c.run_to_run, c.blame) == ((), (), "unknown")
     assert c.unknown == f"{G1}: no second dump among the entry's runs"
-    assert str(c) == (f"{HEAD}: 1 node(s) differ between the devices, first elu (origins: elu); whether from the device "
-                      f"or from run-to-run variation is unknown ({G1}: no second dump among the entry's runs)")
 
 
 def test_across_gpu_types_a_varying_node_is_not_blamed_on_the_type(dumps):
@@ -169,10 +170,10 @@ def test_across_gpu_types_a_varying_node_is_not_blamed_on_the_type(dumps):
         return EntryOutcome(model=f"act@{gpu_type}", status="pass", runs=runs, gpu_type=gpu_type)
 
     (c,) = compare_across_gpus([typed("H100", "base", "base2"), typed("H200", "varies", "base3")])
-    assert (c.scope, c.origins, c.device_origins, c.run_to_run) == ("type", ("elu",), (), ("elu",))
     assert str(c) == ("act: H100 vs H200 (CUDA EP dumps; two fresh sessions on each): 1 node(s) differ between the GPU types, "
                       "first elu; no node shown to depend on the GPU type; 1 vary from run to run (on H200 (origins: elu)), "
                       "not blamed on the GPU type")
+    assert (c.scope, c.origins, c.device_origins, c.run_to_run) == ("type", ("elu",), (), ("elu",))
     (d,) = compare_across_gpus([typed("H100", "base", "base2"), typed("H200", "device", "device2")])
     assert (d.device_origins, d.run_to_run, d.blame) == (("leaky",), (), "device")
     assert "depends on the GPU type: origins: leaky" in str(d)
@@ -180,6 +181,10 @@ def test_across_gpu_types_a_varying_node_is_not_blamed_on_the_type(dumps):
 
 def test_classify_is_a_function_of_the_records():
     """The rule on records alone: a varying node is never blamed; a span is blamed only if nothing in it varied."""
+    from qconsist.nightly.across import RepeatCheck, classify
+    from qconsist.nightly.entry import gpu_role, repeat_role
+
+    assert [repeat_role(gpu_role(i)) for i in (0, 1)] + [repeat_role("quantized")] == ["gpu-repeat", "gpu:1-repeat", "repeat"]
     stable = RepeatCheck("GPU 0"), RepeatCheck("GPU 1")
     assert classify(("a", "b"), ("a",), (), (), stable).device_origins == ("a",)
     varying = RepeatCheck("GPU 0", nodes=("b", "c"), origins=("b",)), RepeatCheck("GPU 1")
