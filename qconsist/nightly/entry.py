@@ -2,7 +2,9 @@
 
 For each model, in order: the pipeline (a pipeline run), two inference runs of the quantized model with
 fingerprint dumps on the evaluation inputs (the second checks that inference repeats bit for bit), the
-locate step where a GPU exists (otherwise skipped with the reason recorded), the gate against the baseline
+locate step where a GPU exists (otherwise skipped with the reason recorded), for an entry with ``gpus`` or
+``devices`` the quantized model's dumps on its GPU(s), twice on each in fresh sessions (``nightly.across`` compares
+them across the GPUs and tells a node that depends on the GPU from one that varies run to run), the gate against the baseline
 (the diff to the first diverging node happens inside the gate), and, where the entry asks for it
 (``sensitivity = {target = ...}``) and the gate failed, the candidate fix: a sensitivity run of the night's
 pipeline run, its verified list of nodes to keep in float recorded with the entry. The model's evidence is a run directory of
