@@ -226,7 +226,7 @@ def _sweep(tmp_path: Path, name: str, args, delays: dict[bool, list[float]]) -> 
         if not right:
             wrong.append(outcomes[-1])
     assert not wrong, f"{len(wrong)} of {len(cases)} wrong:\n" + "\n".join(wrong)
-    assert interrupted >= len(cases) // 2, outcomes  # the command took longer than most delays: they tested it
+    assert interrupted >= len(cases) // 3, outcomes  # the command outlasted enough of the delays: they tested it
     return outcomes
 
 
