@@ -1,37 +1,27 @@
-"""The ``qconsist`` command (and ``python -m qconsist``): the command line imported inside an interrupt guard.
+"""The ``qconsist`` command (and ``python -m qconsist``): SIGINT and SIGTERM taken before anything else is imported.
 
-Importing the command line (typer, rich, the commands) takes about 0.4 s; a Ctrl-C or SIGTERM in that time
-would otherwise end in a ``KeyboardInterrupt`` traceback and exit -2. Here it is what it is anywhere else: one
-line, ``error: interrupted``, exit 130 (docs/trust.md "Exit codes").
+Importing the command line (typer, rich, the commands) and then numpy, onnx and onnxruntime takes up to a second;
+a Ctrl-C or SIGTERM in that time, or anywhere after, is what it is anywhere else: one line, ``error: interrupted``,
+exit 130 (docs/trust.md "Exit codes"; how, in ``qconsist.interrupt``).
 """
 
 from __future__ import annotations
 
-import signal
-import sys
-
-EXIT_INTERRUPTED = 130  # as qconsist.errors says; not imported, to keep this module's own import instant
-
-
-class _Terminated(KeyboardInterrupt):
-    pass
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
+from qconsist import interrupt
 
 
 def main() -> None:
-    previous = signal.signal(signal.SIGTERM, _terminated)  # the command's own boundary takes over inside it
+    interrupt.install()  # first: before the command line, and the C++ extensions it loads, are imported
     try:
         from qconsist.cli import main as command
 
-        signal.signal(signal.SIGTERM, previous)
-        command()  # a Ctrl-C while typer builds the command, before the boundary, lands here too
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        sys.stderr.flush()
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        command()  # typer ends it with SystemExit, whatever happened
+        code: object = 0
+    except SystemExit as done:
+        code = done.code
+    except KeyboardInterrupt:  # before the command's own boundary, or after it
+        code = interrupt.EXIT_INTERRUPTED
+    raise SystemExit(interrupt.finish(code))
 
 
 if __name__ == "__main__":

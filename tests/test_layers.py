@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "qconsist"
 # bottom to top; a module may import its own layer and the ones below it
 LAYERS = [
     {"errors", "limits", "progress", "tomlfile", "environment", "threads", "onnxfile", "discovery", "front", "__init__", "cpu",
-     "emulation"},
+     "emulation", "interrupt"},
     {"store", "models"},
     {"inputs"},
     {"compare"},

@@ -29,6 +29,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from qconsist import interrupt
 from qconsist.errors import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, QconsistError
 from qconsist.limits import NAME_MAX, long_component, shorten
 from qconsist.store.ortlog import capture_ort_log
@@ -100,11 +101,11 @@ class QconsistGroup(TyperGroup):
 
     def _invoke(self, ctx: Any) -> Any:
         try:
-            return super().invoke(ctx)
+            return _interruptible(super().invoke, ctx)
         except QconsistError as exc:
             _fail(exc.render(_flag_namer(ctx.meta.get("qconsist.command"))), exc.exit_code)
         except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted\n")
+            interrupt.say()
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except OSError as exc:
             if exc.errno == errno.ENAMETOOLONG:  # a path given with a component over 255 bytes: bad input
@@ -124,6 +125,17 @@ class QconsistGroup(TyperGroup):
                     _fail(exc.format_message(), 2)  # a usage error: one line too, not click's three
                 raise
             _internal(exc)
+
+
+def _interruptible(invoke: Any, ctx: Any) -> Any:
+    """``invoke(ctx)``; an error raised after a Ctrl-C or SIGTERM came (an extension that turned the interrupt
+    into an ``ImportError``, a cleanup that failed on the way out) is the interrupt's: 130, not its own line."""
+    try:
+        return invoke(ctx)
+    except Exception as exc:
+        if interrupt.received() and not _is_cli_exception(exc):
+            raise interrupt.Interrupted() from exc
+        raise
 
 
 def _internal(exc: BaseException) -> None:
@@ -195,9 +207,7 @@ def _bytes_of_paths() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a CI job cancelled, ``kill``): handled as Ctrl-C, so temporary files and half-written outputs
-    are cleaned up on the way out and the exit code is 130."""
+Terminated = interrupt.Terminated
 
 
 TERMINATE_GRACE = 2.0  # seconds the main thread has to take up a SIGTERM before the process ends at once
@@ -213,10 +223,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, interrupt.handler)  # as the command's own (qconsist.interrupt)
     read, write = os.pipe()
     os.set_blocking(write, False)
     done = threading.Event()
@@ -249,8 +256,7 @@ def _watch_for_terminate(read: int, done: threading.Event) -> None:
                 from qconsist.store.scratch import remove_live
 
                 remove_live()
-                sys.stderr.write("error: interrupted\n")  # the terminal's stderr (descriptor 2 is onnxruntime's log)
-                sys.stderr.flush()
+                interrupt.say()  # on the terminal's stderr (descriptor 2 is onnxruntime's log)
                 os._exit(EXIT_INTERRUPTED)
     finally:
         os.close(read)

@@ -65,7 +65,7 @@ def nightly(
     executor: str = typer.Option("local", "--executor", help="Where the entries run: local (one after another, in this process) or ray (as Ray tasks; needs qconsist[ray])."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: an existing Ray cluster (auto, HEAD:6379 or ray://HEAD:10001); default: a local Ray started in this process."),
     max_retries: int = typer.Option(2, "--max-retries", help="ray: how many times an entry whose worker was lost (killed, out of memory, node gone) runs again."),
-    across_gpus: bool = typer.Option(False, "--across-gpus", help="Also compare each model run on several GPU types (gpus = [...]) across them, naming the nodes whose results differ between them."),
+    across_gpus: bool = typer.Option(False, "--across-gpus", help="Also compare each model run on several GPU types (gpus = [...]) across them: each type dumps it twice, in fresh sessions; the nodes that differ between the types, those that depend on the GPU type and those that vary from run to run."),
     json_output: opt.Json = False,
 ) -> None:
     """Run every model of FILE: pipeline, inference dumps, locate (where a GPU exists), the diff against the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -50,16 +51,24 @@ def run(
 
         if reexec_under(isa, quiet=json_output):
             return
+    entered = time.perf_counter()  # the process so far: the interpreter, the command line's imports, its options
     from qconsist.inference import RawSelection, RunRequest, resolve_model, run_inference
+    from qconsist.inference.startup import Startup
     from qconsist.pipeline.inputs import open_inputs
 
+    from qconsist import cli
+
+    startup = Startup(entered, getattr(cli, "IMPORTED", None))
+    startup.mark("imports")
     request = RunRequest(options=execution, dump=dump, raw=RawSelection.parse(raw), reference=reference,
                          batch_size=batch_size, dynamic_batch=dynamic_batch, engines=engines,
                          engine_runs=engine_runs, fingerprints=fingerprints)
     source = resolve_model(model, stage)
-    input_set = open_inputs(inputs, source, batch_size if not dynamic_batch else 1)
-    result = run_inference(source, input_set, request, runs_dir, run_id=run_id, command=sys.argv,
-                           progress=progress_for(json_output))
+    startup.mark("model")
+    # the inputs are opened (a folder listed, its first sample checked) while the run makes its session
+    result = run_inference(source, lambda: open_inputs(inputs, source, batch_size if not dynamic_batch else 1), request,
+                           runs_dir, run_id=run_id, command=sys.argv, progress=progress_for(json_output),
+                           startup=startup)
     _render(result, json_output)
     if result.dump is not None and not result.dump.faithful:
         _warn_unfaithful(result.dump)
@@ -74,8 +83,9 @@ def _render(result, json_output: bool) -> None:  # result: InferenceResult
         console.print(f"run {result.run_dir}  ({result.samples} samples, {result.ms_per_sample:.1f} ms per sample)")
         if result.dump is not None:
             d = result.dump
+            beside = ", beside production" if d.beside_production else ""
             console.print(f"dump: {d.tensors} tensors of ORT's optimized graph, {d.ms_per_sample:.1f} ms per sample "
-                          f"(fingerprints on the {d.fingerprints_on}, {d.hash_function})")
+                          f"(fingerprints on the {d.fingerprints_on}{beside}, {d.hash_function})")
             if d.faithful:
                 console.print(f"dump faithful: final outputs bit-identical to production in {d.samples_checked} samples")
         if result.accuracy is not None:

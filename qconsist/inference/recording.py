@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -108,7 +109,7 @@ class _Dump:
             fingerprints=TABLE_DIR, table_format=TABLE_FORMAT,
             bytes_per_tensor_per_sample=_bytes(self.run_dir / TABLE_DIR) / max(1, samples * len(self.names)),
             fingerprints_in_worker_thread=dump_module.OVERLAP and self.on == "host", fingerprints_on=self.on,
-            seconds_per_sample=self._parts(samples), hash_function=HASH_NAME,
+            seconds_per_sample=self._parts(samples), hash_function=HASH_NAME, beside_production=self.on == "device",
         )
         if not check.faithful:
             summary.production_distinct = distinct(check.mismatched[0])
@@ -172,7 +173,14 @@ class HostDump(_Dump):
 
 
 class DeviceDump(_Dump):
-    """Tensors kept in GPU memory and fingerprinted there (CUDA EP, CuPy)."""
+    """Tensors kept in GPU memory and fingerprinted there (CUDA EP, CuPy).
+
+    The dump session runs each step in a thread of its own, beside production's run of the same step on the same
+    GPU (onnxruntime lets the GIL go; each session has its own CUDA stream), so that the step costs the main thread
+    the longer of the two, not their sum. The first step of each size runs alone, before production: there the
+    sessions search their convolution algorithms (``cudnn_conv_algo_search`` EXHAUSTIVE times them), and one
+    session's kernels running beside the other's timing would move its choice. ``after`` waits for the dump's
+    step before the main thread takes the next step's inputs (the input workers reuse their buffers)."""
 
     on = "device"
 
@@ -186,16 +194,34 @@ class DeviceDump(_Dump):
         # the columns copied back: final outputs (the faithfulness check) and raw tensors; with raw auto every
         # column, since which differ from the reference is known only once the records are
         self.host_columns = range(len(self.names)) if auto_raw else sorted(set(self.recorder.final_columns) | raw_columns)
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="qconsist-dump")
+        self._sizes: set[int] = set()  # step sizes whose first step ran alone
+        self._step: Future | None = None  # the dump session's run of the step production is running
 
     _waiting: tuple[int, list[np.ndarray]] | None = None  # the step whose records are on their way: index, production's outputs
 
     def before(self, step: dict[str, np.ndarray], count: int) -> None:
         # the step before's records come back as this step is submitted (the GPU fingerprinted them meanwhile)
-        self._found = self._timed(lambda: _dumped(lambda: self.device.submit(step, count, self.host_columns)))
+        def submit() -> Any:
+            with self.device.cp.cuda.Device(self.device.device_id):
+                return _dumped(lambda: self.device.submit(step, count, self.host_columns))
+
+        if count in self._sizes:
+            self._step = self._beside.submit(submit)
+        else:
+            self._sizes.add(count)
+            self._found = self._timed(submit)
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
+        if self._step is not None:
+            step, self._step = self._step, None
+            self._found = self._timed(step.result)  # the main thread's wait for the dump beside production
         self._record(self._found)
         self._waiting = (index, produced)
+
+    def close(self) -> None:
+        self._beside.shutdown(wait=True)  # a step still running (production failed beside it) ends first
+        super().close()
 
     def finish(self, samples: int, distinct: Callable[[int], int]) -> DumpSummary:
         self._record(self._timed(self.device.collect))

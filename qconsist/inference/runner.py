@@ -15,7 +15,6 @@ output, ``sections.inference.accuracy`` holds its top-1 and top-5 accuracy (``qc
 from __future__ import annotations
 
 import dataclasses
-from contextlib import closing
 import hashlib
 import importlib.util
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -23,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -45,6 +44,7 @@ from qconsist.inference.recording import StepRecorder, make_recorder
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
 )
+from qconsist.inference.startup import Startup
 from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import SHA256, digest_kind, same_inputs
 from qconsist.inputs.inputset import InputSet, check_batch_size, check_batching
@@ -55,7 +55,7 @@ from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.store.arrays import FORMAT as OUTPUTS_FORMAT
 from qconsist.store.arrays import OutputWriter, ShapeTable
 from qconsist.store.atomic import write_bytes_atomic
-from qconsist.store.hashing import hash_artifact, hash_file, read_model_and_external_data
+from qconsist.store.hashing import ArtifactHashes, content_hash, hash_artifact, hash_file, read_model_and_external_data
 from qconsist.store.manifest import MANIFEST_NAME, Manifest
 from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
@@ -155,9 +155,11 @@ class _ModelRecord:
     model: onnx.ModelProto
 
 
-def _model_record(source: ModelSource) -> _ModelRecord:
-    model, external = read_model_and_external_data(source.path)
-    hashes = hash_artifact(source.path, model=model).to_json()
+def _model_record(source: ModelSource, read: tuple[onnx.ModelProto, list[dict[str, Any]]] | None = None) -> _ModelRecord:
+    """The model's record (``read``: the model and its external data's record, read already)."""
+    model, external = read if read is not None else read_model_and_external_data(source.path)
+    # a model of a run is recorded without its initializers' digests (the run it came from has them): not computed
+    hashes = (hash_artifact(source.path, model=model) if source.run is None else _artifact(source.path, model)).to_json()
     hashes["path"] = str(source.path.resolve())
     if external:  # an artifact is its whole content: the weights files it names, verified with it on every read
         hashes["external_data"] = external
@@ -182,6 +184,15 @@ def _model_record(source: ModelSource) -> _ModelRecord:
     return _ModelRecord(record, stages, model)
 
 
+def _artifact(path: Path, model: onnx.ModelProto, relative_to: Path | None = None) -> ArtifactHashes:
+    """``hash_artifact``'s record of the model file at ``path`` (``model``: its content) where its initializers'
+    digests are not kept: they are not computed (Python over every initializer, beside the main thread's work)."""
+    files = hash_file(path)
+    shown = str(path.relative_to(relative_to)) if relative_to else str(path)
+    return ArtifactHashes(path=shown, md5=files.md5, sha256=files.sha256, size=files.size, content=content_hash(model),
+                          initializers={})
+
+
 def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
     """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
     sample gives, per row, what the original gives for the sample (within float rounding). Whether the graph
@@ -192,24 +203,49 @@ def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options:
     return _restamp_check(source, target, sample, options)
 
 
-def _restamp_write(source: Path, target: Path) -> None:
-    original = read_onnx(source, external_data=True)
-    write_bytes_atomic(target, with_dynamic_batch(original).SerializeToString())
+def _restamp_write(source: Path, target: Path, original: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """``source`` (``original``: the model read already, external data included) re-stamped, written to ``target``."""
+    restamped = with_dynamic_batch(read_onnx(source, external_data=True) if original is None else original)
+    write_bytes_atomic(target, restamped.SerializeToString())
+    return restamped
 
 
-def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
-    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
-    3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions)."""
-    options = ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
-                               disabled_optimizers=options.disabled_optimizers)
+def _check_options(options: ExecutionOptions) -> ExecutionOptions:
+    """The re-stamp check's sessions: on the CPU at the run's optimization level, one thread each."""
+    return ExecutionOptions(graph_optimization_level=options.graph_optimization_level, intra_op_threads=1,
+                            disabled_optimizers=options.disabled_optimizers)
+
+
+def _restamp_original(source: Path, sample: dict[str, np.ndarray] | Future, options: ExecutionOptions) -> list[np.ndarray]:
+    """What the original gives for ``sample`` in ``_restamp_check`` (a thread of its own beside the re-stamped
+    model's session: the two sessions are made at once, and made while ``sample``, a ``Future``, is being read)."""
+    session = create_session(source, _check_options(options))
+    return session.run(None, sample.result() if isinstance(sample, Future) else sample)
+
+
+def _batch_refused(source: Path, call: Any) -> Any:
+    """``call()``; onnxruntime's own error (at run time) is the model's refusal of another batch size."""
     try:
-        restamped = create_session(target, options)
-        pair = restamped.run(None, {k: np.concatenate([v, v]) for k, v in sample.items()})
+        return call()
     except QconsistError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors at run time
         raise UnsupportedModelError(f"{source} cannot take another batch size (`dynamic_batch`): {ort_message(exc)}") from None
-    single = create_session(source, options).run(None, sample)
+
+
+def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray] | Future, options: ExecutionOptions,
+                   original: Future | None = None) -> Path:
+    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
+    3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions). ``original``: the
+    original's outputs (``_restamp_original``) being computed in another thread; its error comes after the
+    re-stamped model's, as when the two ran one after the other. ``sample`` may be a ``Future`` (the first sample
+    being read beside): the sessions are made meanwhile."""
+    restamped = _batch_refused(source, lambda: create_session(target, _check_options(options)))
+    if isinstance(sample, Future):
+        sample = sample.result()  # its own error, at its place (``_ORDER``)
+    step = {k: np.concatenate([v, v]) for k, v in sample.items()}
+    pair = _batch_refused(source, lambda: restamped.run(None, step))
+    single = original.result() if original is not None else _restamp_original(source, sample, options)
     names = [o.name for o in restamped.get_outputs()]
     comparison = compare_outputs([dict(zip(names, single))] * 2,
                                  [{n: p[r:r + 1] for n, p in zip(names, pair)} for r in range(2)], 1e-5, 1e-4)
@@ -259,33 +295,241 @@ class _Prepared:
     splits: list[Split]  # per output: how a step's output divides among its samples
 
 
-def _prepare(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory,
-             model: _ModelRecord) -> _Prepared:
-    options = request.options
-    model_path = source.path
-    check: Future | None = None
-    if request.dynamic_batch:
-        _check_outputs(_outputs_session(source.path, options), source.path)  # a sequence output: refused before re-stamping
-        model_path = run.file("model/model.onnx")
-        _restamp_write(source.path, model_path)
-        # the check (CPU sessions) runs beside the run's own sessions, off the start-up's critical path; the run
-        # waits for its verdict before its first step
-        check = _BESIDE.submit(_restamp_check, source.path, model_path, inputs.sample(0), options)
-        restamped = {k: v for k, v in hash_artifact(model_path, run.path).to_json().items() if k != "initializers"}
-        model.record["dynamic_batch"] = {"path": "model/model.onnx", **restamped}
-    try:
-        prepared = _sessions(source, inputs, request, run, model_path)
-    except BaseException:
-        if check is not None:
-            check.result()  # the check's verdict first: a re-stamped graph that is wrong may be why
-        raise
-    if check is not None:
+# The start-up's parts in the order in which they ran one after the other. Those that do not need production's
+# session run beside its creation, in threads (onnxruntime lets the GIL go while it makes a session, hashlib while
+# it hashes); each keeps its place here, so that a run fails with the error it failed with when nothing ran
+# beside: a main-thread step's error comes after those of the parts placed before it (``_Parts``).
+_ORDER = ("inputs", "run directory", "model md5", "outputs check", "re-stamp", "re-stamp sample", "re-stamp md5",
+          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target")
+
+
+class _Parts:
+    """The parts of one run's start-up done beside the main thread, each at its place in ``_ORDER``."""
+
+    def __init__(self, clock: Startup) -> None:
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="qconsist-start")
+        self.placed: list[tuple[int, str, Future]] = []
+        self.every: list[Future] = []
+
+    def beside(self, name: str, place: str | None, function: Any, *args: Any, after: Future | None = None) -> Future:
+        """``function(*args)`` in a thread (once ``after`` is done); its error is raised at ``place`` (None: by the
+        part that uses it)."""
+        future = self.clock.beside(name, function, *args, pool=self.pool, after=after)
+        self.every.append(future)
+        if place is not None:
+            self.placed.append((_ORDER.index(place), name, future))
+        return future
+
+    def main(self, place: str, phase: str | None, function: Any, *args: Any) -> Any:
+        """``function(*args)`` on the main thread at ``place``, timed as ``phase`` (None: it marks its own); where
+        it fails, the error of a part placed before it is raised first."""
         try:
-            check.result()
-        except BaseException:
-            prepared.recorder.close()
+            result = function(*args)
+        except Exception:
+            self.settle(_ORDER.index(place))
             raise
-    return prepared
+        if phase is not None:
+            self.clock.mark(phase)
+        return result
+
+    def settle(self, before: int = len(_ORDER)) -> None:
+        """Wait for the parts placed before ``before``, in their order: the first error among them is raised."""
+        for _, name, future in sorted((p for p in self.placed if p[0] < before), key=lambda p: p[0]):
+            self.clock.wait(name, future)
+
+    def result(self, place: str, future: Future) -> Any:
+        """``future``'s result, once the parts placed before ``place`` have given theirs (their errors first)."""
+        self.settle(_ORDER.index(place))
+        return self.clock.wait(place, future)
+
+    def join(self) -> None:
+        """Wait for every part (a failed start-up: none may still write in a run directory being removed)."""
+        wait(self.every)
+
+    def shutdown(self) -> None:
+        """No part is waited for (a run that ends has settled them all); one not begun is dropped (an interrupt)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Opened:
+    """The input set, checked, and its steps (their input workers started; None: not yet)."""
+
+    inputs: InputSet
+    stream: Any = None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
+def _open_inputs(inputs: InputSet | Callable[[], InputSet], source: ModelSource, batch: int | None) -> _Opened:
+    """``inputs`` (opened here where it is the function that opens them), not empty, with its inputs' batch axes;
+    its steps started where ``batch`` is given (the workers start at once)."""
+    if callable(inputs):
+        inputs = inputs()
+    if len(inputs) == 0:
+        raise InputError(f"input set {inputs.source} is empty")
+    if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
+        axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
+        inputs = dataclasses.replace(inputs, axes=axes or None)
+    return _Opened(inputs, inputs.steps(batch, borrowed=True) if batch is not None else None)
+
+
+def _ready(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+@dataclass
+class _Started:
+    """What the start-up gives the steps: the model's record, the sessions, the output whose accuracy is counted."""
+
+    model: _ModelRecord
+    prepared: _Prepared
+    target: tuple[str | None, str]
+    inputs: InputSet
+
+
+def _prepare(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
+    """The model's record and the run's sessions: production made on the main thread, everything that does not
+    need it done beside (``_Parts``): the inputs opened (``opened``), the model's hashes, the re-stamp's check and
+    hashes, the outputs' CPU session and the batch-axis probe, the dump's plan, the accuracy's output. Every check
+    runs before the first step."""
+    try:
+        return _start(source, opened, request, run, parts)
+    except Exception:
+        parts.join()
+        raise
+
+
+def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
+    options, batch, clock = request.options, request.batch_size, parts.clock
+    model_path, restamped = source.path, None
+    if request.dynamic_batch:  # the re-stamp needs the model now: read here, hashed beside
+        read = _ready(parts.main("model md5", "model read", read_model_and_external_data, source.path))
+    else:
+        read = parts.beside("model read", "model md5", read_model_and_external_data, source.path)
+    # the parts that are Python throughout (they hold the GIL) start once the inputs are opened: the listing, which
+    # the re-stamp check and the input workers wait for, goes first at full speed
+    record = parts.beside("model md5", "model md5", _model_record_after, source, read, after=opened)
+    target = parts.beside("accuracy target", "accuracy target", _accuracy_target_after, source, read, opened,
+                          after=opened)
+    if request.dynamic_batch:
+        model_path = run.file("model/model.onnx")
+        try:
+            restamped = _restamp_write(source.path, model_path, read.result()[0])
+        except Exception:
+            parts.settle(_ORDER.index("re-stamp"))
+            _check_outputs(_outputs_session(source.path, options), source.path)  # checked before re-stamping
+            raise
+        clock.mark("re-stamp")
+    outputs = None
+    if request.dynamic_batch or batch != 1:
+        outputs = parts.beside("outputs session", "outputs check", _outputs, source.path, model_path, options,
+                               request.dynamic_batch, None if request.dynamic_batch else opened,
+                               after=None if request.dynamic_batch else opened)
+    restamp_md5 = None
+    if request.dynamic_batch:
+        sample = parts.beside("re-stamp sample", "re-stamp sample", _first_sample, opened)
+        restamp_md5 = parts.beside("re-stamp md5", "re-stamp md5", _artifact, model_path, restamped, run.path,
+                                   after=opened)
+        # the check's sessions are made at once; they run the first sample once it is read
+        original = parts.beside("re-stamp check of the original", None, _restamp_original, source.path, sample, options)
+        parts.beside("re-stamp check", "re-stamp check", _restamp_check, source.path, model_path, sample, options,
+                     original)
+    probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
+    plan = None
+    if request.dump:
+        plan = parts.beside("dump plan", "dump plan", _plan_part, probe, model_path, options, run.file("dump"))
+    # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
+    # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
+    sleeping = request.dump and options.provider == "cpu"
+    production = parts.main("session", "session", lambda path, how: create_session(path, how, spinning=not sleeping),
+                            model_path, options)
+    inputs = parts.result("session", opened).inputs
+    prepared = parts.main("output probe", None, _sessions, source, inputs, request, run, model_path,
+                          production, parts, probe, plan)
+    try:
+        parts.settle()  # every check's verdict before the first step
+    except BaseException:
+        prepared.recorder.close()
+        raise
+    model = record.result()
+    if restamp_md5 is not None:
+        model.record["dynamic_batch"] = {"path": "model/model.onnx", **{
+            k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}  # as hash_artifact's
+    return _Started(model, prepared, target.result(), inputs)
+
+
+def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
+    return _model_record(source, read.result())
+
+
+def _accuracy_target_after(source: ModelSource, read: Future, opened: Future) -> tuple[str | None, str]:
+    """``_accuracy_target`` once the model is read and the inputs opened (parts done beside)."""
+    return _accuracy_target(source, read.result()[0], opened.result().inputs)
+
+
+def _first_sample(opened: Future) -> dict[str, np.ndarray]:
+    return opened.result().inputs.sample(0)
+
+
+
+
+def _outputs(source: Path, model_path: Path, options: ExecutionOptions, dynamic: bool,
+             opened: Future | None) -> tuple[Any, QconsistError | None]:
+    """The one session of the model's outputs (``_outputs_session``), of the model the run runs; with
+    ``dynamic_batch`` its outputs checked as the original's were before re-stamping (a re-stamp changes no output's
+    type: the same verdict, the same line). Where the model run cannot be loaded, the original's outputs are
+    checked instead, and the load's error is kept for the probe that needs it (its place in ``_ORDER``). Without
+    ``dynamic_batch`` it serves the probe alone: made once the inputs (``opened``) have several samples."""
+    if opened is not None and len(opened.result().inputs) < 2:
+        return None, None
+    try:
+        session = _outputs_session(model_path, options)
+    except QconsistError as exc:
+        if dynamic:
+            _check_outputs(_outputs_session(source, options), source)
+        return None, exc
+    if dynamic:
+        _check_outputs(session, source)
+    return session, None
+
+
+@dataclass
+class _Probed:
+    """The probe part's findings: where a step of several samples holds each output (None: nothing probed, a
+    batch fixed in the graph), or the error that stopped it before it could probe."""
+
+    probe: Probe | None
+    finals: dict[str, Split] | None
+    error: QconsistError | None = None
+
+
+def _probe_part(outputs: Future, opened: Future, path: Path) -> _Probed:
+    """The outputs' batch axes (``_output_splits``) where the set has several samples and every input's batch axis
+    is free in the graph."""
+    session, error = outputs.result()
+    inputs = opened.result().inputs
+    if len(inputs) < 2:
+        return _Probed(None, None)
+    if error is not None:
+        return _Probed(None, None, error)
+    if not all(axis is not None for axis in input_axes(input_specs(session)).values()):
+        return _Probed(None, None)
+    probe = _probe(inputs)
+    return _Probed(probe, _output_splits(session, probe, path))
+
+
+def _plan_part(probe: Future | None, model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan | None:
+    """The dump's plan once the probe has found the outputs' batch axes (None: the probe could not run)."""
+    probed = probe.result() if probe is not None else _Probed(None, None)
+    if probed.error is not None:
+        return None
+    return plan_dump(model_path, options, dump_dir, probed.probe, probed.finals)
 
 
 def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
@@ -298,53 +542,59 @@ def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
         return create_session(path, options)
 
 
-def _output_splits(model_path: Path, options: ExecutionOptions, probe: Probe, path: Path) -> dict[str, Split]:
+def _output_splits(session: Any, probe: Probe, path: Path) -> dict[str, Split]:
     """Where each of the model's outputs holds the samples of a step, probed on the CPU with the graph unoptimized
-    (``_outputs_session``). Which part of an output is whose is the graph's property, the same on every EP; the
-    CPU computes a step of two as two steps of one, where the CUDA EP picks other convolution algorithms for
+    (``_outputs_session``'s ``session``). Which part of an output is whose is the graph's property, the same on every
+    EP; the CPU computes a step of two as two steps of one, where the CUDA EP picks other convolution algorithms for
     another step size and a last-bit change before a QuantizeLinear moves a quantized output by a quantum — on an
     H200 open_nsfw QDQ's ``prob`` then had no batch axis and every ``--batch-size 32`` run was refused."""
-    session = _outputs_session(model_path, options)
     names = [o.name for o in session.get_outputs()]
     splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}")
     return dict(zip(names, splits))
 
 
-# work beside the run's own sessions: the re-stamp check, the accuracy's output
-_BESIDE = ThreadPoolExecutor(2, thread_name_prefix="qconsist-beside")
-
-
-def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path) -> _Prepared:
+def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path,
+              production: Any, parts: _Parts, probe: Future | None, plan: Future | None) -> _Prepared:
+    """Production's checks, the probe's and the dump plan's findings (parts done beside), the recorder."""
     options, batch = request.options, request.batch_size
-    # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
-    # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
-    production = create_session(model_path, options, spinning=not (request.dump and options.provider == "cpu"))
     _check_outputs(production, source.path)
     if batch != 1:
         check_batching(input_specs(production), batch, len(inputs))
     outputs = [o.name for o in production.get_outputs()]
     # the probe runs steps of 1 and 2 samples: a model whose batch is fixed at the step's size cannot (``batch.ONE``)
     free = all(axis is not None for axis in input_axes(input_specs(production)).values())
-    probe = _probe(inputs) if batch != 1 and len(inputs) > 1 and free else None
-    finals = _output_splits(model_path, options, probe, source.path) if probe is not None else None
-    plan = plan_dump(model_path, options, run.file("dump"), probe, finals) if request.dump else None
+    probing = batch != 1 and len(inputs) > 1 and free
+    parts.clock.mark("production checks")
+    probed = parts.result("output probe", probe) if probe is not None else _Probed(None, None)
+    if probed.error is not None and probing:
+        raise probed.error  # the model run does not load on the CPU nor on the run's EP
+    if probing != (probed.probe is not None):  # production's inputs read otherwise than the outputs session's
+        probed = _Probed(_probe(inputs), None) if probing else _Probed(None, None)
+        probed.finals = _output_splits(_outputs_session(model_path, options), probed.probe, source.path) if probing else None
+        plan = None
+    found = None
+    if request.dump:
+        found = parts.result("dump plan", plan) if plan is not None else None
+        if found is None:
+            found = plan_dump(model_path, options, run.file("dump"), probed.probe, probed.finals)
     splits = [ONE] * len(outputs)
-    if plan is not None:
-        splits = [plan.splits[plan.column(name)] for name in outputs]
-    elif finals is not None:
-        splits = [finals[name] for name in outputs]
+    if found is not None:
+        splits = [found.splits[found.column(name)] for name in outputs]
+    elif probed.finals is not None:
+        splits = [probed.finals[name] for name in outputs]
         unknown = [(n, s) for n, s in zip(outputs, splits) if s.kind == "unknown"]
         if unknown:
             raise UnsupportedModelError(f"output {unknown[0][0]!r} cannot be split into the samples of a step "
                                         f"({unknown[0][1].why}); run with `batch_size` 1")
-    reference = _Reference(request.reference, plan, len(inputs)) if plan and request.reference else None
-    raw_columns = select_raw(plan, request.raw) if plan else set()
-    if plan is not None and request.raw.mode is RawMode.AUTO:
-        raw_columns = {plan.column(name) for name in plan.outputs}
+    reference = _Reference(request.reference, found, len(inputs)) if found and request.reference else None
+    raw_columns = select_raw(found, request.raw) if found else set()
+    if found is not None and request.raw.mode is RawMode.AUTO:
+        raw_columns = {found.column(name) for name in found.outputs}
     raw = {**request.raw.to_json(), "reference": str(request.reference) if request.reference else None, "dir": "dump/raw"}
-    recorder = make_recorder(plan, options, run.path, len(inputs), _on_device(plan, request), raw_columns, raw,
+    recorder = make_recorder(found, options, run.path, len(inputs), _on_device(found, request), raw_columns, raw,
                              request.raw.mode, reference.differing if reference else None)
-    return _Prepared(model_path, production, outputs, plan, reference, recorder, splits)
+    parts.clock.mark("recorder")
+    return _Prepared(model_path, production, outputs, found, reference, recorder, splits)
 
 
 def _probe(inputs: InputSet) -> Probe:
@@ -451,16 +701,21 @@ class _Loop:
 
 
 def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tuple[AccuracyCounter | None, int],
-           labels: np.ndarray, task: Any) -> _Loop:
-    """Every step: the recorder's part, production (alone, so its time per sample is its own), the outputs."""
+           labels: np.ndarray, task: Any, clock: Startup) -> _Loop:
+    """Every step: the recorder's part, production (alone, so its time per sample is its own), the outputs; the
+    start-up's line logged once the first step is in (``startup``)."""
     counter, position = accuracy
     loop = _Loop([], 0.0, counter)
-    recorder, spans, clock = prepared.recorder, loop.spans, time.perf_counter
+    recorder, spans, clock, startup = prepared.recorder, loop.spans, time.perf_counter, clock
     steps, begun = iter(stream), clock()
     while True:
         mark = clock()
         made = next(steps, None)  # input workers prepare the next steps meanwhile (inputs.stream)
         spans["inputs"] += clock() - mark
+        if startup is not None:  # the first step is in: the start-up ends
+            startup.mark("first inputs")
+            log.info("start-up: %s", startup.describe())
+            startup = None
         if made is None:
             break
         index, step, step_infos = made
@@ -490,43 +745,60 @@ def _steps(stream: Any, prepared: _Prepared, writer: OutputWriter, accuracy: tup
 
 def run_inference(
     source: ModelSource,
-    inputs: InputSet,
+    inputs: InputSet | Callable[[], InputSet],
     request: RunRequest,
     runs_root: Path,
     *,
     run_id: str | None = None,
     command: Sequence[str] = (),
     progress: Progress = NULL_PROGRESS,
+    startup: Startup | None = None,
 ) -> InferenceResult:
-    """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory."""
-    if len(inputs) == 0:
-        raise InputError(f"input set {inputs.source} is empty")
-    begun = time.perf_counter()
+    """Run every sample of ``inputs`` through ``source``'s model as ``request`` says; write a run directory.
+
+    ``inputs``: the input set, or the function that opens it (``pipeline.inputs.open_inputs``, as the command line
+    passes it): the set is then opened — a folder listed, its first sample checked — and its input workers started
+    in a thread while production's session is made, and an error of the inputs is still the run's first (before
+    the run directory's, the model's). ``startup``: the clock of the start-up so far (the command line's),
+    continued here and logged at the first step."""
+    clock = startup or Startup()
+    clock.mark_pending()
+    clock.run_begun = time.perf_counter()
+    parts = _Parts(clock)
+    if callable(inputs):
+        opened = parts.beside("inputs", "inputs", _open_inputs, inputs, source, request.batch_size)
+    else:  # as it was: checked now, its input workers started once the run directory is made
+        opened = _ready(_open_inputs(inputs, source, None))
+        clock.mark("input axes")
+    try:
+        return _inference(source, opened, request, runs_root, run_id, command, progress, parts)
+    finally:
+        parts.shutdown()
+        if opened.done() and opened.exception() is None:
+            opened.result().close()  # where the run stopped before its steps
+
+
+def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_root: Path, run_id: str | None,
+               command: Sequence[str], progress: Progress, parts: _Parts) -> InferenceResult:
+    clock = parts.clock
     prefetch_gpus()  # nvidia-smi, which the manifest's environment asks at the end, answers meanwhile
     label = f"run-{source.describe().get('name') or source.path.stem}"
-    if inputs.axes is None:  # a set not checked against the model: its inputs' batch axes from the graph
-        axes = {name: axis for name, axis in input_axes(input_specs(source.path)).items() if axis}
-        inputs = dataclasses.replace(inputs, axes=axes or None)
-    with RunDirectory.create(runs_root, label, KIND, run_id) as run, \
-            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log, \
-            closing(inputs.steps(request.batch_size, borrowed=True)) as stream:
-        # the input workers start now and prepare the first steps while the model is hashed and its sessions made
-        model = _model_record(source)
-        # the output whose accuracy is counted is read from the graph meanwhile (onnxruntime lets the GIL go)
-        target = _BESIDE.submit(_accuracy_target, source, model.model, inputs)
-        try:
-            prepared = _prepare(source, inputs, request, run, model)
-        except BaseException:
-            wait([target])  # the sessions' error is the run's (the accuracy's came after it, when it ran after)
-            raise
-        counter, position, note = _accuracy_counter(target.result(), prepared.outputs)
+    with parts.main("run directory", None, RunDirectory.create, runs_root, label, KIND, run_id) as run, \
+            capture_ort_log(run.file(ORT_LOG), str(run.path / ORT_LOG)) as ort_log:
+        if opened.done() and opened.result().stream is None:  # a set given opened: its input workers start now
+            opened.result().stream = opened.result().inputs.steps(request.batch_size, borrowed=True)
+        clock.mark("run directory and workers")
+        started = _prepare(source, opened, request, run, parts)
+        model, prepared, inputs, stream = started.model, started.prepared, started.inputs, opened.result().stream
+        counter, position, note = _accuracy_counter(started.target, prepared.outputs)
         labels = labels_array(inputs.labels.of(inputs.names)) if counter is not None else np.zeros(0, np.int64)
         run.mark_progress("inference")
         writer = OutputWriter(run.path / "outputs", prepared.outputs, len(inputs))
-        log.info("start-up: %.2f s from run_inference's start (imports, options and the input listing before it) to the first step", time.perf_counter() - begun)
+        clock.mark("writer")
         try:
             with progress.task("inference" + prepared.recorder.description, len(inputs)) as task:
-                loop = _steps(stream, prepared, writer, (counter, position), labels, task)
+                clock.mark("progress")
+                loop = _steps(stream, prepared, writer, (counter, position), labels, task, clock)
             dump = prepared.recorder.finish(len(inputs), lambda s: _production_distinct(prepared.production, inputs, request.batch_size, s))
         finally:
             prepared.recorder.close()

@@ -32,7 +32,7 @@ from qconsist.errors import ConfigError, InputError, ShapeMismatchError
 from qconsist.inputs import augment
 from qconsist.inputs.axes import input_axes
 from qconsist.inputs.digest import file_digest, legacy_digest, set_digest, SHA256, XXH3
-from qconsist.inputs.folder import IMAGE_SUFFIXES, scan_folder
+from qconsist.inputs.folder import IMAGE_SUFFIXES, FilePaths, scan_folder
 from qconsist.inputs.labels import Labels, read_labels
 from qconsist.inputs.loaders import (
     Augmented, Checked, ImageFiles, NpyFiles, NpzFiles, Offset, Picked, Stacked, check_sample, load_npy,
@@ -66,7 +66,7 @@ class InputSet:
     names: Sequence[str]  # one per sample
     _load: Callable[[int], Sample]  # a ``loaders.Loader`` (or any function of the sample's index)
     preprocess: Preprocess | None = None
-    paths: list[Path] | None = None  # image sets: one file per sample (their modes are reported)
+    paths: Sequence[Path] | None = None  # image sets: one file per sample (their modes are reported)
     stored: dict[str, str] | None = None  # array sets: the dtype of each input as stored
     cast: dict[str, str] | None = None  # set by ``checked``: inputs whose stored dtype is cast to the model's
     labels: Labels | None = None  # the samples' classes, where the set has them
@@ -251,12 +251,13 @@ def check_batching(specs: Sequence[InputSpec], size: int, count: int) -> None:
         )
 
 
-def _image_set(source: str, paths: list[Path], preprocess: Preprocess | None, input_name: str,
+def _image_set(source: str, paths: Sequence[Path], preprocess: Preprocess | None, input_name: str,
                names: list[str] | None = None, labels: Labels | None = None) -> InputSet:
     if preprocess is None:
         raise InputError(f"input set {source} holds images: the pipeline must declare [preprocess]")
-    return InputSet(source, "images", names or [p.name for p in paths], ImageFiles(paths, preprocess, input_name),
-                    preprocess, paths=list(paths), labels=labels)
+    kept = paths if isinstance(paths, FilePaths) else list(paths)  # a listing's paths stay strings until asked for
+    return InputSet(source, "images", names or [p.name for p in kept], ImageFiles(kept, preprocess, input_name),
+                    preprocess, paths=kept, labels=labels)
 
 
 class _Numbered(Sequence[str]):

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from qconsist.errors import InputError, QconsistError, ShapeMismatchError
+from qconsist.inputs.folder import FilePaths
 from qconsist.store.confine import load_npz
 
 Sample = dict[str, np.ndarray]
@@ -41,7 +42,9 @@ class ImageFiles(Loader):
     parallel = True
 
     def __init__(self, paths: Sequence[Path], preprocess: Any, input_name: str) -> None:  # preprocess: Preprocess
-        self.paths, self.preprocess, self.input_name = list(paths), preprocess, input_name
+        # a listing's paths (``folder.FilePaths``) as they are: strings until one is asked for
+        self.paths = paths if isinstance(paths, FilePaths) else list(paths)
+        self.preprocess, self.input_name = preprocess, input_name
 
     def prepare(self, index: int) -> tuple[Sample, str | None]:
         array, mode = self.preprocess.prepare(self.paths[index])

@@ -2,7 +2,9 @@
 
 For each model, in order: the pipeline (a pipeline run), two inference runs of the quantized model with
 fingerprint dumps on the evaluation inputs (the second checks that inference repeats bit for bit), the
-locate step where a GPU exists (otherwise skipped with the reason recorded), the gate against the baseline
+locate step where a GPU exists (otherwise skipped with the reason recorded), for an entry with ``gpus`` or
+``devices`` the quantized model's dumps on its GPU(s), twice on each in fresh sessions (``nightly.across`` compares
+them across the GPUs and tells a node that depends on the GPU from one that varies run to run), the gate against the baseline
 (the diff to the first diverging node happens inside the gate), and, where the entry asks for it
 (``sensitivity = {target = ...}``) and the gate failed, the candidate fix: a sensitivity run of the night's
 pipeline run, its verified list of nodes to keep in float recorded with the entry. The model's evidence is a run directory of
@@ -299,6 +301,15 @@ def gpu_role(index: int) -> str:
     return "gpu" if index == 0 else f"gpu:{index}"
 
 
+def repeat_role(role: str) -> str:
+    """The run role of the second dump, in a fresh session, of the runs of ``role``: ``repeat`` for the CPU's
+    ``quantized``, ``gpu-repeat`` for ``gpu``, ``gpu:1-repeat`` for ``gpu:1``."""
+    return "repeat" if role == "quantized" else f"{role}-repeat"
+
+
+SESSIONS = 2  # dumps on each GPU, each in a fresh session: the across-GPU comparison tells the GPU from run to run
+
+
 def _device_runs(task: EntryTask, run: RunDirectory, side: Side, pipeline_run: Path, record: dict[str, Any],
                  runs: list[RunRecord], progress: Progress, devices: list[GpuDevice]) -> None:
     """The locate run and, for a GPU type, the dumps on it; each recorded, or why it was skipped."""
@@ -312,18 +323,21 @@ def _device_runs(task: EntryTask, run: RunDirectory, side: Side, pipeline_run: P
     if task.gpu_type is not None or task.entry.devices is not None:  # the dumps on the GPU(s), compared across them
         run.mark_progress("inference:gpu")
         targets = devices if task.entry.devices is not None else devices[:1]
-        for device in targets or [None]:
-            index = device.index if device is not None else 0
-            gpu_run, skipped = _gpu_dump(task.entry, pipeline_run, side, task.runs_dir, progress, index)
-            if index == 0:
-                record["gpu_run"], record["gpu_skipped"] = (gpu_run.name if gpu_run else None), skipped
-            if task.entry.devices is not None:
-                record.setdefault("gpu_runs", []).append({"role": gpu_role(index), "run": gpu_run.name if gpu_run else None,
-                                                          "device": device.to_json() if device else None})
-            if gpu_run:
-                runs.append(RunRecord(gpu_role(index), gpu_run.name, "inference", str(gpu_run)))
-            if skipped:
-                break
+        # each GPU twice, in fresh sessions (all GPUs once, then again): the comparison across them (``across``)
+        # tells a node that depends on the GPU from one that varies from run to run on one
+        for session in range(1, SESSIONS + 1):
+            for device in targets or [None]:
+                index = device.index if device is not None else 0
+                role = gpu_role(index) if session == 1 else repeat_role(gpu_role(index))
+                gpu_run, skipped = _gpu_dump(task.entry, pipeline_run, side, task.runs_dir, progress, index)
+                if index == 0 and session == 1:
+                    record["gpu_run"], record["gpu_skipped"] = (gpu_run.name if gpu_run else None), skipped
+                record.setdefault("gpu_runs", []).append({"role": role, "run": gpu_run.name if gpu_run else None,
+                                                          "device": device.to_json() if device else None, "session": session})
+                if gpu_run:
+                    runs.append(RunRecord(role, gpu_run.name, "inference", str(gpu_run)))
+                if skipped:
+                    return
 
 
 def _write_verdict(run: RunDirectory, verdict: GateVerdict) -> None:

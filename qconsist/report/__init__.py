@@ -135,13 +135,15 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
         rows = "".join(
             f"<tr><td>{_esc(c['model'])}</td><td>{_esc(c['gpu_a'])} vs {_esc(c['gpu_b'])}</td>"
             f"<td>{'CUDA EP' if c['role'] == 'gpu' else 'CPU EP'}</td>"
-            f"<td class=\"status-{'pass' if c['identical'] else 'fail'}\">{_esc(_across_result(c))}</td>"
+            f"<td class=\"status-{'pass' if c['identical'] and not c.get('run_to_run') else 'fail'}\">{_esc(_across_result(c))}</td>"
             f"<td>{_esc(_found(c))}</td>"
             f"<td>{_esc(', '.join(c['nodes']) or '—')}</td></tr>" for c in across)
         body.append("<h2>Across GPU types</h2><p>The same model's dumps on each GPU type against the first type's, and on "
                     "each device of an entry with <code>devices</code> against its first device's, under the entry's pinned "
-                    "GPU config: the nodes listed differ between them (one dump on each: a node that varies from run to run on one "
-                    "GPU differs too; the entry's locate tells them apart).</p><table><tr><th>model</th><th>GPU types or devices</th>"
+                    "GPU config: the nodes listed differ between them. Each GPU dumps the model twice, in fresh sessions: a node that "
+                    "differs between its two sessions on one GPU varies from run to run there (not blamed on the GPU); an origin "
+                    "(or span) of the difference that is stable on each GPU depends on the GPU. (Nights recorded before the second "
+                    "dumps had one dump on each: a node that varies from run to run differs there too.)</p><table><tr><th>model</th><th>GPU types or devices</th>"
                     "<th>dumps</th><th>result</th><th>origins and spans</th><th>nodes that differ</th></tr>" + rows + "</table>")
     for entry in entries:
         if entry.get("entry_run"):
@@ -175,7 +177,17 @@ def _found(comparison: dict[str, Any]) -> str:
 def _across_result(comparison: dict[str, Any]) -> str:
     if comparison.get("error"):
         return f"not compared: {comparison['error']}"
-    return "identical" if comparison["identical"] else f"{len(comparison['nodes'])} node(s) differ, first {comparison.get('first')}"
+    varying = comparison.get("run_to_run") or []
+    if comparison["identical"]:
+        return f"identical, but {len(varying)} node(s) vary from run to run: {', '.join(varying)}" if varying else "identical"
+    head = f"{len(comparison['nodes'])} node(s) differ, first {comparison.get('first')}"
+    if not comparison.get("repeats"):  # recorded before the second dumps
+        return head
+    if comparison.get("unknown"):
+        return f"{head}; device or run to run: unknown ({comparison['unknown']})"
+    blamed = [*(comparison.get("device_origins") or []), *(comparison.get("device_spans") or [])]
+    return (head + (f"; depend on the GPU: {', '.join(blamed)}" if blamed else "; none shown to depend on the GPU")
+            + (f"; vary from run to run: {', '.join(varying)}" if varying else ""))
 
 
 def _esc(text: Any) -> str:

@@ -129,6 +129,10 @@ class DumpSummary:
     # seconds per sample in the dump session's parts (device dumps): ORT with every output exposed,
     # the fingerprint kernels, copies of final outputs and raw tensors to the host
     seconds_per_sample: dict[str, float] = field(default_factory=dict)
+    # the dump session ran each step beside production's on the same GPU (device dumps since this field): then
+    # ``ms_per_sample`` is what the dump cost the run's main thread (its wait for the dump beyond production's
+    # step), and production's own time per sample shares the GPU with the dump
+    beside_production: bool = False
     # when not faithful: does production itself give other outputs from run to run on the first mismatched
     # sample (distinct outputs in PRODUCTION_REPEATS runs)? Then no dump can match it bit for bit.
     production_distinct: int | None = None

@@ -165,3 +165,31 @@ def test_one_fused_launch_gives_the_two_kernels_records_bit_for_bit(nsfw_models,
         expected, _ = dd.run(sample, 1)
         assert found[0].tobytes() == expected.tobytes()
         assert np.array_equal(found[1][names.index(plan.outputs[0])], plan.session.run([plan.outputs[0]], sample)[0])
+
+
+def test_open_nsfw_qdq_dumped_at_batch_8_on_the_device_keeps_every_tensor_beside_production(nsfw_run, tmp_path):
+    """On an H200 the dump of open_nsfw QDQ at --batch-size 32 on the CUDA EP left 231 of its 416 tensors out (a
+    step of two ran other convolution algorithms than a step of one, its int8 tensors quanta off): the probe's
+    step of the two samples in the other order establishes their batch axis. The dump keeps every tensor a
+    batch-1 dump records, is faithful, and ran beside production."""
+    import json
+
+    from qconsist.inference.session import input_specs
+    from qconsist.pipeline.config import load_pipeline
+
+    config = load_pipeline(REPO / "pipelines" / "open_nsfw.toml")
+    model = resolve_model(nsfw_run.path, "quantize")
+    name = input_specs(model.path)[0].name
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": False})
+    runs = {}
+    for batch in (1, 8):
+        inputs = open_input_set("package:photos", config.preprocess, name)
+        request = RunRequest(options, dump=True, batch_size=batch, dynamic_batch=batch > 1, fingerprints="device")
+        runs[batch] = run_inference(model, inputs, request, tmp_path / "runs", run_id=f"b{batch}")
+    index = json.loads((runs[8].run_dir / "dump" / "index.json").read_text())
+    assert index["left_out"] == {}
+    assert runs[8].dump.tensors == runs[1].dump.tensors and runs[8].dump.faithful and runs[1].dump.faithful
+    assert runs[8].dump.beside_production and runs[8].dump.samples_checked == 21
+    result = diff_runs(runs[1].run_dir, runs[8].run_dir)
+    assert result.tensors.compared == runs[1].dump.tensors and result.tensors.samples == 21
+    print(f"open_nsfw QDQ, batch 8 against batch 1 on the device: {len(result.tensors.nodes)} node(s) differ")

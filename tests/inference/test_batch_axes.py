@@ -347,3 +347,92 @@ def test_a_state_whose_batch_axis_the_graph_does_not_name_refuses_a_step_of_seve
                              "--batch-size 2 stacks samples on it: run with --batch-size 1\n")
     one = CliRunner().invoke(app, ["run", str(path), "--inputs", str(feeds), "--dump", "--runs-dir", str(tmp_path / "runs")])
     assert one.exit_code == 0, one.output
+
+
+def test_a_step_of_two_on_other_kernels_keeps_its_batch_axis_where_swapping_the_samples_swaps_the_halves():
+    """Where an EP runs other kernels for a step of two (the CUDA EP picks its convolution algorithms by the step's
+    shape), a quantized model's int8 tensors come a few quanta off the samples alone and its float tensors by more
+    than a few quanta of the output: the step of the two samples in the other order, on the same kernels, holds
+    the same halves swapped bit for bit, which establishes the batch axis. Halves that do not swap exactly, are
+    equal, or are nearer the other sample than their own are not a batch axis."""
+    from qconsist.inference.batch import Split, classify
+
+    rng = np.random.default_rng(5)
+    one, other = rng.integers(-100, 100, (1, 4, 3, 3)).astype(np.int8), rng.integers(-100, 100, (1, 4, 3, 3)).astype(np.int8)
+    shift = np.int8(3)  # three quanta everywhere in a step of two
+    both, swapped = np.concatenate([one + shift, other + shift]), np.concatenate([other + shift, one + shift])
+    assert classify(one, other, both).kind == "unknown"  # three quanta: no batch axis without the swapped step
+    assert classify(one, other, both, swapped) == Split("axis", 0, 1)
+    moved = swapped.copy()
+    moved[0, 0, 0, 0] += 1  # one value of the swapped step not its half: other kernels for another position
+    assert classify(one, other, both, moved).kind == "unknown"
+    assert classify(one, other, swapped, both).kind == "unknown"  # the halves nearer the other sample: mixed
+    same = np.concatenate([one + shift, one + shift])
+    assert classify(one, one, same, same).kind == "unknown"  # equal halves tell nothing, three quanta off
+    floats = rng.normal(size=(1, 6)).astype(np.float32), rng.normal(size=(1, 6)).astype(np.float32)
+    off = [f + np.float32(0.1) for f in floats]  # 0.1 off: more than a few quanta of the output
+    assert classify(*floats, np.concatenate(off)).kind == "unknown"
+    assert classify(*floats, np.concatenate(off), np.concatenate(off[::-1])) == Split("axis", 0, 1)
+
+
+def _qdq_model(path):
+    """Conv -> QuantizeLinear -> DequantizeLinear -> GlobalAveragePool -> Flatten, batch free: float and int8
+    tensors, as a quantized model's."""
+    weight = numpy_helper.from_array(np.random.default_rng(7).normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "z")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("GlobalAveragePool", ["d"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["y"])]
+    return _save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], path, [weight, scale, zero])
+
+
+def _other_kernels_for_two(outputs, how):
+    """A step of two's tensors as other kernels for that step size compute them: every tensor of every sample moved
+    alike (``alike``: the same for every position of the batch, as an EP's kernels for another step size) or only
+    sample 0's (``first``): int tensors by three quanta, float ones by 0.1."""
+    moved = []
+    for o in outputs:
+        o = np.array(o)
+        part = slice(0, 2 if how == "alike" else 1)
+        if o.ndim and o.shape[0] == 2 and o.dtype.kind in "iu":
+            o[part] = np.clip(o[part].astype(np.int64) + 3, np.iinfo(o.dtype).min, np.iinfo(o.dtype).max)
+        elif o.ndim and o.shape[0] == 2 and o.dtype.kind == "f":
+            o[part] += np.float32(0.1)
+        moved.append(o)
+    return moved
+
+
+@pytest.mark.parametrize("how", ["alike", "first"])
+def test_the_dump_keeps_every_tensor_where_a_step_of_two_runs_other_kernels_for_every_sample_alike(tmp_path, monkeypatch, how):
+    """Measured on an H200: the dump of open_nsfw QDQ at --batch-size 32 on the CUDA EP left 231 of its 416 tensors
+    out ("their batch axis cannot be established"), its step of two running other convolution algorithms than a
+    step of one. A dump session whose step of two moves every sample's tensors alike keeps every tensor (each
+    split on axis 0) and its records equal a run at batch 1 (here only the probe's view is moved); one that
+    moves only sample 0's leaves the moved tensors out, as before."""
+    import qconsist.inference.dump as dump
+
+    model = _qdq_model(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(3).normal(size=(4, 3, 8, 8)).astype(np.float32))
+    real = dump.probe_splits
+
+    def probe(run, *args):  # the dump session's steps of two, as the probe sees them
+        return real(lambda feed: _other_kernels_for_two(run(feed), how) if next(iter(feed.values())).shape[0] == 2
+                    else run(feed), *args)
+
+    monkeypatch.setattr(dump, "probe_splits", probe)
+    two = _run(model, tmp_path / "x.npy", tmp_path, "two", level="disable", batch_size=2)
+    index = _index(two.run_dir)
+    if how == "first":
+        assert sorted(index["left_out"]) == ["g", "q"]  # c and d: 0.1 is within a few quanta of their magnitude (`_apart`)
+        assert all(why.startswith("no batch axis: ") for why in index["left_out"].values())
+        return
+    assert two.dump.faithful and index["left_out"] == {}
+    assert {name: split["kind"] for name, split in _splits(two.run_dir).items()} == dict.fromkeys("cdgqy", "axis")
+    monkeypatch.setattr(dump, "probe_splits", real)
+    one = _run(model, tmp_path / "x.npy", tmp_path, "one", level="disable")
+    result = diff_runs(one.run_dir, two.run_dir)
+    assert result.passed and result.tensors.compared == 5 and [n.label for n in result.tensors.nodes] == []

@@ -123,3 +123,29 @@ def test_package_photos_without_the_photos_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "skimage" else real(name, *a))
     with pytest.raises(InputError, match=r"^package:photos needs the 'skimage' package: pip install 'qconsist\[photos\]'$"):
         open_input_set("package:photos", CAFFE, input_name="data")
+
+
+def test_a_class_trees_paths_are_made_when_asked_and_the_same_files(tmp_path):
+    """A listing keeps its files' paths as strings (``FilePaths``): each is a ``Path`` when asked for, in the
+    listing's order, sliced by ``subset`` and sent to workers as they are; the samples are the same."""
+    import pickle
+    from pathlib import Path
+
+    from qconsist.inputs.folder import FilePaths, scan_folder
+
+    tree = tmp_path / "tree"
+
+    for label, names in (("b", ["z.png", "a.png"]), ("a", ["m.png", "sub/c.png"])):
+        for name in names:
+            (tree / label / name).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((4, 4, 3), len(name), np.uint8)).save(tree / label / name)
+    found = scan_folder(tree)
+    expected = [tree / "a" / "m.png", tree / "a" / "sub" / "c.png", tree / "b" / "a.png", tree / "b" / "z.png"]
+    assert isinstance(found.files, FilePaths) and found.files == expected and list(found.files) == expected
+    assert found.names == ["a/m.png", "a/sub/c.png", "b/a.png", "b/z.png"]
+    assert found.files[2] == expected[2] and type(found.files[2]) is type(Path())
+    assert found.files[1:3] == expected[1:3] and isinstance(found.files[1:3], FilePaths)
+    assert pickle.loads(pickle.dumps(found.files)) == expected
+    inputs = open_input_set(tree, Preprocess.from_dict({"resize": [4, 4]}), "x").subset(1, 2)
+    assert list(inputs.paths) == expected[1:3] and inputs.names == ["a/sub/c.png", "b/a.png"]
+    assert inputs._load.file(0) == expected[1]  # the worker's file of sample 0: the subset's first

@@ -102,14 +102,16 @@ def test_an_entry_asking_for_more_gpus_than_its_process_sees_cannot_be_judged(tm
 
 @pytest.fixture(scope="module")
 def chain_dumps(tmp_path_factory) -> dict[str, Path]:
-    """Real dumps that differ: an int8 conv chain at levels all (a fused NHWC QLinearConv) and disable."""
+    """Real dumps that differ: an int8 conv chain at levels all (a fused NHWC QLinearConv) and disable, each twice
+    (two fresh sessions, as the nightly dumps each GPU: the level stands in for the device)."""
     folder = tmp_path_factory.mktemp("chain")
     model = qdq_conv_chain(folder / "chain.onnx")
     np.save(folder / "x.npy", np.random.default_rng(5).uniform(-12, 12, (3, 8, 12, 12)).astype(np.float32))
     inputs = open_input_set(str(folder / "x.npy"), None, "x")
-    return {level: run_inference(resolve_model(model), inputs, RunRequest(ExecutionOptions(graph_optimization_level=level),
+    return {f"{level}{session}": run_inference(resolve_model(model), inputs, RunRequest(ExecutionOptions(graph_optimization_level=level),
                                                                           dump=True, raw=RawSelection.parse("all")),
-                                 folder / "runs", run_id=level).run_dir for level in ("all", "disable")}
+                                 folder / "runs", run_id=f"{level}{session}").run_dir
+            for level in ("all", "disable") for session in ("", "2")}
 
 
 def _outcome(model: str, dumps: dict[str, Path], devices: list[GpuDevice], roles=("gpu", "gpu:1"), gpu_type=None) -> EntryOutcome:
@@ -117,26 +119,42 @@ def _outcome(model: str, dumps: dict[str, Path], devices: list[GpuDevice], roles
     return EntryOutcome(model=model, status="pass", runs=runs, devices=devices, gpu_type=gpu_type)
 
 
+ROLES = ("gpu", "gpu-repeat", "gpu:1", "gpu:1-repeat")
+
+
+def _pair(dumps: dict[str, Path], *names: str) -> dict[int, Path]:
+    """The dumps ``names``, in this order (one may come twice: a run in two roles)."""
+    return {i: dumps[name] for i, name in enumerate(names)}
+
+
 def test_the_comparison_across_devices_names_the_devices_and_the_span(chain_dumps):
+    """GPU 0 = level all, GPU 1 = level disable, each in two sessions: stable on each, different between them,
+    with a span whose nodes are all stable: blamed on the device."""
     devices = visible_from("0,1", HOST)
-    (comparison,) = compare_across_devices([_outcome("chain", chain_dumps, devices)], {"chain": "HEURISTIC/tf32=0"})
+    dumps = _pair(chain_dumps, "all", "all2", "disable", "disable2")
+    (comparison,) = compare_across_devices([_outcome("chain", dumps, devices, roles=ROLES)], {"chain": "HEURISTIC/tf32=0"})
     assert (comparison.scope, comparison.gpu_a, comparison.gpu_b, comparison.role, comparison.config) == (
         "device", "GPU 0 (GPU-8d3c0f2a)", "GPU 1 (GPU-1f00aa11)", "gpu", "HEURISTIC/tf32=0")
     assert [d["uuid"] for d in comparison.devices] == [HOST[0].uuid, HOST[1].uuid]
     assert (comparison.run_a, comparison.run_b) == (str(chain_dumps["all"]), str(chain_dumps["disable"]))
+    assert [(r.where, r.run_a, r.run_b, r.stable) for r in comparison.repeats] == [
+        ("GPU 0 (GPU-8d3c0f2a)", str(chain_dumps["all"]), str(chain_dumps["all2"]), True),
+        ("GPU 1 (GPU-1f00aa11)", str(chain_dumps["disable"]), str(chain_dumps["disable2"]), True)]
     assert not comparison.identical and comparison.nodes == ("conv0", "conv1", "c1_DequantizeLinear")
     assert comparison.origins == () and comparison.spans == ("conv0",)
     assert comparison.span_nodes == (("x_DequantizeLinear", "w0_DequantizeLinear", "b0_DequantizeLinear", "conv0", "c0_QuantizeLinear"),)
+    assert (comparison.device_origins, comparison.device_spans, comparison.run_to_run) == ((), ("conv0",), ())
     assert str(comparison) == (
-        "chain: GPU 0 (GPU-8d3c0f2a) vs GPU 1 (GPU-1f00aa11) (CUDA EP dumps, HEURISTIC/tf32=0): 3 node(s) differ between "
-        "the devices, first conv0 (spans: conv0 (nodes inside: x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, "
-        "conv0, c0_QuantizeLinear)); one dump on each, so a node that varies from run to run on one GPU differs here too "
-        "(locate tells them apart)")
+        "chain: GPU 0 (GPU-8d3c0f2a) vs GPU 1 (GPU-1f00aa11) (CUDA EP dumps, HEURISTIC/tf32=0; two fresh sessions on each): "
+        "3 node(s) differ between the devices, first conv0; depends on the device: spans: conv0 (nodes inside: "
+        "x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, conv0, c0_QuantizeLinear) (inputs identical on both, "
+        "output stable in both sessions on each)")
     assert GpuComparison.from_json(json.loads(json.dumps(comparison.to_json()))) == comparison
     # the same dumps on both devices: the two devices compute the same bits
-    same = {"a": chain_dumps["all"], "b": chain_dumps["all"]}
-    (identical,) = compare_across_devices([_outcome("chain", same, devices)])
-    assert identical.identical and str(identical).endswith("(CUDA EP dumps): bit-identical; the two devices compute the same bits")
+    same = _pair(chain_dumps, "all", "all2", "all2", "all")
+    (identical,) = compare_across_devices([_outcome("chain", same, devices, roles=ROLES)])
+    assert identical.identical and str(identical).endswith(
+        "(CUDA EP dumps; two fresh sessions on each): bit-identical, each device's two sessions too; the two devices compute the same bits")
     # a device whose dumps are missing: not compared, and said so
     (missing,) = compare_across_devices([_outcome("chain", {"a": chain_dumps["all"]}, devices, roles=("gpu",))])
     assert missing.error == "chain made no CUDA-EP dumps on both devices (pass)" and not missing.identical
@@ -146,17 +164,24 @@ def test_the_comparison_across_devices_names_the_devices_and_the_span(chain_dump
 
 def test_the_comparison_across_gpu_types_names_spans_too(chain_dumps):
     """Before: across GPU types listed origins only, and a span (here the whole finding) went unnamed."""
-    h100, h200 = ({"a": chain_dumps["all"]}, {"b": chain_dumps["disable"]})
-    (comparison,) = compare_across_gpus([_outcome("chain@H100", h100, [], roles=("gpu",), gpu_type="H100"),
-                                         _outcome("chain@H200", h200, [], roles=("gpu",), gpu_type="H200")])
+    h100, h200 = _pair(chain_dumps, "all", "all2"), _pair(chain_dumps, "disable", "disable2")
+    (comparison,) = compare_across_gpus([_outcome("chain@H100", h100, [], roles=ROLES[:2], gpu_type="H100"),
+                                         _outcome("chain@H200", h200, [], roles=ROLES[:2], gpu_type="H200")])
     assert (comparison.scope, comparison.gpu_a, comparison.gpu_b, comparison.spans) == ("type", "H100", "H200", ("conv0",))
-    assert str(comparison).startswith("chain: H100 vs H200 (CUDA EP dumps): 3 node(s) differ between the GPU types, first conv0 "
-                                      "(spans: conv0 (nodes inside: x_DequantizeLinear")
+    assert str(comparison).startswith("chain: H100 vs H200 (CUDA EP dumps; two fresh sessions on each): 3 node(s) differ "
+                                      "between the GPU types, first conv0; depends on the GPU type: spans: conv0 (nodes inside: "
+                                      "x_DequantizeLinear")
+    # runs recorded before the nightly dumped twice: the cause is unknown, and said so
+    (old,) = compare_across_gpus([_outcome("chain@H100", h100, [], roles=("gpu",), gpu_type="H100"),
+                                  _outcome("chain@H200", h200, [], roles=("gpu",), gpu_type="H200")])
+    assert (old.device_spans, old.blame) == ((), "unknown") and str(old).endswith(
+        "whether from the GPU type or from run-to-run variation is unknown (H100: no second dump among the entry's runs; "
+        "H200: no second dump among the entry's runs)")
 
 
 def test_the_night_page_shows_each_entry_gpu_and_the_comparison_across_devices(chain_dumps, tmp_path):
     devices = visible_from("1,0", HOST)
-    outcome = _outcome("chain", chain_dumps, devices)
+    outcome = _outcome("chain", _pair(chain_dumps, "all", "all2", "disable", "disable2"), devices, roles=ROLES)
     comparisons = compare_across_devices([outcome], {"chain": "EXHAUSTIVE/tf32=0"})
     data = {"night_id": "night", "config": "nightly.toml", "entries": [outcome.to_json()], "summary": {"pass": 1},
             "passed": True, "across_gpus": [c.to_json() for c in comparisons], "seconds": 12.5, "executor": "ray"}
@@ -165,5 +190,6 @@ def test_the_night_page_shows_each_entry_gpu_and_the_comparison_across_devices(c
     assert "<td>GPU 1 (GPU-1f00aa11) vs GPU 0 (GPU-8d3c0f2a)</td>" in html
     assert ("<td>spans: conv0 (inside: x_DequantizeLinear, w0_DequantizeLinear, b0_DequantizeLinear, conv0, "
             "c0_QuantizeLinear)</td>") in html
+    assert ('<td class="status-fail">3 node(s) differ, first conv0; depend on the GPU: conv0</td>') in html
     assert "Wall time of the night: 12.5 s (ray executor; the entries together: 0.0 s)" in html
     assert EntryOutcome.from_json(outcome.to_json()).devices == devices

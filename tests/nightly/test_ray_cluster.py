@@ -112,7 +112,9 @@ def test_an_entry_fans_out_over_gpu_types_and_compares_across_them(tmp_path):
     [across] = first.across_gpus
     assert (across.model, across.gpu_a, across.gpu_b, across.role, across.identical, across.nodes) == (
         "fcn_head", "H100", "H200", "quantized", True, ())
-    assert str(across) == "fcn_head: H100 vs H200 (CPU EP dumps): bit-identical; no node depends on the GPU type"
+    assert [(r.where, r.stable) for r in across.repeats] == [("H100", True), ("H200", True)]  # each type's quantized and repeat
+    assert str(across) == ("fcn_head: H100 vs H200 (CPU EP dumps; two fresh sessions on each): bit-identical, each GPU type's "
+                           "two sessions too; no node depends on the GPU type")
     html = (first.path / "report.html").read_text()
     assert "<td>H100</td>" in html and "<td>H200</td>" in html and "<h2>Across GPU types</h2>" in html
 
