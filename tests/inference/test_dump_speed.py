@@ -2,7 +2,7 @@
 
 Issue 31 item 4: on the CPU the dump had drifted to 6× production per sample (2.75–2.9× before): every dumped
 tensor was copied into a new numpy array by ``session.run`` and numba's first calls were paid in the first
-sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 4.0, the goal not reached: the
+sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 3.2, the goal not reached: the
 exposed session alone costs 1.7-1.8× production here, see LIMIT).
 
 The 2-core machine this runs on is shared and noisy, so the figure is a ratio of paired, interleaved passes:
@@ -44,11 +44,13 @@ from qconsist.store.fingerprints import CompactTable
 # alone takes 23-27 ms a sample against production's 12.6-15.5 (1.8-1.9x: ORT writes 83 MB of tensors to memory,
 # 7-10 ms at the 8-11 GB/s one thread fills memory here, where production's intermediates stay in its arena in the
 # caches), and fingerprinting them adds 20 ms on both cores (bound session + fingerprints, two threads: 3.2x).
-# Kept at 4.0 by h-nchwcworker: production's threads now sleep beside the dump (the step's CPU time 71-74 ms a sample
-# against main's 105-106, benchmarks/dump_overhead.py at load 3.4-3.9), which lowers the ratio wherever the worker
-# competes for a core; but the guard's worst case is a quiet machine, and this machine was never below load 2.5 while
-# this was measured (lowest round 1.25-2.51 against main's 1.11-1.83 at load 5), so no quiet figure backs a lower limit.
-LIMIT = 4.0
+# Lowered to 3.2 by h-nchwcworker, with the NCHWc copies in the fingerprinting threads and production's threads
+# sleeping beside the dump: lowest / median round of 12 at load 0.6-1.3, alternating processes, 2.16 / 2.88 and
+# 2.32 / 2.65 (no round above 3.19) against main's code 3.09 / 3.72 and 3.05 / 3.83; at load 5, 1.25-2.51 against
+# 1.11-1.83. The margin over the quiet lowest rounds is 38-48% (4.0 left 22-25%); a quiet machine is the guard's
+# worst case, load lowers the ratio. main's code of this morning (production spinning) would pass it: it guards
+# against regressions of the kind it was written for (a copy per tensor, numba's first call in a sample), not that.
+LIMIT = 3.2
 
 
 @dataclass
