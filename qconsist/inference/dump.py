@@ -14,7 +14,8 @@ ORT's fusions, so the dumped session would run other kernels than production. In
    the permutation read from the graph by ``layout.py``; ``index.json`` keeps it as the tensor's ``layout``; a tensor
    ORT holds in NCHWc channel blocks, whose size depends on the processor, is recorded in NCHW without its padding
    channels where the graph establishes its channel count: ``layout.unblock``, the tensor's ``channels``, the block
-   measured once per process in ``index.json``'s ``nchwc_block``), and
+   measured once per process in ``index.json``'s ``nchwc_block``; both copies are made column by column by the
+   threads that fingerprint, not by the one that runs the sessions: ``DumpPlan.forms``), and
 4. runs every sample through a production session (same options, no dumps) and compares the final outputs
    bit for bit. The verdict (``faithful``) and the greatest difference go into the manifest.
 
@@ -31,6 +32,7 @@ Run-directory files (``dump/``)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -48,7 +50,7 @@ from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
 from qconsist.inference.fingerprint import RowWork
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash, topological_order
-from qconsist.inference.layout import Layouts, block_size, holds, to_original, unblock
+from qconsist.inference.layout import Layouts, block_size, holds, original_shape, to_original, unblock, unblocked_shape
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, onnxruntime_limits
 from qconsist.onnxfile import ai_onnx_opset, read_onnx
 from qconsist.store.fingerprints import TableWriter
@@ -124,15 +126,42 @@ class DumpPlan:
     def to_original(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """One step's tensors (column order) with every relaid tensor put back in its original's axis order and every
         NCHWc-blocked one whose channels are known in NCHW."""
-        relaid, unblocked = self.relaid, self.unblocked
-        if not relaid and not unblocked:
+        converted = self.converted
+        if not converted:
             return arrays
         arrays = list(arrays)
-        for c in relaid:
-            arrays[c] = to_original(arrays[c], self.tensors[c].layout)
-        for c in unblocked:
-            arrays[c] = unblock(arrays[c], self.block, self.tensors[c].channels)
+        for c in converted:
+            arrays[c] = self.recorded(c, arrays[c])
         return arrays
+
+    @property
+    def converted(self) -> list[int]:
+        """Columns recorded in another form than ORT holds them (``relaid`` and ``unblocked``)."""
+        return [c for c, t in enumerate(self.tensors) if t.layout or (t.blocked and t.channels)]
+
+    def recorded(self, column: int, array: np.ndarray) -> np.ndarray:
+        """Column ``column``'s tensor as ORT holds it, as it is recorded (``to_original`` of one column)."""
+        tensor = self.tensors[column]
+        if tensor.layout:
+            array = to_original(array, tensor.layout)
+        if tensor.blocked and tensor.channels:
+            array = unblock(array, self.block, tensor.channels)
+        return array
+
+    def recorded_shape(self, column: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape ``recorded`` gives column ``column``'s tensor of ``shape``, without computing it."""
+        tensor = self.tensors[column]
+        if tensor.layout:
+            shape = original_shape(shape, tensor.layout)
+        if tensor.blocked and tensor.channels:
+            shape = unblocked_shape(shape, self.block, tensor.channels)
+        return tuple(shape)
+
+    def forms(self, arrays: list[np.ndarray]) -> dict[int, tuple[tuple[int, ...], Callable[[], np.ndarray]]]:
+        """A step of one sample's columns that are recorded in another form (``fingerprint.RowWork``'s ``forms``):
+        each one's recorded shape and the copy that makes it, left to the thread that fingerprints the column."""
+        return {c: (self.recorded_shape(c, arrays[c].shape), functools.partial(self.recorded, c, arrays[c]))
+                for c in self.converted}
 
     @property
     def batched(self) -> list[bool]:
@@ -456,15 +485,24 @@ class DumpRecorder:
         """The columns of the model's final outputs (checked against production)."""
         return list(self._final)
 
-    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None) -> None:
+    def submit(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None = None,
+               *, plan: DumpPlan | None = None, count: int = 1) -> None:
         """Record the step starting at sample ``index`` (production outputs, dumped tensors, and the tensors
-        split per sample: ``rows``, one sample by default); raises what an earlier one raised."""
+        split per sample: ``rows``, one sample by default); raises what an earlier one raised.
+
+        With ``plan``, ``arrays`` are the tensors as ORT holds them, and the recording (the worker, helped by the
+        waiting thread) puts them in their recorded form (``DumpPlan.recorded``: NCHWc blocks in NCHW, relaid
+        tensors in the original's order) and splits a step of ``count`` samples (``DumpPlan.rows``), so that the
+        thread running the sessions does neither."""
         self.wait()
-        rows = rows if rows is not None else [arrays]
+        if plan is None:
+            rows = rows if rows is not None else [arrays]
+        elif rows is not None:
+            raise ValueError("a step is given as rows or with its plan, not both")
         if self._pool is None:
-            self._record(index, produced, arrays, rows)
+            self._record(index, produced, arrays, rows, plan, count)
         else:
-            self._pending = self._pool.submit(self._record, index, produced, arrays, rows)
+            self._pending = self._pool.submit(self._record, index, produced, arrays, rows, plan, count)
 
     def start(self, work: Callable[[], Any]) -> None:
         """Run ``work`` (loading the fingerprint kernels) in the worker before the first step is recorded, so
@@ -514,15 +552,27 @@ class DumpRecorder:
                          for c in keep}
                 save_npz(self._raw_path(index + offset), {f"t{c}": split[c] for c in sorted(keep)})
 
-    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]]) -> None:
-        self.check.add(index, produced, [arrays[c] for c in self._final])
+    def _record(self, index: int, produced: list[np.ndarray], arrays: list[np.ndarray], rows: list[list[np.ndarray]] | None,
+                plan: DumpPlan | None = None, count: int = 1) -> None:
+        forms: dict = {}
+        if plan is not None and count == 1:  # each column put in its recorded form by the thread that fingerprints it
+            rows, forms = [arrays], plan.forms(arrays)
+        elif plan is not None:
+            arrays = plan.to_original(arrays)
+            rows = plan.rows(arrays, count)
+        assert rows is not None
+        if not forms:
+            self.check.add(index, produced, [arrays[c] for c in self._final])
         for offset, sample in enumerate(rows):
-            work = RowWork(sample, self.table.shapes, self.table.last)
+            work = RowWork(sample, self.table.shapes, self.table.last, forms)
             self._current = work
             try:
                 row = work.row()
             finally:
                 self._current = None
+            sample = work.arrays  # as recorded
+            if forms:
+                self.check.add(index, produced, [sample[c] for c in self._final])
             self.table.write_records(index + offset, row)
             keep = set(self._raw)
             if self._differing is not None:

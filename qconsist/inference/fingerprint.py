@@ -15,6 +15,7 @@ memory does not grow with the number of samples.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -92,12 +93,19 @@ class RowWork:
     is taken, so the table is the same whatever thread took which column.
 
     Run for every sample of a dump (hundreds of tensors each), so the bookkeeping around the kernels is kept
-    to plain Python values: the previous records read once as lists, element type codes looked up per dtype."""
+    to plain Python values: the previous records read once as lists, element type codes looked up per dtype.
 
-    def __init__(self, arrays: list[np.ndarray], shapes: ShapeTable, last: np.ndarray | None = None) -> None:
+    ``forms``: columns recorded in another form than given (a tensor ORT holds in NCHWc blocks or in another axis
+    order, recorded in the original's), each as the recorded shape and a function that makes the recorded array
+    from nothing else; the thread that takes the column calls it, so the copy is spread over the threads and its
+    result is hashed while it is in the caches. ``arrays`` then holds the recorded arrays of the columns taken."""
+
+    def __init__(self, arrays: list[np.ndarray], shapes: ShapeTable, last: np.ndarray | None = None,
+                 forms: dict[int, tuple[tuple[int, ...], Callable[[], np.ndarray]]] | None = None) -> None:
         self.arrays = [np.asarray(a) for a in arrays]
         count = len(self.arrays)
-        self.shape_ids = [shapes.id(a.shape) for a in self.arrays]
+        self._forms = forms or {}
+        self.shape_ids = [shapes.id(self._forms[c][0] if c in self._forms else a.shape) for c, a in enumerate(self.arrays)]
         if last is not None and len(last):
             known = min(count, len(last))
             self._last = last
@@ -145,6 +153,12 @@ class RowWork:
         return np.array(self.records, dtype=RECORD)
 
     def _record(self, column: int) -> tuple:
+        if column in self._forms:
+            shape, make = self._forms[column]
+            array = make()
+            if tuple(array.shape) != tuple(shape):
+                raise ValueError(f"column {column}: its recorded form has shape {tuple(array.shape)}, not {tuple(shape)}")
+            self.arrays[column] = array
         array = self.arrays[column]
         if not array.flags.c_contiguous:  # a relaid tensor put back in its original's order: copied once, not per pass
             array = np.ascontiguousarray(array)

@@ -156,6 +156,15 @@ def to_original(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(array, np.argsort(perm)))
 
 
+def original_shape(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``to_original(array, perm)`` gives an array of ``shape``, without computing it."""
+    if not perm:
+        return tuple(shape)
+    if len(shape) != len(perm):
+        raise ValueError(f"a tensor of rank {len(shape)} cannot take the layout permutation {perm}")
+    return tuple(int(shape[axis]) for axis in np.argsort(perm))
+
+
 def describe(perm: tuple[int, ...] | None) -> str:
     if perm is None:
         return "unknown"
@@ -462,18 +471,31 @@ def _channels(order: list[onnx.NodeProto], blocked: set[str], dims: dict[str, tu
 def unblock(array: np.ndarray, block: int, channels: int) -> np.ndarray:
     """An NCHWc-blocked tensor (N, Cp, H, W) — or ORT's (N, Cp/b, H, W, b) view of it — in NCHW with its ``channels``
     real channels (contiguous): the layout every processor's tensor has, whatever its block."""
-    if array.ndim == 5 and array.shape[-1] == block:
-        n, groups, h, w = array.shape[:4]
-    elif array.ndim == 4 and block > 0 and array.shape[1] % block == 0:
-        n, padded, h, w = array.shape
+    n, groups, h, w = _blocks(array.shape, block, channels)
+    padded = groups * block
+    view = array.reshape(n, groups, h, w, block).transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
+    return np.ascontiguousarray(view[:, :channels])
+
+
+def unblocked_shape(shape: tuple[int, ...], block: int, channels: int) -> tuple[int, ...]:
+    """The shape ``unblock`` gives a blocked tensor of ``shape``, without computing it (its errors alike)."""
+    n, _, h, w = _blocks(tuple(shape), block, channels)
+    return (n, channels, h, w)
+
+
+def _blocks(shape: tuple[int, ...], block: int, channels: int) -> tuple[int, int, int, int]:
+    """N, channel groups, H, W of a tensor held in NCHWc blocks of ``block`` that holds ``channels`` channels."""
+    if len(shape) == 5 and shape[-1] == block:
+        n, groups, h, w = shape[:4]
+    elif len(shape) == 4 and block > 0 and shape[1] % block == 0:
+        n, padded, h, w = shape
         groups = padded // block
     else:
-        raise ValueError(f"a tensor of shape {tuple(array.shape)} is not held in NCHWc blocks of {block}")
+        raise ValueError(f"a tensor of shape {tuple(shape)} is not held in NCHWc blocks of {block}")
     padded = groups * block
     if not padded - block < channels <= padded:
         raise ValueError(f"a tensor of {padded} NCHWc channels (blocks of {block}) cannot hold {channels} channels")
-    view = array.reshape(n, groups, h, w, block).transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
-    return np.ascontiguousarray(view[:, :channels])
+    return int(n), int(groups), int(h), int(w)
 
 
 def holds(padded: int | None, block: int, channels: int) -> bool:

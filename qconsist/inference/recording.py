@@ -141,7 +141,9 @@ class _Dump:
 
 class HostDump(_Dump):
     """Tensors written by ORT into reused host buffers (``host_binding.HostBinding``) and fingerprinted on the
-    CPU a step behind the dump session (worker thread; this thread takes columns too while it waits)."""
+    CPU a step behind the dump session (worker thread; this thread takes columns too while it waits). This thread
+    only runs the sessions: the tensors go to the recorder as ORT holds them, and the threads that fingerprint a
+    column first put it in its recorded form (NCHWc blocks in NCHW, relaid tensors in the original's order)."""
 
     _arrays: list[np.ndarray] = []  # the step's dumped tensors, from ``before`` to ``after``
 
@@ -160,14 +162,14 @@ class HostDump(_Dump):
             self.recorder.wait()
 
         def work() -> None:
-            self._arrays = self.plan.to_original(_dumped(lambda: self.binding.run(step)))
+            self._arrays = _dumped(lambda: self.binding.run(step))  # as ORT holds them: the recorder puts them in NCHW
             self.recorder.wait()
 
         self._timed(work)
 
     def after(self, index: int, produced: list[np.ndarray], count: int) -> None:
         arrays = self._arrays
-        self._timed(lambda: self.recorder.submit(index, produced, arrays, self.plan.rows(arrays, count)))
+        self._timed(lambda: self.recorder.submit(index, produced, arrays, plan=self.plan, count=count))
 
 
 class DeviceDump(_Dump):

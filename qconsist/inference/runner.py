@@ -444,7 +444,11 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     plan = None
     if request.dump:
         plan = parts.beside("dump plan", "dump plan", _plan_part, probe, model_path, options, run.file("dump"))
-    production = parts.main("session", "session", create_session, model_path, options)
+    # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
+    # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
+    sleeping = request.dump and options.provider == "cpu"
+    production = parts.main("session", "session", lambda path, how: create_session(path, how, spinning=not sleeping),
+                            model_path, options)
     inputs = parts.result("session", opened).inputs
     prepared = parts.main("output probe", None, _sessions, source, inputs, request, run, model_path,
                           production, parts, probe, plan)

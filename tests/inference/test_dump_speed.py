@@ -2,7 +2,7 @@
 
 Issue 31 item 4: on the CPU the dump had drifted to 6× production per sample (2.75–2.9× before): every dumped
 tensor was copied into a new numpy array by ``session.run`` and numba's first calls were paid in the first
-sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 4.0, the goal not reached: the
+sample. The goal is ≤ 1.6×; this test fails when the ratio passes LIMIT (below: 3.2, the goal not reached: the
 exposed session alone costs 1.7-1.8× production here, see LIMIT).
 
 The 2-core machine this runs on is shared and noisy, so the figure is a ratio of paired, interleaved passes:
@@ -44,7 +44,13 @@ from qconsist.store.fingerprints import CompactTable
 # alone takes 23-27 ms a sample against production's 12.6-15.5 (1.8-1.9x: ORT writes 83 MB of tensors to memory,
 # 7-10 ms at the 8-11 GB/s one thread fills memory here, where production's intermediates stay in its arena in the
 # caches), and fingerprinting them adds 20 ms on both cores (bound session + fingerprints, two threads: 3.2x).
-LIMIT = 4.0
+# Lowered to 3.2 by h-nchwcworker, with the NCHWc copies in the fingerprinting threads and production's threads
+# sleeping beside the dump: lowest / median round of 12 at load 0.6-1.3, alternating processes, 2.16 / 2.88 and
+# 2.32 / 2.65 (no round above 3.19) against main's code 3.09 / 3.72 and 3.05 / 3.83; at load 5, 1.25-2.51 against
+# 1.11-1.83. The margin over the quiet lowest rounds is 38-48% (4.0 left 22-25%); a quiet machine is the guard's
+# worst case, load lowers the ratio. main's code of this morning (production spinning) would pass it: it guards
+# against regressions of the kind it was written for (a copy per tensor, numba's first call in a sample), not that.
+LIMIT = 3.2
 
 
 @dataclass
@@ -79,7 +85,8 @@ def dump_ratio(model: Path, feeds: list[dict[str, np.ndarray]], folder: Path, ro
     seconds (the plain run's figure). CPU: the dump pass's process CPU time less the plain pass's, over the
     plain pass's (what the dump adds to production's work)."""
     options = ExecutionOptions()
-    production = create_session(model, options)
+    production = create_session(model, options)  # as `qconsist run` makes it
+    beside = create_session(model, options, spinning=False)  # as `qconsist run --dump` makes it (runner._sessions)
     plan = plan_dump(model, options, folder / "dump")
     samples = 2 + rounds * per_round
     recorder = HostDump(plan, options, folder / "run", samples, set(), {}, None)
@@ -91,7 +98,7 @@ def dump_ratio(model: Path, feeds: list[dict[str, np.ndarray]], folder: Path, ro
         for _ in range(count):
             step = feeds[index % len(feeds)]
             recorder.before(step, 1)
-            produced = production.run(None, step)
+            produced = beside.run(None, step)
             recorder.after(index, produced, 1)
             index += 1
         recorder._timed(recorder.recorder.wait)  # the last step's fingerprints belong to this pass
