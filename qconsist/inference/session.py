@@ -501,7 +501,9 @@ def optimizer_log(
     import onnxruntime as ort
 
     require_provider(options.provider)
-    with scratch_dir("qconsist-ortlog-") as folder:
+    # descriptor 2 is the process's: one capture at a time, or two threads' captures take each other's lines and
+    # the one that ends last puts the other's file back as stderr (start-up parts run beside production's session)
+    with _OPTIMIZER_LOG, scratch_dir("qconsist-ortlog-") as folder:
         path = Path(folder) / "ort.log"
         try:
             with capture_ort_log(path):
@@ -523,6 +525,8 @@ REWRITE_RULES = frozenset({
 })
 _TRANSFORMER = re.compile(r"(?:Applying graph transformer|GraphTransformer) (\S+)(?: on step| modified)")
 _KNOWN_OPTIMIZERS: dict[tuple[str, str], frozenset[str]] = {}
+_OPTIMIZER_LOG = threading.Lock()  # optimizer_log's capture of descriptor 2
+_KNOWN_LOCK = threading.Lock()  # known_optimizers' cache: one verbose session per model, whatever thread asks
 
 
 def known_optimizers(model: str | Path | bytes, options: ExecutionOptions = ExecutionOptions()) -> frozenset[str]:
@@ -530,10 +534,11 @@ def known_optimizers(model: str | Path | bytes, options: ExecutionOptions = Exec
     transformer its log shows at level ``all`` (one verbose session, once per model and provider), and the
     rewrite rules (``REWRITE_RULES``)."""
     key = (hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else os.path.realpath(model), options.provider)
-    if key not in _KNOWN_OPTIMIZERS:
-        plain = replace(options, disabled_optimizers=(), graph_optimization_level=OptimizationLevel.ALL)
-        _KNOWN_OPTIMIZERS[key] = frozenset(_TRANSFORMER.findall(optimizer_log(model, plain))) | REWRITE_RULES
-    return _KNOWN_OPTIMIZERS[key]
+    with _KNOWN_LOCK:
+        if key not in _KNOWN_OPTIMIZERS:
+            plain = replace(options, disabled_optimizers=(), graph_optimization_level=OptimizationLevel.ALL)
+            _KNOWN_OPTIMIZERS[key] = frozenset(_TRANSFORMER.findall(optimizer_log(model, plain))) | REWRITE_RULES
+        return _KNOWN_OPTIMIZERS[key]
 
 
 def check_disabled_optimizers(model: str | Path | bytes, options: ExecutionOptions) -> None:
