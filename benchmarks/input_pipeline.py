@@ -59,7 +59,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINE = REPO / "pipelines" / "open_nsfw.toml"
-QCONSIST = [sys.executable, "-c", "from qconsist.cli import main; main()"]
+# the command as the `qconsist` script runs it (qconsist.__main__: the interrupt guard, the exit at the last atexit
+# callback); until this stop `-c "from qconsist.cli import main; main()"`, whose exit ran Python's whole teardown
+QCONSIST = [sys.executable, "-m", "qconsist"]
 
 
 # --- progress -------------------------------------------------------------------------------------------------
