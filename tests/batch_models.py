@@ -110,3 +110,15 @@ def save_feeds(folder: Path, samples: list[dict[str, np.ndarray]]) -> Path:
     for i, sample in enumerate(samples):
         np.savez(folder / f"{i:03d}.npz", **sample)
     return folder
+
+
+def baked_batch_model(path: Path) -> Path:
+    """Relu then a Reshape to ``[1, 192]``: the batch of one is baked into the graph (a constant shape), so the
+    model cannot be re-stamped for another batch size."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "baked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 192])],
+        [numpy_helper.from_array(np.array([1, 192], np.int64), "shape")],
+    )
+    return _save(graph, path)

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from batch_models import baked_batch_model
 from onnx_builders import build_classifier_model, save_arrays
 from qconsist.cli import app
 from qconsist.diff import diff_runs
@@ -125,19 +126,7 @@ def test_dynamic_batch_makes_one_session_of_the_runs_options(tmp_path, small_mod
 
 def test_a_model_with_its_batch_baked_in_cannot_be_restamped(tmp_path, small_models):
     # Reshape to [1, 5 * 8] keeps the batch of one inside the graph
-    nodes = [
-        helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("Reshape", ["r", "shape"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "baked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 192])],
-        [numpy_helper.from_array(np.array([1, 192], np.int64), "shape")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "baked.onnx"
-    onnx.save(model, str(path))
+    path = baked_batch_model(tmp_path / "baked.onnx")
     with pytest.raises(UnsupportedModelError, match=r"baked.onnx cannot take another batch size \(dynamic_batch\): "):
         _run(path, small_models["arrays"], tmp_path, "baked", batch_size=2, dynamic_batch=True)
     assert not (tmp_path / "runs" / "baked").exists()

@@ -17,7 +17,6 @@ and the median is reported beside it. The figure is the machine's as much as the
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -27,13 +26,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dump_tables import assert_records_alone
 from qconsist.inference import ExecutionOptions
 from qconsist.inference.dump import plan_dump
-from qconsist.inference.fingerprint import RECORD, ShapeTable, fingerprint
 from qconsist.inference.model import resolve_model
 from qconsist.inference.recording import HostDump
 from qconsist.inference.session import create_session, input_specs
-from qconsist.store.fingerprints import CompactTable
 
 # The slow tier fails past this. Issue 31's goal is 1.6 and its guard 2.0; neither is reachable on this machine in
 # this form, and the guard sits above what the code measures at its quietest, below the regression it was written
@@ -170,13 +168,4 @@ def test_host_dump_records_equal_each_tensor_fingerprinted_alone(nsfw_run, tmp_p
         recorder.close()
     assert summary.faithful and summary.samples_checked == len(feeds)
     assert recorder.binding.bound_steps == len(feeds) - 1  # the first step learns the buffers' shapes
-    index = json.loads((tmp_path / "run" / "dump" / "index.json").read_text())
-    table = CompactTable("dump", lambda name: tmp_path / "run" / "dump" / "table" / name, index["table"]["dtypes"],
-                         index["hash_function"], len(feeds), index["shapes"])
-    names = [t.name for t in plan.tensors]
-    shapes = ShapeTable()
-    for sample, step in enumerate(feeds):
-        alone = plan.to_original(plan.session.run(names, step))
-        expected = np.array([fingerprint(np.ascontiguousarray(a), shapes.id(a.shape)) for a in alone], dtype=RECORD)
-        assert table.row(sample).tobytes() == expected.tobytes()
-    assert [list(s) for s in shapes.shapes] == index["shapes"]
+    assert_records_alone(plan, feeds, tmp_path / "run")

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dump_tables import assert_records_alone
 from nchwc_models import integer_inputs, padded_model
 from qconsist.cli import app
 from qconsist.inference import ExecutionOptions
 from qconsist.inference import dump as dump_module
 from qconsist.inference import layout
 from qconsist.inference.dump import plan_dump
-from qconsist.inference.fingerprint import RECORD, RowWork, ShapeTable, fingerprint, fingerprint_row
+from qconsist.inference.fingerprint import RowWork, ShapeTable, fingerprint_row
 from qconsist.inference.recording import HostDump
 from qconsist.inference.session import create_session
 from qconsist.store.fingerprints import CompactTable
@@ -134,19 +135,12 @@ def test_the_session_thread_leaves_the_blocks_to_the_fingerprinting(padded, tmp_
     assert unblocked_where == [True] * 4 * len(feeds)
     assert summary.faithful and summary.samples_checked == len(feeds)
     assert recorder.binding.bound_steps == len(feeds) - 1
-    index = json.loads((tmp_path / "run" / "dump" / "index.json").read_text())
-    table = CompactTable("dump", lambda name: tmp_path / "run" / "dump" / "table" / name, index["table"]["dtypes"],
-                         index["hash_function"], len(feeds), index["shapes"])
-    names = [t.name for t in plan.tensors]
-    shapes = ShapeTable()
-    for sample, step in enumerate(feeds):
-        alone = plan.to_original(plan.session.run(names, step))
-        expected = np.array([fingerprint(np.ascontiguousarray(a), shapes.id(a.shape)) for a in alone], dtype=RECORD)
-        assert table.row(sample).tobytes() == expected.tobytes()
+    index, found = assert_records_alone(plan, feeds, tmp_path / "run")
+    for sample, alone in enumerate(found):
         with np.load(tmp_path / "run" / "dump" / "raw" / f"{sample:06d}.npz") as raw:
             assert [raw[f"t{c}"].shape for c in range(columns)] == [a.shape for a in alone]
             assert all(np.array_equal(raw[f"t{c}"], alone[c]) for c in range(columns))
-    assert [list(s) for s in shapes.shapes] == index["shapes"] == [[1, 20, 8, 8], [1, 12, 8, 8]]
+    assert index["shapes"] == [[1, 20, 8, 8], [1, 12, 8, 8]]
 
 
 def test_a_step_of_two_samples_records_each_as_a_step_of_one(padded, tmp_path):

@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
+from batch_models import baked_batch_model
 from qconsist.cli import app
 
 QCONSIST = Path(sys.executable).parent / "qconsist"  # a real process: the start-up counts from its start
@@ -79,16 +79,7 @@ def test_the_restamp_checks_error_beside_the_session_is_the_runs_and_leaves_noth
     """The re-stamp's check runs in threads beside production's session, the outputs' probe and the dump's plan: a
     model with its batch baked in still fails with the check's line (not the probe's, not the plan's), exit 2, and
     the parts that write in the run directory (the plan) are waited for before it is removed."""
-    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "baked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 192])],
-        [numpy_helper.from_array(np.array([1, 192], np.int64), "shape")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "baked.onnx"
-    onnx.save(model, str(path))
+    path = baked_batch_model(tmp_path / "baked.onnx")
     result = CliRunner().invoke(app, ["run", str(path), "--inputs", str(small_models["arrays"]), "--batch-size", "2",
                                       "--dynamic-batch", "--dump", "--runs-dir", str(tmp_path / "runs"), "--run-id", "baked"])
     assert result.exit_code == 2, result.output
