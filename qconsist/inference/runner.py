@@ -193,16 +193,6 @@ def _artifact(path: Path, model: onnx.ModelProto, relative_to: Path | None = Non
                           initializers={})
 
 
-def _restamp(source: Path, target: Path, sample: dict[str, np.ndarray], options: ExecutionOptions) -> Path:
-    """``source`` re-stamped to take any batch, written to ``target`` once a step of two copies of a real
-    sample gives, per row, what the original gives for the sample (within float rounding). Whether the graph
-    computes per sample is the graph's property, checked on the CPU EP at the run's optimization level: on the
-    CUDA EP the kernels themselves depend on the batch (open_nsfw QDQ on the H100: batch 2 and batch 1 one
-    quantization step apart in ``prob``), which is what a run at another batch size is there to show."""
-    _restamp_write(source, target)
-    return _restamp_check(source, target, sample, options)
-
-
 def _restamp_write(source: Path, target: Path, original: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """``source`` (``original``: the model read already, external data included) re-stamped, written to ``target``."""
     restamped = with_dynamic_batch(read_onnx(source, external_data=True) if original is None else original)
@@ -235,7 +225,12 @@ def _batch_refused(source: Path, call: Any) -> Any:
 
 def _restamp_check(source: Path, target: Path, sample: dict[str, np.ndarray] | Future, options: ExecutionOptions,
                    original: Future | None = None) -> Path:
-    """``_restamp``'s check of the file written (two CPU sessions, one thread each: 2.8 s of a 10,000-JPEG run's
+    """The check of the re-stamped file written by ``_restamp_write``: a step of two copies of a real sample gives,
+    per row, what the original gives for the sample (within float rounding). Whether the graph computes per sample
+    is the graph's property, checked on the CPU EP at the run's optimization level: on the CUDA EP the kernels
+    themselves depend on the batch (open_nsfw QDQ on the H100: batch 2 and batch 1 one quantization step apart in
+    ``prob``), which is what a run at another batch size is there to show. Two CPU sessions, one thread each: 2.8 s
+    of a 10,000-JPEG run's
     3.2 s start-up on the H200 machine, so ``_prepare`` runs it beside the run's own sessions). ``original``: the
     original's outputs (``_restamp_original``) being computed in another thread; its error comes after the
     re-stamped model's, as when the two ran one after the other. ``sample`` may be a ``Future`` (the first sample
