@@ -27,6 +27,7 @@ import numpy as np
 from qconsist.inference import dump as dump_module
 from qconsist.inference import kernels
 from qconsist.inference.device import DeviceDump as GpuFingerprints
+from qconsist.inference.device import start as start_device
 from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode
 from qconsist.inference.host_binding import HostBinding
 from qconsist.inference.kernels import HASH_NAME
@@ -246,6 +247,24 @@ def _needs_kernels(session: Any) -> bool:
         if any(not isinstance(d, int) for d in dims) or int(np.prod(dims, dtype=np.int64)) > kernels.SMALL:
             return True
     return False
+
+
+def begin_device(device_id: int) -> None:
+    """CuPy imported and the device kernels loaded on GPU ``device_id``, in a thread beside the run's start-up
+    (``device.start``), so that ``DeviceDump`` on the main thread finds them; a failure is raised again there."""
+    start_device(device_id)
+
+
+def begin_host(exposed: Future) -> None:
+    """The compiled kernels a host dump of ``exposed``'s plan (``dump.expose_plan``) will call, loaded now, in a
+    thread beside the run's start-up (numba's import, the first call of each type: ``kernels.prepare``), so that
+    ``HostDump``'s own ``prepare`` finds them and its first step does not wait for them. A plan that failed is the
+    plan's error, raised at its place; a failure here is raised again by ``HostDump``'s ``prepare``."""
+    if exposed.exception() is not None:
+        return
+    plan = exposed.result()
+    if _needs_kernels(plan.session):
+        kernels.prepare(plan.dtypes)
 
 
 def _dumped(run: Callable[[], Any]) -> Any:
