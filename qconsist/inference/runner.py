@@ -40,7 +40,7 @@ from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.reader import load_dump
-from qconsist.inference.recording import StepRecorder, begin_device, begin_host, make_recorder
+from qconsist.inference.recording import StepRecorder, begin_device, make_recorder
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
 )
@@ -444,7 +444,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"))
         split = parts.beside("dump plan splits", "dump plan", _plan_part, probe, exposed) if probe is not None else exposed
         plan = (exposed, split)
-        _begin_recorder(request, parts, opened, exposed)
+        if _device_asked(request):  # the device recorder's start (CuPy, its kernels) begun beside, unplaced: its
+            # error is the recorder's own, raised by its start on the main thread at its place, as before
+            parts.beside("recorder start", None, begin_device, int(options.option("device_id") or 0), after=opened)
     # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
     # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
     sleeping = request.dump and options.provider == "cpu"
@@ -595,18 +597,6 @@ def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: R
                              request.raw.mode, reference.differing if reference else None)
     parts.clock.mark("recorder")
     return _Prepared(model_path, production, outputs, found, reference, recorder, splits)
-
-
-def _begin_recorder(request: RunRequest, parts: _Parts, opened: Future, exposed: Future) -> None:
-    """Begin the dump's recorder's start beside production's session, so that ``make_recorder`` on the main thread
-    finds it done: on the GPU CuPy imported and its kernels loaded (``recording.begin_device``; once the inputs are
-    opened, as the other parts that hold the GIL); on the host the compiled kernels of the exposed graph's types
-    loaded (numba; ``recording.begin_host``, once the plan's exposed graph is made). Unplaced: a failure here is
-    the recorder's own, raised by its start at its place (``recorder``), as before."""
-    if _device_asked(request):
-        parts.beside("recorder start", None, begin_device, int(request.options.option("device_id") or 0), after=opened)
-    else:
-        parts.beside("recorder start", None, begin_host, exposed, after=exposed)
 
 
 def _probe(inputs: InputSet) -> Probe:

@@ -1,7 +1,7 @@
 """A dump's start-up off the critical path (issue 31): the dump plan's exposed graph — ORT's optimized graph saved,
 every tensor exposed, the dumping session made — needs no step of the model and is made at once beside the outputs'
-batch-axis probe, only its splits wait for that probe; the recorder's start (numba's kernels on the host, CuPy and
-its kernels on the device) is begun beside the start-up. Every error keeps its place in the start-up's order
+batch-axis probe, only its splits wait for that probe; the device recorder's start (CuPy's import, its kernels)
+is begun beside the start-up. Every error keeps its place in the start-up's order
 (``runner._ORDER``): the plan's, the probe's and the recorder's lines are the ones the run gave before.
 
 The orderings are checked with events, not with time: a probe that waits for the plan's session (bounded, so that
@@ -131,35 +131,6 @@ def test_the_exposed_graph_does_not_wait_for_the_input_folder_to_be_listed(tmp_p
                         run_id="listed")
     assert [listing for listing, _ in opened] == ["listed after the plan's session"]
     assert run.dump.faithful and run.dump.samples_checked == 5
-
-
-def test_the_host_kernels_are_loaded_beside_the_start_up_before_the_recorder_is_made(tmp_path, monkeypatch):
-    """The recorder is made on the main thread once the compiled kernels of the plan's types are being loaded in a
-    start-up thread (numba: ``kernels.prepare``), not only afterwards in the recorder's worker before the first
-    step; the records are unchanged (faithful, every sample)."""
-    import qconsist.inference.kernels as kernels
-    import qconsist.inference.runner as runner
-
-    calls, begun = [], threading.Event()
-    prepare, make_recorder = kernels.prepare, runner.make_recorder
-
-    def prepared(dtypes):
-        calls.append((threading.current_thread().name, tuple(dtypes)))
-        if threading.current_thread().name.startswith("qconsist-start"):
-            begun.set()
-        return prepare(dtypes)
-
-    def recorder(*args, **kwargs):
-        calls.append(("make_recorder", "begun beside" if begun.wait(BOUND) else "not begun beside"))
-        return make_recorder(*args, **kwargs)
-
-    monkeypatch.setattr(kernels, "prepare", prepared)
-    monkeypatch.setattr(runner, "make_recorder", recorder)
-    run = _classifier_run(tmp_path, "host")
-    assert ("make_recorder", "begun beside") in calls, calls
-    starts = [c for c in calls if c[0].startswith("qconsist-start")]
-    assert starts == [(starts[0][0], ("float32",) * 6)], calls  # conv, relu, gap, flat, logits, prob
-    assert run.dump.faithful and run.dump.samples_checked == 5 and run.dump.fingerprints_on == "host"
 
 
 class _FakeCupy(types.ModuleType):
