@@ -39,7 +39,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
@@ -211,6 +211,7 @@ class Probe:
     first: dict[str, np.ndarray]
     second: dict[str, np.ndarray]
     stack: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]]
+    more: Callable[[], Iterable[dict[str, np.ndarray]]] | None = None  # further samples (``batch.further_samples``)
 
 
 def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None,
@@ -288,7 +289,7 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     plan.splits = [ONE] * len(names)
     if probe is not None:
         plan.splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
-                                   probe.stack, "the dump of the model")
+                                   probe.stack, "the dump of the model", probe.more)
         for name, split in (finals or {}).items():
             if name in plan.outputs:
                 plan.splits[plan.column(name)] = split

@@ -33,7 +33,7 @@ from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_ki
 from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.environment import prefetch_gpus
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
-from qconsist.inference.batch import ONE, Split, distinct_second, probe_splits
+from qconsist.inference.batch import ONE, Split, distinct_second, further_samples, probe_splits
 from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, observed_graph, plan_dump, select_raw
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
@@ -557,7 +557,8 @@ def _output_splits(session: Any, probe: Probe, path: Path) -> dict[str, Split]:
     another step size and a last-bit change before a QuantizeLinear moves a quantized output by a quantum — on an
     H200 open_nsfw QDQ's ``prob`` then had no batch axis and every ``--batch-size 32`` run was refused."""
     names = [o.name for o in session.get_outputs()]
-    splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}")
+    splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}",
+                          probe.more)
     return dict(zip(names, splits))
 
 
@@ -609,7 +610,8 @@ def _probe(inputs: InputSet) -> Probe:
     """Samples 0 and another that differs from it, stacked as the run's steps stack them."""
     first = inputs.sample(0)
     second = distinct_second(inputs.sample, len(inputs), first)
-    return Probe(first, second, lambda samples: stack(samples, 0, inputs.axes))
+    return Probe(first, second, lambda samples: stack(samples, 0, inputs.axes),
+                 further_samples(inputs.sample, len(inputs), first))
 
 
 def _check_outputs(session: Any, path: Path) -> None:
