@@ -3,9 +3,10 @@
 (``cudaHostRegister``, through CuPy) for the whole run, so that onnxruntime's copy of each step to the GPU reads
 page-locked memory (a DMA) instead of staging pageable memory through the driver's own buffer.
 
-Measured on the GPU machine by the lead (H200, open_nsfw QDQ at batch 32 from a ring of 8 steps in ``/dev/shm``,
-``.gpu/pin.py``): a step 8.29 ms pageable, 5.22 ms registered; the copy alone 2.39 ms against 0.35 ms; registering
-147 MiB 5.2 ms, unregistering 3 ms; the outputs bit-identical. Page-locking changes how fast the bytes reach the
+Measured on the GPU machine by the lead (a micro-benchmark: H200, onnxruntime-gpu 1.31.1, CuPy 14.2; open_nsfw QDQ
+re-stamped to a dynamic batch, batch 32, EXHAUSTIVE, fed from a ring of 8 steps in a ``/dev/shm`` mapping): a step
+8.29 ms pageable, 5.22 ms registered; the copy alone 2.39 ms against 0.35 ms; registering 147 MiB 5.2 ms,
+unregistering 3 ms; the outputs bit-identical on all 8 steps. Page-locking changes how fast the bytes reach the
 GPU, never which bytes: the outputs are the same bits either way (``tests/gpu/test_pinned_inputs.py``).
 
 Only where it can help: the CUDA EP (``PROVIDERS``), and steps that are views of the ring (worker processes,
