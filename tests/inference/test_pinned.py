@@ -218,9 +218,9 @@ def test_a_refused_registration_runs_pageable_and_says_why_once(jpegs, model, tm
     fake.refuse = REFUSED
     with caplog.at_level(logging.INFO, logger="qconsist.inference.pinned"):
         result = _run(model, open_input_set(jpegs, PREPROCESS, "x"), tmp_path)
-    size = shared_size = _memory(result)
-    note = size["note"]
-    assert shared_size["page_locked"] is False and shared_size["bytes"] == 0
+    memory = _memory(result)
+    note = memory["note"]
+    assert memory["page_locked"] is False and memory["bytes"] == 0
     assert note.startswith("cudaHostRegister of the input workers' ring (") and note.endswith(
         f"bytes) was refused: RuntimeError: {REFUSED}")
     assert fake.calls == [] and not fake.registered
