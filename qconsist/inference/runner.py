@@ -39,6 +39,8 @@ from qconsist.inference.engines import EngineRecord, EngineRequest, record_engin
 from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
+from qconsist.inference.pinned import PROVIDERS as PINNED_PROVIDERS
+from qconsist.inference.pinned import pin_inputs
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, make_recorder
 from qconsist.inference.session import (
@@ -61,7 +63,7 @@ from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.run import SOURCE_KEY, Run
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, table_digest
+from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, InputMemory, table_digest
 from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
@@ -295,7 +297,7 @@ class _Prepared:
 # it hashes); each keeps its place here, so that a run fails with the error it failed with when nothing ran
 # beside: a main-thread step's error comes after those of the parts placed before it (``_Parts``).
 _ORDER = ("inputs", "run directory", "model md5", "outputs check", "re-stamp", "re-stamp sample", "re-stamp md5",
-          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target")
+          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target", "pin inputs")
 
 
 class _Parts:
@@ -386,6 +388,7 @@ class _Started:
     prepared: _Prepared
     target: tuple[str | None, str]
     inputs: InputSet
+    memory: InputMemory  # production's inputs page-locked, or why not (``pinned``)
 
 
 def _prepare(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
@@ -436,6 +439,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         parts.beside("re-stamp check", "re-stamp check", _restamp_check, source.path, model_path, sample, options,
                      original)
     probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
+    # on the CUDA EP the input workers' ring is page-locked once the inputs are opened (CuPy imported here, beside)
+    pin = parts.beside("pin inputs", "pin inputs", _pin_part, opened, options, after=opened) \
+        if options.provider in PINNED_PROVIDERS else None
     plan = None
     if request.dump:
         plan = parts.beside("dump plan", "dump plan", _plan_part, probe, model_path, options, run.file("dump"))
@@ -453,10 +459,11 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         prepared.recorder.close()
         raise
     model = record.result()
+    memory = pin.result() if pin is not None else pin_inputs(opened.result().stream, options)
     if restamp_md5 is not None:
         model.record["dynamic_batch"] = {"path": "model/model.onnx", **{
             k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}  # as hash_artifact's
-    return _Started(model, prepared, target.result(), inputs)
+    return _Started(model, prepared, target.result(), inputs, memory)
 
 
 def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
@@ -466,6 +473,12 @@ def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
 def _accuracy_target_after(source: ModelSource, read: Future, opened: Future) -> tuple[str | None, str]:
     """``_accuracy_target`` once the model is read and the inputs opened (parts done beside)."""
     return _accuracy_target(source, read.result()[0], opened.result().inputs)
+
+
+def _pin_part(opened: Future, options: ExecutionOptions) -> InputMemory:
+    """The input workers' ring page-locked for production's session (``pinned.pin_inputs``), once it is there;
+    registered before the first step (``_ORDER``), unregistered by the ring's close whatever ends the run."""
+    return pin_inputs(opened.result().stream, options)
 
 
 def _first_sample(opened: Future) -> dict[str, np.ndarray]:
@@ -799,7 +812,8 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
             dump = prepared.recorder.finish(len(inputs), lambda s: _production_distinct(prepared.production, inputs, request.batch_size, s))
         finally:
             prepared.recorder.close()
-        manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command)
+        manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command,
+                                   started.memory)
         if request.engines:
             run.mark_progress("engines")
             manifest.sections["engines"] = _engines(prepared.model_path, request.options, inputs.step(0, request.batch_size),
@@ -813,7 +827,7 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
 
 def _record(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model: _ModelRecord,
             prepared: _Prepared, writer: OutputWriter, loop: _Loop, dump: DumpSummary | None,
-            note: str, command: Sequence[str]) -> tuple[Manifest, InferenceResult]:
+            note: str, command: Sequence[str], memory: InputMemory | None = None) -> tuple[Manifest, InferenceResult]:
     """The manifest of a finished inference (the run directory writes it) and the result."""
     recorded_inputs = record_inputs(inputs, loop.infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
     reference = prepared.reference
@@ -829,7 +843,7 @@ def _record(source: ModelSource, inputs: InputSet, request: RunRequest, run: Run
         options=request.options.to_json(), providers=prepared.production.get_providers(), samples=len(inputs),
         batch_size=request.batch_size, ms_per_sample=1000 * loop.seconds / len(inputs), outputs=prepared.outputs,
         output_shapes=shapes.to_json(), output_format=OUTPUTS_FORMAT, output_files=files, accuracy=accuracy,
-        accuracy_note=note,
+        accuracy_note=note, input_memory=memory,
     )
     sections: dict[str, Any] = {"inference": section.to_json()}
     if dump is not None:
