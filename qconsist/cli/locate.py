@@ -209,7 +209,7 @@ def _render_latency(report, console) -> None:
                  title="Latency per config (ms, batch 1)")
     for cfg in report.configs:
         lat = cfg.latency
-        ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat is not None and rec is not None else "-"
+        ratio = f"{report.cost(cfg.label):.2f}x" if lat is not None and rec is not None else "-"  # paired where timed side by side
         runs = cfg.repeat("run-to-run")
         if cfg.faithful.get("faithful"):
             faithful = "faithful"
