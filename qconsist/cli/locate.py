@@ -232,9 +232,10 @@ def _render_recommendation(report, console) -> None:
     else:
         setting = rec.config.replace("/", ", ").replace("tf32=", "use_tf32=")
         verdict = "accepted" if rec.accepted else "above the accepted cost"
+        paired = f" by the median of {rec.paired.rounds} rounds timed side by side" if rec.paired is not None else ""
         console.print(
             f"recommendation: cudnn_conv_algo_search={setting}: {rec.median_ms:.2f} ms, {rec.cost:.2f}x the fastest "
-            f"({rec.fastest} {rec.fastest_ms:.2f} ms); {verdict} (<= {rec.max_cost:.2f}x)"
+            f"({rec.fastest} {rec.fastest_ms:.2f} ms){paired}; {verdict} (<= {rec.max_cost:.2f}x)"
         )
     for note in rec.notes:
         console.print(f"  note: {note}")
