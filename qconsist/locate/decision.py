@@ -52,7 +52,7 @@ class Recommendation:
     max_cost: float
     stable_configs: tuple[str, ...]
     notes: tuple[str, ...]
-    within_noise: bool = False  # above max_cost by median, but not measurably slower (``acceptance``)
+    within_noise: bool = False  # its cost above max_cost, but not measurably slower (``acceptance``)
     paired: PairedCost | None = None  # the paired ratios the cost is the median of (None: a ratio of medians)
 
     @property
