@@ -3,7 +3,7 @@ a dump, on a labelled folder of JPEGs this script generates (no download).
 
     python benchmarks/input_pipeline.py [--count 1000] [--folder DIR] [--classes 1000] [--model tiny|MODEL]
         [--ep cpu|cuda] [--batch-size 32] [--workers N] [--fingerprints host|device] [--dynamic-batch]
-        [--second batch=1|model=PATH|fingerprints=host] [--skip threads,dump,diff] [--generate-only]
+        [--second batch=1|model=PATH|fingerprints=host] [--skip threads,dump,diff] [--generate-only] [--pageable]
 
 **The folder** (``--folder``, default ``qconsist-imagenet-<count>`` in the system's temporary folder; made once,
 kept): ``--count`` JPEGs of
@@ -17,7 +17,10 @@ kept): ``--count`` JPEGs of
 * ``decode, 1 process``: every file decoded and prepared in this process (open_nsfw's preprocessing);
 * ``decode, N threads``: the same by N threads of one process (for the choice of processes, not used by qconsist);
 * ``decode, N workers``: the input pipeline as `qconsist run` reads it (``InputSet.steps``, N worker processes);
-* ``inference``: the model on pre-decoded tensors (a pool of steps, cycled), the session only;
+* ``inference``: the model on pre-decoded tensors (a pool of steps, cycled), the session only; on the CUDA EP the
+  pool lies in a ring of step buffers in ``/dev/shm`` page-locked as `qconsist run` page-locks its input workers'
+  ring (``qconsist.inference.pinned``), so that it measures the GPU side's limit as the run feeds it (a line says
+  so; ``--pageable``: private pageable arrays, as before);
 * ``run``: `qconsist run MODEL --inputs FOLDER --pipeline pipelines/open_nsfw.toml --workers N --batch-size B`
   (with ``-v``: the summary ends with where its main thread spent the steps — waiting for inputs, the session,
   the recorder, the outputs, the progress);
@@ -259,8 +262,43 @@ def decode_threads(folder: Path, count: int, threads: int) -> dict:
     return {"wall": wall, "rss": memory.tree}
 
 
-def inference(model: Path, folder: Path, count: int, batch: int, options, dynamic: bool) -> dict:
-    """The session alone on pre-decoded tensors: a pool of up to 8 steps, cycled ``count / batch`` times."""
+def _page_locked(pool: list[dict], options) -> tuple[object | None, list[dict], str]:
+    """``pool`` copied into a ring of step buffers (the input workers' ``stream._Ring``, a ``/dev/shm`` mapping)
+    page-locked as `qconsist run` page-locks its workers' ring (``pinned.page_lock``), the ring, and a line saying
+    what was done; pageable (the pool as it was, and why) where the registration cannot be made."""
+    import numpy as np
+
+    from qconsist.inference.pinned import cuda_runtime, page_lock
+    from qconsist.inputs.stream import _Ring, _views
+
+    layout = [(name, tuple(a.shape[1:]), a.dtype) for name, a in pool[0].items()]
+    rows = len(next(iter(pool[0].values())))
+    slot = rows * sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, shape, dtype in layout)
+    try:
+        runtime = cuda_runtime()
+    except Exception as exc:  # noqa: BLE001 - CuPy missing: measured pageable, said
+        return None, pool, f"pageable: CuPy is not available ({exc})"
+    ring = _Ring(len(pool), slot)
+    ring.unlink()
+    views = []
+    for i, step in enumerate(pool):
+        if len(next(iter(step.values()))) != rows:
+            break  # a shorter last step (count < 8 steps) stays out of the pool
+        view = _views(ring.map, i * slot, layout, rows)
+        for name, array in step.items():
+            view[name][...] = array
+        views.append(view)
+    memory = page_lock(ring, runtime, int(options.option("device_id") or 0), options)
+    if not memory.page_locked:
+        return ring, pool, f"pageable: {memory.note}"
+    return ring, views, (f"page-locked: its {len(views)} steps in a /dev/shm ring of {memory.bytes / 2**20:.1f} MiB "
+                         "registered as `qconsist run` registers its input workers' ring")
+
+
+def inference(model: Path, folder: Path, count: int, batch: int, options, dynamic: bool, pageable: bool = False) -> dict:
+    """The session alone on pre-decoded tensors: a pool of up to 8 steps, cycled ``count / batch`` times; on the
+    CUDA EP in page-locked memory as `qconsist run` feeds it (``_page_locked``) unless ``pageable``."""
+    from qconsist.inference.pinned import PROVIDERS
     from qconsist.inference.session import create_session
 
     if dynamic:
@@ -274,6 +312,10 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
     session = create_session(model, options)
     name = session.get_inputs()[0].name  # the model's own (open_nsfw's QDQ model: data_input)
     pool = [step.arrays for _, step in zip(range(8), _inputs(folder, 0, name).steps(batch))]
+    ring, feeding = None, "pageable: private arrays (--pageable)" if pageable else f"pageable: {options.provider.upper()} EP"
+    if options.provider in PROVIDERS and not pageable:
+        ring, pool, feeding = _page_locked(pool, options)
+    print(f"inference, pre-decoded: {feeding}", file=sys.stderr, flush=True)
     session.run(None, pool[0])  # warm: cuDNN picks its algorithms
     steps = -(-count // batch)
     with PeakMemory(os.getpid()) as memory, progress("inference", count) as advance:
@@ -282,7 +324,9 @@ def inference(model: Path, folder: Path, count: int, batch: int, options, dynami
             session.run(None, pool[n % len(pool)])
             advance(min(batch, count - n * batch))
         wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
-    return {"wall": wall, "cpu": cpu, "rss": memory.tree}
+    if ring is not None:
+        ring.close()  # unregistered before it is unmapped
+    return {"wall": wall, "cpu": cpu, "rss": memory.tree, "feeding": feeding}
 
 
 def run(args: list[str], runs: Path, run_id: str, count: int, keep: bool = False) -> dict:
@@ -369,6 +413,9 @@ def main() -> None:
     parser.add_argument("--fingerprints", default="host", choices=["host", "device"])
     parser.add_argument("--dynamic-batch", action="store_true", help="re-stamp a model with a fixed batch of 1")
     parser.add_argument("--generate-only", action="store_true", help="make the folder and stop")
+    parser.add_argument("--pageable", action="store_true",
+                        help="inference on pre-decoded tensors from private pageable arrays (default on the CUDA EP: "
+                             "page-locked, as `qconsist run` feeds its session)")
     parser.add_argument("--skip", default="", help="steps to leave out, comma-separated: threads, dump, diff")
     parser.add_argument("--second", default="batch=1",
                         help="what the second dump changes: batch=N, model=PATH or fingerprints=host|device (default batch=1)")
@@ -408,7 +455,8 @@ def main() -> None:
         if name in rows and scale != 1:
             rows[name] = {**rows[name], "wall": rows[name]["wall"] * scale, "estimated": f"est. from {limited}"}
     rows[f"decode, {workers} workers"] = decode(folder, count, batch, workers, f"decode, {workers} workers")
-    rows["inference (pre-decoded)"] = inference(model, folder, count, batch, execution, options.dynamic_batch)
+    rows["inference (pre-decoded)"] = inference(model, folder, count, batch, execution, options.dynamic_batch,
+                                                options.pageable)
     rows["run"] = run(common, runs, "plain", count)
     tenth = max(1, count // 10)
     rows[f"run, 1/10 of the samples ({tenth})"] = {**run([*common, "--count", str(tenth)], runs, "tenth", tenth), "per": tenth}
@@ -439,6 +487,7 @@ def main() -> None:
         print(f"| {name}{' (' + row['estimated'] + ')' if 'estimated' in row else ''} | {row['wall']:.2f} | {cpu} | "
               f"{per / row['wall']:.0f} | {row['wall'] / single:.2f} | "
               f"{row['rss'] / 1e6:.0f} | {disk} | {row.get('files', '')} |")
+    print(f"\ninference, pre-decoded: {rows['inference (pre-decoded)']['feeding']}", end="")
     startup = rows["start-up (1 sample)"]["wall"]
     body = rows["run"]["wall"] - startup
     if "estimated" not in rows["decode, 1 process"]:  # the same by CPU time, which other work on the machine moves less

@@ -2,6 +2,7 @@
 GPU (``--executor local`` with ``CUDA_VISIBLE_DEVICES`` set to the first GPU), side by side in one run, as a ratio.
 
     python3 benchmarks/nightly_gpus.py [pipelines/nightly.toml] [--small] [--only NAME ...] [--out DIR] [--json]
+        [--night both|one|two]
 
 Each night is its own ``qconsist nightly --json`` process in a fresh runs folder (first night: no baseline), the
 one-GPU night first. The figures are the nights' own records: the night's wall time (``seconds`` of its summary:
@@ -9,6 +10,10 @@ from the first task handed out to the last outcome; the Ray night's includes sta
 entry's time, plus the process's wall time. The ratio is two GPUs / one GPU (below 1: the two GPUs are faster).
 It also says on which GPU (host index and UUID) each entry ran, and whether both nights gave the same verdicts,
 stage md5s and figures (they must: the executor changes where an entry runs, not what it computes).
+
+``--night one`` runs the one-GPU night alone and keeps its record in ``--out`` (``night-local.json``); ``--night two``
+then runs the two-GPU night and compares it with that record (for a machine that limits one command's time: the two
+nights as two commands, one after the other on the same machine, the same ``--out``).
 
 ``--small``: the nightly file's entries with the test suite's small counts (tests/nightly_files.py: 3
 calibration photographs, 2 evaluation photographs), for a run of minutes.
@@ -49,9 +54,13 @@ def night(config: Path, executor: str, runs: Path, only: list[str], env: dict[st
 
 
 def _stages(entry: dict, runs: Path) -> list:
-    """The pipeline's stage md5s of an entry, from its pipeline run's manifest."""
+    """The pipeline's stage md5s of an entry, from its pipeline run's manifest (or as its record kept them)."""
+    if "stage_md5s" in entry:
+        return [tuple(s) for s in entry["stage_md5s"]]
     if not entry.get("pipeline_run"):
         return []
+    if not (Path(entry["pipeline_run"]) / "manifest.json").is_file():
+        return None
     manifest = json.loads((Path(entry["pipeline_run"]) / "manifest.json").read_text())
     return [(s.get("name"), (s.get("artifact") or {}).get("md5")) for s in manifest.get("stages") or []]
 
@@ -68,6 +77,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="these entries only (with --small: in the file's order)")
     parser.add_argument("--out", default=None, help="keep the runs, JSON and logs here (default: a temporary folder)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--night", choices=("both", "one", "two"), default="both",
+                        help="one: the one-GPU night alone, kept in --out; two: the two-GPU night against that record")
     args = parser.parse_args()
 
     gpus = host_gpus()
@@ -83,8 +94,13 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     first = gpus[0].split(",")[0].strip()
     results = {}
-    for label, executor, env in (("one GPU", "local", {**base, "CUDA_VISIBLE_DEVICES": first}),
-                                 ("two GPUs", "ray", base)):
+    nights = (("one GPU", "local", {**base, "CUDA_VISIBLE_DEVICES": first}), ("two GPUs", "ray", base))
+    if args.night == "two":
+        kept = folder / "night-local.json"
+        if not kept.is_file():
+            raise SystemExit(f"--night two compares with the one-GPU night's record {kept}: run --night one first")
+        results["one GPU"] = json.loads(kept.read_text())
+    for label, executor, env in nights[1 if args.night == "two" else 0:1 if args.night == "one" else 2]:
         data, wall, code = night(config, executor, folder / f"runs-{executor}", args.only, env, folder / f"{executor}.log")
         results[label] = {"executor": executor, "exit": code, "process_seconds": round(wall, 2),
                           "night_seconds": data.get("seconds"), "summary": data.get("summary"),
@@ -92,13 +108,20 @@ def main() -> None:
                                        "gpus": [f"GPU {d['host_index']} {d['uuid']}" for d in e.get("devices") or []],
                                        "error": e.get("error")} for e in data["entries"]],
                           "raw": data}
+        for entry in data["entries"]:  # kept with the record: a later command may no longer have the runs
+            entry["stage_md5s"] = _stages(entry, folder)
+        (folder / f"night-{executor}.json").write_text(json.dumps(results[label]))
         print(f"{label} ({executor}): exit {code}, night {data.get('seconds') or 0:.1f} s, process {wall:.1f} s, "
               f"entries {[(e['model'], round(e['seconds'], 1)) for e in data['entries']]}", file=sys.stderr, flush=True)
+    if args.night == "one":
+        return
     one, two = results["one GPU"], results["two GPUs"]
     same = {}
     for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):
         same[a["model"]] = {"status": a["status"] == b["status"], "verdict": _verdict(a) == _verdict(b),
-                            "md5s": bool(_stages(a, folder)) and _stages(a, folder) == _stages(b, folder),
+                            # a record kept without its md5s whose runs are gone: none to compare
+                            "md5s": (bool(_stages(a, folder)) and _stages(a, folder) == _stages(b, folder))
+                            if _stages(a, folder) is not None else None,
                             # accuracy figures: an entry without classes (the FCN head) records none on either night
                             "figures": (a.get("figures") == b.get("figures")) if a.get("figures") or b.get("figures") else None}
     report = {
@@ -125,6 +148,13 @@ def main() -> None:
     for model, checks in same.items():
         print(f"  {model}: " + ", ".join(f"{k} {'none recorded' if v is None else 'same' if v else 'DIFFERENT'}"
                                           for k, v in checks.items()))
+    # where the verdicts differ, each night's checks that did not pass, with their messages
+    for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):
+        if _verdict(a) != _verdict(b):
+            for label, entry in (("one GPU", a), ("two GPUs", b)):
+                for check in (entry.get("verdict") or {}).get("checks") or []:
+                    if check.get("status") not in ("pass", "not_applicable"):
+                        print(f"  {entry['model']} on {label}: {check.get('name')} {check.get('status')}: {check.get('message')}")
 
 
 if __name__ == "__main__":

@@ -209,7 +209,7 @@ def _render_latency(report, console) -> None:
                  title="Latency per config (ms, batch 1)")
     for cfg in report.configs:
         lat = cfg.latency
-        ratio = f"{lat.median_ms / rec.fastest_ms:.2f}x" if lat is not None and rec is not None else "-"
+        ratio = f"{report.cost(cfg.label):.2f}x" if lat is not None and rec is not None else "-"  # paired where timed side by side
         runs = cfg.repeat("run-to-run")
         if cfg.faithful.get("faithful"):
             faithful = "faithful"
@@ -232,9 +232,10 @@ def _render_recommendation(report, console) -> None:
     else:
         setting = rec.config.replace("/", ", ").replace("tf32=", "use_tf32=")
         verdict = "accepted" if rec.accepted else "above the accepted cost"
+        paired = f" by the median of {rec.paired.rounds} rounds timed side by side" if rec.paired is not None else ""
         console.print(
             f"recommendation: cudnn_conv_algo_search={setting}: {rec.median_ms:.2f} ms, {rec.cost:.2f}x the fastest "
-            f"({rec.fastest} {rec.fastest_ms:.2f} ms); {verdict} (<= {rec.max_cost:.2f}x)"
+            f"({rec.fastest} {rec.fastest_ms:.2f} ms){paired}; {verdict} (<= {rec.max_cost:.2f}x)"
         )
     for note in rec.notes:
         console.print(f"  note: {note}")

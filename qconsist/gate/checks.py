@@ -22,6 +22,7 @@ from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.locate.config import GpuConfig
 from qconsist.locate.decision import acceptance
+from qconsist.locate.latency import paired_ratios
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.store.serde import to_jsonable
@@ -407,9 +408,12 @@ def _varying_nodes(report: LocateReport, want: GpuConfig) -> str:
 
 
 def _acceptable_pin(report: LocateReport, pinned: str) -> tuple[bool, str]:
-    """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of
-    the fastest configuration: latency medians of configs that are equally fast move from run to run, so
-    demanding the one fastest config would make the verdict flip with timing noise."""
+    """A pinned config is acceptable when locate found it bit-stable and within the report's accepted cost of the
+    fastest configuration, by the one rule of locate's recommendation (``acceptance``): where the report has the
+    configurations' times per round (timed side by side), the median of the pin's paired ratios to the fastest;
+    in an older report, the ratio of the medians (the message says which). Latency medians of configs that are
+    equally fast move from run to run, so demanding the one fastest config would make the verdict flip with
+    timing noise."""
 
     rec = report.recommendation
     want = GpuConfig.parse(pinned).resolved()
@@ -422,8 +426,10 @@ def _acceptable_pin(report: LocateReport, pinned: str) -> tuple[bool, str]:
     for config in _configs(report, want)[:1]:
         if config.latency is None or not rec.fastest_ms:
             break
+        pairs = paired_ratios(config.latency.rounds_ms, quickest.rounds_ms if quickest is not None else None,
+                              str(rec.fastest))
         accepted, why = acceptance(config.latency.median_ms, rec.fastest_ms, rec.max_cost, str(rec.fastest),
-                                   config.latency.p25_ms, quickest.p75_ms if quickest is not None else None)
+                                   config.latency.p25_ms, quickest.p75_ms if quickest is not None else None, pairs)
         return accepted, why if accepted else f"pinned {pinned} is bit-stable but {why}"
     return False, f"the locate report has no latency for pinned {pinned}"
 

@@ -10,7 +10,9 @@ and every tensor is classified by what it became:
   the two samples in the other order holds the same halves swapped, bit for bit: ``_swaps``) — the batch
   axis, 0 for most, 1 for a recurrent state ``[2, B, 128]``, and the merged axis of a ``Flatten(axis=0)``
   ``[1, B*C*H*W]`` whose samples are contiguous. A sample's part keeps that axis with
-  its own extent, as the step of one sample gave it.
+  its own extent, as the step of one sample gave it. Where the two samples' tensors lie nearer each other than
+  other kernels for a step of two move them (a softmax whose two samples are both near [0.99, 0.01]), further
+  samples of the set are probed with the first, a few at most, for those tensors alone (``further_samples``).
 * ``shared``: the same tensor whatever the step holds (computed from constants): every sample records it whole.
 * ``shape``: an integer tensor that carries the number of samples (``Shape``'s output ``[N, C, H, W]``, a
   computed size ``N * C``): the entries that scale with the step are recorded divided by its size, the value
@@ -27,7 +29,7 @@ step's size cannot run the probe's steps: its tensors are split by their first a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -135,9 +137,10 @@ def classify(one: Any, other: Any, both: Any, swapped: Any = None) -> Split:
         if isinstance(swapped, np.ndarray) and swapped.shape == both.shape and _swaps(
                 first, second, swapped[lead + (slice(0, extent),)], swapped[lead + (slice(extent, 2 * extent),)], one, other):
             return Split("axis", axis, extent)
-    return Split("unknown", why="no axis holds the samples one after the other")
+    return Split("unknown", why=NO_AXIS)
 
 
+NO_AXIS = "no axis holds the samples one after the other"  # where another pair of samples may tell (``probe_splits``)
 QUANTUM_SHARE = 0.02  # of the tensor's magnitude: a few int8 quanta (1/255 of a [0, 1] score each)
 
 
@@ -188,18 +191,38 @@ def _swaps(first: np.ndarray, second: np.ndarray, swapped_first: np.ndarray, swa
 
 
 def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: Sample,
-                 stack: Callable[[list[Sample]], Sample], what: str) -> list[Split]:
+                 stack: Callable[[list[Sample]], Sample], what: str,
+                 more: Callable[[], Iterable[Sample]] | None = None) -> list[Split]:
     """The split of every tensor ``run`` returns, from two different samples run alone and as one step, in
-    both orders."""
+    both orders. ``more``: further samples, each probed with ``first`` in turn for the tensors no axis was found
+    for yet (``NO_AXIS``) — two samples whose tensor is nearly the same tell nothing where an EP's kernels for a
+    step of two move it by as much (on an H200, open_nsfw QDQ's softmax before its last QuantizeLinear: samples 0
+    and 1 of a photograph folder 0.0014 apart, the step's kernels moving it as far). Only a batch axis is taken
+    from another pair; a tensor none establishes stays unknown."""
     try:
         one, other = run(first), run(second)
         both, swapped = run(stack([first, second])), run(stack([second, first]))
+        splits = [classify(a, b, ab, ba) for a, b, ab, ba in zip(one, other, both, swapped)]
+        tried = 0
+        for extra in (more() if more is not None else ()):
+            open_ = [c for c, split in enumerate(splits) if split.kind == "unknown" and split.why == NO_AXIS]
+            if not open_:
+                break
+            tried += 1
+            other, both, swapped = run(extra), run(stack([first, extra])), run(stack([extra, first]))
+            for c in open_:
+                split = classify(one[c], other[c], both[c], swapped[c])
+                if split.kind == "axis":
+                    splits[c] = split
+        if tried:
+            splits = [Split("unknown", why=f"{NO_AXIS} (nor with {tried + 1} other samples)")
+                      if split.kind == "unknown" and split.why == NO_AXIS else split for split in splits]
     except UnsupportedModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors: the model does not take a step of two
         message = " ".join(str(exc).split())[:200]
         raise UnsupportedModelError(f"{what} cannot run a step of 2 samples ({message}); run with `batch_size` 1") from None
-    return [classify(a, b, ab, ba) for a, b, ab, ba in zip(one, other, both, swapped)]
+    return splits
 
 
 def distinct_second(samples: Callable[[int], Sample], count: int, first: Sample, tries: int = 8) -> Sample:
@@ -210,3 +233,25 @@ def distinct_second(samples: Callable[[int], Sample], count: int, first: Sample,
         if any(not np.array_equal(candidate[k], first[k]) for k in first):
             return candidate
     return fallback
+
+
+FURTHER = 3  # further samples ``probe_splits`` may try for a tensor the first pair left without an axis
+
+
+def further_samples(samples: Callable[[int], Sample], count: int, first: Sample,
+                    tries: int = FURTHER) -> Callable[[], Iterable[Sample]]:
+    """``probe_splits``' ``more``: up to ``tries`` samples spread over the set (its middle, its last, its quarters),
+    each other than ``first`` in bytes, read only when asked for; the same ones on every call."""
+    indices = list(dict.fromkeys(i for i in (count // 2, count - 1, count // 4, 3 * count // 4) if 1 < i < count))
+
+    def more() -> Iterable[Sample]:
+        given = 0
+        for index in indices:
+            if given == tries:
+                return
+            candidate = samples(index)
+            if any(not np.array_equal(candidate[k], first[k]) for k in first):
+                given += 1
+                yield candidate
+
+    return more

@@ -39,7 +39,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
@@ -211,6 +211,7 @@ class Probe:
     first: dict[str, np.ndarray]
     second: dict[str, np.ndarray]
     stack: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]]
+    more: Callable[[], Iterable[dict[str, np.ndarray]]] | None = None  # further samples (``batch.further_samples``)
 
 
 def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None,
@@ -305,7 +306,7 @@ def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | N
     names = [t.name for t in plan.tensors]
     session: Any = plan.session
     splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
-                          probe.stack, "the dump of the model")
+                          probe.stack, "the dump of the model", probe.more)
     split = dataclasses.replace(plan, splits=splits, left_out=dict(plan.left_out))
     for name, found in (finals or {}).items():
         if name in split.outputs:

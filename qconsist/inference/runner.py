@@ -33,12 +33,14 @@ from qconsist.compare.kinds import class_scores_output, judged_outputs, parse_ki
 from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.environment import prefetch_gpus
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
-from qconsist.inference.batch import ONE, Split, distinct_second, probe_splits
+from qconsist.inference.batch import ONE, Split, distinct_second, further_samples, probe_splits
 from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, expose_plan, observed_graph, select_raw, split_plan
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
 from qconsist.inference.model import ModelSource, with_dynamic_batch
+from qconsist.inference.pinned import PROVIDERS as PINNED_PROVIDERS
+from qconsist.inference.pinned import pin_inputs
 from qconsist.inference.reader import load_dump
 from qconsist.inference.recording import StepRecorder, begin_device, make_recorder
 from qconsist.inference.session import (
@@ -61,7 +63,7 @@ from qconsist.store.ortlog import LOG_NAME as ORT_LOG
 from qconsist.store.ortlog import OrtLog, capture_ort_log
 from qconsist.store.run import SOURCE_KEY, Run
 from qconsist.store.rundir import RunDirectory
-from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, table_digest
+from qconsist.store.sections import Accuracy, DumpSummary, InferenceSection, InputMemory, table_digest
 from qconsist.store.serde import serialized
 
 log = logging.getLogger(__name__)
@@ -295,7 +297,7 @@ class _Prepared:
 # it hashes); each keeps its place here, so that a run fails with the error it failed with when nothing ran
 # beside: a main-thread step's error comes after those of the parts placed before it (``_Parts``).
 _ORDER = ("inputs", "run directory", "model md5", "outputs check", "re-stamp", "re-stamp sample", "re-stamp md5",
-          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target")
+          "re-stamp check", "session", "output probe", "dump plan", "recorder", "accuracy target", "pin inputs")
 
 
 class _Parts:
@@ -389,6 +391,7 @@ class _Started:
     prepared: _Prepared
     target: tuple[str | None, str]
     inputs: InputSet
+    memory: InputMemory  # production's inputs page-locked, or why not (``pinned``)
 
 
 def _prepare(source: ModelSource, opened: Future, request: RunRequest, run: RunDirectory, parts: _Parts) -> _Started:
@@ -439,6 +442,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         parts.beside("re-stamp check", "re-stamp check", _restamp_check, source.path, model_path, sample, options,
                      original)
     probe = parts.beside("output probe", "output probe", _probe_part, outputs, opened, source.path) if batch != 1 else None
+    # on the CUDA EP the input workers' ring is page-locked once the inputs are opened (CuPy imported here, beside)
+    pin = parts.beside("pin inputs", "pin inputs", _pin_part, opened, options, after=opened) \
+        if options.provider in PINNED_PROVIDERS else None
     plan = None
     if request.dump:  # what needs no step of the model begins at once; the splits wait for the probe (``_plan_part``)
         exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"))
@@ -461,10 +467,11 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
         prepared.recorder.close()
         raise
     model = record.result()
+    memory = pin.result() if pin is not None else pin_inputs(opened.result().stream, options)
     if restamp_md5 is not None:
         model.record["dynamic_batch"] = {"path": "model/model.onnx", **{
             k: v for k, v in restamp_md5.result().to_json().items() if k != "initializers"}}  # as hash_artifact's
-    return _Started(model, prepared, target.result(), inputs)
+    return _Started(model, prepared, target.result(), inputs, memory)
 
 
 def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
@@ -474,6 +481,12 @@ def _model_record_after(source: ModelSource, read: Future) -> _ModelRecord:
 def _accuracy_target_after(source: ModelSource, read: Future, opened: Future) -> tuple[str | None, str]:
     """``_accuracy_target`` once the model is read and the inputs opened (parts done beside)."""
     return _accuracy_target(source, read.result()[0], opened.result().inputs)
+
+
+def _pin_part(opened: Future, options: ExecutionOptions) -> InputMemory:
+    """The input workers' ring page-locked for production's session (``pinned.pin_inputs``), once it is there;
+    registered before the first step (``_ORDER``), unregistered by the ring's close whatever ends the run."""
+    return pin_inputs(opened.result().stream, options)
 
 
 def _first_sample(opened: Future) -> dict[str, np.ndarray]:
@@ -551,7 +564,8 @@ def _output_splits(session: Any, probe: Probe, path: Path) -> dict[str, Split]:
     another step size and a last-bit change before a QuantizeLinear moves a quantized output by a quantum — on an
     H200 open_nsfw QDQ's ``prob`` then had no batch axis and every ``--batch-size 32`` run was refused."""
     names = [o.name for o in session.get_outputs()]
-    splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}")
+    splits = probe_splits(lambda feed: _run(session, feed, path), probe.first, probe.second, probe.stack, f"model {path}",
+                          probe.more)
     return dict(zip(names, splits))
 
 
@@ -603,7 +617,8 @@ def _probe(inputs: InputSet) -> Probe:
     """Samples 0 and another that differs from it, stacked as the run's steps stack them."""
     first = inputs.sample(0)
     second = distinct_second(inputs.sample, len(inputs), first)
-    return Probe(first, second, lambda samples: stack(samples, 0, inputs.axes))
+    return Probe(first, second, lambda samples: stack(samples, 0, inputs.axes),
+                 further_samples(inputs.sample, len(inputs), first))
 
 
 def _check_outputs(session: Any, path: Path) -> None:
@@ -810,7 +825,8 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
             dump = prepared.recorder.finish(len(inputs), lambda s: _production_distinct(prepared.production, inputs, request.batch_size, s))
         finally:
             prepared.recorder.close()
-        manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command)
+        manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command,
+                                   started.memory)
         if request.engines:
             run.mark_progress("engines")
             manifest.sections["engines"] = _engines(prepared.model_path, request.options, inputs.step(0, request.batch_size),
@@ -824,7 +840,7 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
 
 def _record(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model: _ModelRecord,
             prepared: _Prepared, writer: OutputWriter, loop: _Loop, dump: DumpSummary | None,
-            note: str, command: Sequence[str]) -> tuple[Manifest, InferenceResult]:
+            note: str, command: Sequence[str], memory: InputMemory | None = None) -> tuple[Manifest, InferenceResult]:
     """The manifest of a finished inference (the run directory writes it) and the result."""
     recorded_inputs = record_inputs(inputs, loop.infos, run.file(SAMPLES_FILE), SAMPLES_FILE)
     reference = prepared.reference
@@ -840,7 +856,7 @@ def _record(source: ModelSource, inputs: InputSet, request: RunRequest, run: Run
         options=request.options.to_json(), providers=prepared.production.get_providers(), samples=len(inputs),
         batch_size=request.batch_size, ms_per_sample=1000 * loop.seconds / len(inputs), outputs=prepared.outputs,
         output_shapes=shapes.to_json(), output_format=OUTPUTS_FORMAT, output_files=files, accuracy=accuracy,
-        accuracy_note=note,
+        accuracy_note=note, input_memory=memory,
     )
     sections: dict[str, Any] = {"inference": section.to_json()}
     if dump is not None:

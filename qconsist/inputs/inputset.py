@@ -123,14 +123,7 @@ class InputSet:
         samples' digests (``sample_infos``)."""
         check_batch_size(size)
         workers = resolve_workers(self.workers, len(self.names), getattr(self._load, "parallel", False))
-        return self._kept(steps(self._load, len(self.names), size, workers, borrowed, self.axes))  # workers start now
-
-    def _kept(self, made: Iterator[Step]) -> Iterator[Step]:
-        infos: list[SampleInfo] = []
-        for step in made:
-            infos += step.infos
-            yield step
-        self._infos = infos
+        return _Kept(self, steps(self._load, len(self.names), size, workers, borrowed, self.axes))  # workers start now
 
     def batches(self, size: int = 1) -> Iterator[tuple[int, Sample]]:
         """Steps of ``size`` samples stacked on axis 0, as ``(index of the first sample, stacked sample)``;
@@ -341,3 +334,37 @@ def _open(source: str | Path, preprocess: Preprocess | None, input_name: str, la
     if suffix in IMAGE_SUFFIXES:
         return _image_set(str(path), [path], preprocess, input_name)
     raise InputError(f"unsupported input {path}: give a folder of images, a .npy/.npz file, or {PACKAGE_PHOTOS}")
+
+
+class _Kept:
+    """The steps of ``source`` (``stream.steps``), the samples' infos kept for ``InputSet.sample_infos`` once the pass
+    is complete; ``close`` stops ``source``'s workers at once (and unregisters its ring, where it was page-locked)."""
+
+    def __init__(self, owner: InputSet, source: Iterator[Step]) -> None:
+        self.owner, self.source = owner, source
+        self.infos: list[SampleInfo] = []
+        self.finished = False
+
+    def __iter__(self) -> "_Kept":
+        return self
+
+    def __next__(self) -> Step:
+        if self.finished:
+            raise StopIteration
+        try:
+            step = next(self.source)
+        except StopIteration:
+            self.finished = True
+            self.owner._infos = self.infos
+            raise
+        except BaseException:
+            self.finished = True
+            raise
+        self.infos += step.infos
+        return step
+
+    def close(self) -> None:
+        self.finished = True
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()

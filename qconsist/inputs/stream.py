@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -207,7 +207,9 @@ def _threaded(loader: Any, count: int, batch: int, axes: dict[str, int] | None =
 
 class _Ring:
     """``slots`` step buffers of ``slot_bytes`` in one memory-mapped file, unlinked as soon as every worker
-    has mapped it (so nothing stays behind, whatever ends the process)."""
+    has mapped it (so nothing stays behind, whatever ends the process). On the CUDA EP the run registers the
+    whole mapping as page-locked host memory (``page_lock``; ``qconsist.inference.pinned``), and ``close``
+    unregisters it before the mapping is unmapped."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slots, self.slot_bytes = slots, slot_bytes
@@ -218,6 +220,25 @@ class _Ring:
             self.map = mmap.mmap(handle, size)
         finally:
             os.close(handle)
+        self._lock = threading.Lock()  # page_lock (a start-up thread) against close (the consumer, a finalizer)
+        self._closed = False
+        self._release: Callable[[], bool] | None = None
+
+    def page_lock(self, register: Callable[[int, int], Callable[[], bool]]) -> bool:
+        """Register the whole mapping with ``register(address, size)`` (page-locking it), which returns the function
+        that unregisters it (true where it did). ``close`` calls that function before the mapping is unmapped,
+        whatever closes the ring — the end of the steps, an error, Ctrl-C, a stream dropped unread —, so no
+        registered range is ever unmapped under the driver. False where the ring is closed already (nothing is
+        registered); ``register``'s error is raised (nothing is registered either)."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._release is None:
+                view = np.frombuffer(self.map, dtype=np.uint8, count=1)  # the mapping's address (the view goes at once)
+                address = int(view.ctypes.data)
+                del view
+                self._release = register(address, self.map.size())
+            return True
 
     def unlink(self) -> None:
         try:
@@ -226,11 +247,31 @@ class _Ring:
             pass
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            release, self._release = self._release, None
+            if release is not None and not release():
+                # the driver may still hold the range: it stays mapped until the process ends, never unmapped under it
+                self.unlink()
+                return
         self.unlink()
         try:
             self.map.close()
         except BufferError:  # the consumer still holds a borrowed step: the mapping goes with its last view
             pass
+
+
+def shared_ring(steps: Any) -> tuple[_Ring | None, str]:
+    """The ring of step buffers whose views ``steps`` (``steps()``, or ``InputSet.steps``, which keeps it as
+    ``source``) hands out, or why there is none: only worker processes write a ring, and only borrowed steps are
+    its views (the others are copies, or arrays this process stacked)."""
+    made = getattr(steps, "source", steps)
+    if not isinstance(made, _Stream):
+        return None, ("the steps are made in this process (no input workers' ring: fewer than 2 workers, a single "
+                      "sample, or inputs stacked on another axis than 0)")
+    if not made.borrowed:
+        return None, "the steps are copies of the input workers' ring"
+    return made.ring, ""
 
 
 def _ring_folder(size: int) -> str | None:
@@ -552,6 +593,15 @@ class _Stream:
         elif not self._borrowed:
             arrays = {name: array.copy() for name, array in arrays.items()}
         return Step(start, arrays, infos)
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether the steps' arrays are views of the ring (``ring``), not copies."""
+        return self._borrowed
+
+    @property
+    def ring(self) -> _Ring:
+        return self._feeder.ring
 
     def close(self) -> None:
         self._feeder.close()

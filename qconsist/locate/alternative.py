@@ -75,6 +75,6 @@ def measure_alternative(
 def recommend_reports(reports: Sequence[ConfigReport], timing_based: dict[str, bool], max_cost: float) -> Recommendation:
     return recommend([
         ConfigOutcome(r.label, r.stable and bool(r.faithful.get("faithful", False)), r.latency.median_ms,
-                      timing_based.get(r.label, False), False)
+                      timing_based.get(r.label, False), False, r.latency.p25_ms, r.latency.p75_ms, r.latency.rounds_ms)
         for r in reports if r.latency is not None
     ], max_cost)

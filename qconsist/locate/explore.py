@@ -11,8 +11,9 @@ Steps, for every variant (a named set of execution options):
    hashes per sample are kept;
 2. repeats: K-1 fresh sessions per variant compared with the reference session (``repeats.py``);
 3. comparisons: the reference variant vs each other one, and TF32 on vs off per search mode;
-4. a production session (the model as the application loads it): latency, and its final outputs checked
-   bit for bit against the observed ones (``FaithfulCheck``: the observation must not change what runs);
+4. a production session per variant (the model as the application loads it): the latencies, timed side by
+   side in rounds (``qconsist.locate.latency.side_by_side``), and its final outputs checked bit for bit against
+   the observed ones (``FaithfulCheck``: the observation must not change what runs);
 5. with ``contention``: the repeats again while ``GpuLoad`` keeps the GPU busy;
 6. the recommendation (``decision.py``).
 
@@ -36,7 +37,7 @@ from qconsist.locate.comparison import PairResult
 from qconsist.locate.contention import LoadSummary
 from qconsist.locate.config import GpuConfig, Tf32Override, default_matrix, tf32_pairs, timing_based
 from qconsist.locate.decision import DEFAULT_MAX_COST, ConfigOutcome, recommend
-from qconsist.locate.latency import LatencyOptions, LatencyStats, measure_latency
+from qconsist.locate.latency import LatencyOptions, LatencyStats, side_by_side
 from qconsist.locate.observe import Observer
 from qconsist.locate.report import ConfigReport, LocateReport, Tf32Pair, Tf32Section, sensitive_nodes
 from qconsist.locate.repeats import ReferenceRuns, RepeatOutcome, compare_configs, repeat_phase, run_to_run
@@ -119,16 +120,15 @@ def gpu_variants(configs: Sequence[GpuConfig]) -> tuple[list[Variant], list[Comp
     return variants, list(comparisons.values())
 
 
-def _faithful_and_latency(observer: Observer, reference_session: Any, samples: Sequence[Sample],
-                          options: LatencyOptions) -> tuple[LatencyStats, dict]:
-    stats, production = measure_latency(observer.production_session, samples, options)
+def _faithful(observer: Observer, reference_session: Any, production: Any, samples: Sequence[Sample]) -> dict:
+    """The production session's final outputs against the observed ones, sample by sample (``FaithfulCheck``)."""
     check = FaithfulCheck()
     outputs = list(observer.graph.outputs)
     for s, sample in enumerate(samples):
         produced = production.run(outputs, dict(sample))
         observed = Observer.observe(reference_session, sample).outputs(outputs)
         check.add(s, [np.asarray(p) for p in produced], observed)
-    return stats, check.to_json()
+    return check.to_json()
 
 
 class _Exploration:
@@ -192,18 +192,24 @@ class Comparisons:
 
 @dataclass(frozen=True)
 class Latency:
-    """Each variant's production session: its latency, and its outputs checked against the observed ones."""
+    """Each variant's production session: the latencies, timed side by side (``side_by_side``: all the production
+    sessions alive together, their timed runs in rounds, so a change of load weighs on every variant alike), then
+    each session's outputs checked against the observed ones. The production sessions are released when the phase
+    ends, before the contention phase loads the device."""
 
     options: LatencyOptions
     name: str = "latency"
 
     def run(self, state: _Exploration) -> None:
         references = state.references
-        with state.progress.task("latency", len(state.variants)) as handle:
-            for v in state.variants:
-                state.timings[v.label] = _faithful_and_latency(references.observers[v.label],
-                                                               references.sessions[v.label], state.samples, self.options)
-                handle.advance()
+        makers = [references.observers[v.label].production_session for v in state.variants]
+        stats, sessions = side_by_side(makers, state.samples, self.options, state.progress)
+        try:
+            for v, latency, production in zip(state.variants, stats, sessions):
+                state.timings[v.label] = latency, _faithful(references.observers[v.label], references.sessions[v.label],
+                                                            production, state.samples)
+        finally:
+            sessions.clear()
 
 
 @dataclass(frozen=True)
@@ -305,7 +311,7 @@ def explore(
                for v in variants]
     decision = recommend([
         ConfigOutcome(r.label, r.stable and r.faithful.get("faithful", False), r.latency.median_ms, v.timing_based,
-                      load is not None, r.latency.p25_ms, r.latency.p75_ms)
+                      load is not None, r.latency.p25_ms, r.latency.p75_ms, r.latency.rounds_ms)
         for r, v in zip(reports, variants)
     ], max_cost)
     tagged = [("run-to-run" if o.phase == "run-to-run" else "repeat", c)

@@ -23,9 +23,9 @@ from qconsist.locate.comparison import NodeDifference, PairResult
 from qconsist.locate.config import Tf32Override
 from qconsist.locate.contention import LoadSummary
 from qconsist.locate.fp16 import Fp16Report
-from qconsist.locate.decision import Recommendation
+from qconsist.locate.decision import Recommendation, cost
 from qconsist.inference.engines import EngineRecord
-from qconsist.locate.latency import LatencyStats
+from qconsist.locate.latency import LatencyStats, paired_ratios
 from qconsist.locate.repeats import RepeatOutcome
 from qconsist.store.serde import serialized
 
@@ -196,3 +196,14 @@ class LocateReport:
             if cfg.label == label:
                 return cfg
         raise KeyError(label)
+
+    def cost(self, label: str) -> float | None:
+        """A configuration's cost against the fastest (``qconsist.locate.decision.cost``): the median of its paired
+        ratios where the two were timed side by side, else the ratio of the medians; None where unmeasured."""
+        rec = self.recommendation
+        latency = self.config(label).latency
+        if rec is None or latency is None or not rec.fastest_ms:
+            return None
+        fastest = next((c.latency for c in self.configs if c.label == rec.fastest), None)
+        pairs = paired_ratios(latency.rounds_ms, fastest.rounds_ms if fastest is not None else None, rec.fastest)
+        return cost(latency.median_ms, rec.fastest_ms, pairs)

@@ -68,6 +68,19 @@ class Accuracy:
 
 @serialized
 @dataclass
+class InputMemory:
+    """Whether production's inputs were fed from page-locked host memory (``qconsist.inference.pinned``): the input
+    workers' ring registered with the CUDA runtime for the whole run (``bytes``), or why not (``note``: "CPU EP",
+    no ring, CuPy missing, the driver's refusal). The same bits either way: it changes how fast the inputs reach the
+    GPU, never what they are."""
+
+    page_locked: bool = False
+    bytes: int = 0
+    note: str = ""
+
+
+@serialized
+@dataclass
 class InferenceSection:
     """``sections.inference`` of an inference run."""
 
@@ -82,6 +95,7 @@ class InferenceSection:
     output_files: list[str] = field(default_factory=list)  # qconsist.outputs/2, in the order of ``outputs``
     accuracy: Accuracy | None = None  # where the inputs had labels and the model one class-scores output
     accuracy_note: str = ""  # why no accuracy was recorded although the inputs had labels
+    input_memory: InputMemory | None = None  # page-locked inputs or why not (None: a run written before it was recorded)
 
     @classmethod
     def read(cls, run: str, data: Any) -> "InferenceSection":

@@ -52,4 +52,9 @@ def test_rendering_reads_like_the_investigation(report):
     assert "threads=1 vs threads=3" in text and first in text
     assert "Origin nodes: outputs differ while all inputs are bit-identical" in text
     assert "recommendation: cudnn_conv_algo_search=" in text
+    # the configurations were timed side by side (5 rounds): the cost is the median of the paired ratios
+    rec = report.recommendation
+    assert rec.paired is not None and rec.paired.rounds == 5 and rec.cost == rec.paired.median
+    assert f"{rec.cost:.2f}x the fastest ({rec.fastest} {rec.fastest_ms:.2f} ms) by the median of 5 rounds timed side by side;" in text
+    assert [report.cost(c.label) for c in report.configs if c.label == rec.fastest] == [1.0]
     assert "Latency per config (ms, batch 1)" in text

@@ -436,3 +436,54 @@ def test_the_dump_keeps_every_tensor_where_a_step_of_two_runs_other_kernels_for_
     one = _run(model, tmp_path / "x.npy", tmp_path, "one", level="disable")
     result = diff_runs(one.run_dir, two.run_dir)
     assert result.passed and result.tensors.compared == 5 and [n.label for n in result.tensors.nodes] == []
+
+
+def test_a_tensor_two_near_samples_cannot_place_is_placed_by_a_further_sample():
+    """Measured on an H200: a CUDA dump of open_nsfw QDQ at --batch-size 32 left one tensor out,
+    prob_QuantizeLinear_Input (the Softmax before the last QuantizeLinear): "no axis holds the samples one after
+    the other". Samples 0 and 1 of the photograph folder give it [0.9862, 0.0138] and [0.9876, 0.0124] (0.0014
+    apart, on the CPU here), and the step of two's kernels move it as far, so neither half is nearer its own
+    sample. A further sample ([0.899, 0.101]) tells the halves apart and places it on axis 0; a tensor that mixes
+    the samples stays unknown whatever the pair, and says how many samples were tried."""
+    from qconsist.inference.batch import NO_AXIS, Split, probe_splits
+
+    s0, s1, s2 = ({"x": np.array([v], np.float32)} for v in ([0.9862, 0.0138], [0.9876, 0.0124], [0.899, 0.101]))
+
+    def run(feed):  # a step of two moves its first position by 0.002 (other kernels): no bit-for-bit swap either
+        x = feed["x"].copy()
+        if len(x) == 2:
+            x[0] += np.float32([-0.002, 0.002])
+        return [x, np.broadcast_to(x.mean(axis=0, keepdims=True), x.shape).copy()]
+
+    stack = lambda samples: {"x": np.concatenate([s["x"] for s in samples])}  # noqa: E731
+    alone = probe_splits(run, s0, s1, stack, "t")
+    assert [s.kind for s in alone] == ["unknown", "unknown"] and alone[0].why == NO_AXIS
+    asked = []
+
+    def more():
+        for sample in (s2, s1):
+            asked.append(sample)
+            yield sample
+
+    placed = probe_splits(run, s0, s1, stack, "t", more)
+    assert placed[0] == Split("axis", 0, 1)
+    assert placed[1].kind == "unknown" and placed[1].why == f"{NO_AXIS} (nor with 3 other samples)"
+    assert len(asked) == 2  # read one at a time while a tensor is still open
+    assert probe_splits(run, s0, s2, stack, "t", more)[0] == Split("axis", 0, 1)
+
+
+def test_further_samples_are_the_same_ones_every_time_and_differ_from_the_first():
+    from qconsist.inference.batch import further_samples
+
+    data = [{"x": np.full((1, 2), i // 2, np.float32)} for i in range(40)]  # samples 2k and 2k+1 equal
+    read = []
+
+    def sample(i):
+        read.append(i)
+        return data[i]
+
+    more = further_samples(sample, 40, data[20])  # the middle one equals the first: skipped
+    first = [int(s["x"][0, 0]) for s in more()]
+    again = [int(s["x"][0, 0]) for s in more()]
+    assert first == again == [19, 5, 15] and read == [20, 39, 10, 30, 20, 39, 10, 30]
+    assert list(further_samples(sample, 2, data[0])()) == []  # two samples: none further
