@@ -446,9 +446,11 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     pin = parts.beside("pin inputs", "pin inputs", _pin_part, opened, options, after=opened) \
         if options.provider in PINNED_PROVIDERS else None
     plan = None
-    if request.dump:  # what needs no step of the model begins at once; the splits wait for the probe (``_plan_part``)
+    if request.dump:  # what needs no step of the model begins at once; the splits wait for the probe (``_plan_part``,
+        # timed from the probe's end)
         exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"))
-        split = parts.beside("dump plan splits", "dump plan", _plan_part, probe, exposed) if probe is not None else exposed
+        split = parts.beside("dump plan splits", "dump plan", _plan_part, probe, exposed, after=probe) \
+            if probe is not None else exposed
         plan = (exposed, split)
         if _device_asked(request):  # the device recorder's start (CuPy, its kernels) begun beside, unplaced: its
             # error is the recorder's own, raised by its start on the main thread at its place, as before
