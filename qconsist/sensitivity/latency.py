@@ -1,8 +1,8 @@
 """What keeping nodes in float costs at run time: the float, all-quantized and proposed models timed side by side
 on the chosen execution provider.
 
-The three sessions are made first; each runs once (the CUDA EP's algorithm search) and ``warmup`` times; then
-the timed runs are interleaved — one run of each model in turn, the order rotating, each on the next sample — so
+The three sessions are made first; each runs once (the CUDA EP's algorithm search); then the warm-up and the timed
+runs are interleaved — one run of each model in turn, the order rotating, each on the next sample — so
 that a machine that slows down or speeds up meanwhile weighs on every model alike. Medians of ``runs`` timed
 runs each (``qconsist.locate.latency.summarise``); the cost is the proposed model's median over the all-quantized
 model's.
@@ -10,11 +10,12 @@ model's.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
-from qconsist.locate.latency import LatencyOptions, summarise
+from qconsist.locate.latency import LatencyOptions
+from qconsist.locate.latency import side_by_side as timed_side_by_side
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.inputs import InputSet
 from qconsist.progress import NULL_PROGRESS, Progress
@@ -24,30 +25,11 @@ from qconsist.sensitivity.result import Latency
 @ort_logged()
 def side_by_side(models: Sequence[Path], execution: ExecutionOptions, inputs: InputSet,
                  options: LatencyOptions = LatencyOptions(), progress: Progress = NULL_PROGRESS) -> list:
-    """``LatencyStats`` of each model, timed interleaved (see the module docstring)."""
+    """``LatencyStats`` of each model, timed interleaved (``locate.latency.side_by_side``: the module docstring)."""
     samples = [inputs.sample(i) for i in range(min(len(inputs), 8))]
-    sessions, made_ms, first_ms = [], [], []
-    for model in models:
-        start = time.perf_counter()
-        session = create_session(model, execution)
-        made = time.perf_counter()
-        session.run(None, samples[0])
-        first_ms.append((time.perf_counter() - made) * 1e3)
-        made_ms.append((made - start) * 1e3)
-        for i in range(options.warmup):
-            session.run(None, samples[i % len(samples)])
-        sessions.append(session)
-    times: list[list[float]] = [[] for _ in models]
-    with progress.task("timing", options.runs) as task:
-        for run in range(options.runs):
-            sample = samples[run % len(samples)]
-            for k in range(len(models)):
-                index = (run + k) % len(models)
-                start = time.perf_counter()
-                sessions[index].run(None, sample)
-                times[index].append((time.perf_counter() - start) * 1e3)
-            task.advance()
-    return [summarise(t, made, first, options.warmup) for t, made, first in zip(times, made_ms, first_ms)]
+    stats, _ = timed_side_by_side([partial(create_session, model, execution) for model in models], samples, options,
+                                  progress, "timing")
+    return stats
 
 
 def latency_cost(float_model: Path, quantized: Path, proposed: Path, execution: ExecutionOptions, inputs: InputSet,
