@@ -19,11 +19,13 @@ and the tensors ORT holds in another axis order than the original model's (``rel
 ``prefer_nhwc``), which are put back in the original's order and fingerprinted on the host, as a host dump
 records them.
 
-CuPy (``cupy-cuda13x``, extra ``gpu``) is imported when a CUDA dump starts, never before.
+CuPy (``cupy-cuda13x``, extra ``gpu``) is imported when a CUDA dump starts, never before: beside production's
+session (``start``, a part of the run's start-up), so that the recorder finds it imported and its kernels loaded.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import logging
 from dataclasses import dataclass
@@ -219,6 +221,7 @@ extern "C" __global__ void fingerprint_arena(
 """
 
 _module: dict[str, Any] = {}
+_loading = threading.Lock()  # one load of the kernels: ``start``'s in a start-up thread, or the recorder's
 
 
 def _cupy() -> Any:
@@ -226,11 +229,26 @@ def _cupy() -> Any:
         import cupy
     except ImportError as exc:
         raise UnavailableError(f"on-device dumps need CuPy for CUDA 13: install qconsist[gpu] (cupy-cuda13x) ({exc})") from None
-    if not _module:
-        raw = cupy.RawModule(code=_SOURCE, options=("-std=c++14",))
-        _module.update(chunk_stats=raw.get_function("chunk_stats"), segment_reduce=raw.get_function("segment_reduce"),
-                       fingerprint_arena=raw.get_function("fingerprint_arena"))
+    with _loading:  # the recorder's start waits here for a load ``start`` has begun
+        if not _module:
+            raw = cupy.RawModule(code=_SOURCE, options=("-std=c++14",))
+            _module.update(chunk_stats=raw.get_function("chunk_stats"), segment_reduce=raw.get_function("segment_reduce"),
+                           fingerprint_arena=raw.get_function("fingerprint_arena"))
     return cupy
+
+
+def start(device_id: int) -> None:
+    """CuPy imported and the kernels loaded on GPU ``device_id`` (its context made) now, in a thread beside the run's
+    start-up, so that ``DeviceDump`` — the recorder's start on the main thread — finds them (0.93 s of an H200 run's
+    start-up on the main thread before). A failure is left to that start: ``_cupy`` there tries again and raises its
+    error at the recorder's place in the start-up, as it did when nothing began it earlier."""
+    try:
+        import cupy
+
+        with cupy.cuda.Device(device_id):
+            _cupy()
+    except Exception as exc:  # noqa: BLE001 - raised again, in its place, by the recorder's start
+        log.debug("dump: CuPy's start beside the start-up failed (%s); the recorder's start says why", exc)
 
 
 @dataclass

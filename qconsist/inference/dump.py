@@ -216,10 +216,16 @@ class Probe:
 
 def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe: Probe | None = None,
               finals: dict[str, Split] | None = None) -> DumpPlan:
-    """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session.
-    ``probe``: for steps of several samples, find how each tensor divides among them; a tensor that cannot be
-    divided is left out (``left_out``), a final output that cannot refuses the run. ``finals``: the model's
-    outputs' splits as the run found them (on the CPU, ``runner._output_splits``), which the dump keeps for them."""
+    """Save ORT's optimized graph of ``model_path`` under ``options`` and build the dumping session
+    (``expose_plan``); for steps of several samples, how each tensor divides among them (``split_plan``)."""
+    return split_plan(expose_plan(model_path, options, dump_dir), probe, finals)
+
+
+def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan:
+    """The plan of a dump one sample at a time (every split ``ONE``): ORT's optimized graph of ``model_path``
+    under ``options`` saved in ``dump_dir``, every tensor exposed, the dumping session made, each tensor's origin.
+    It needs no step of the model, so a run makes it at once, beside the probe of its outputs' batch axes, and
+    ``split_plan`` adds the splits once that probe is done (``runner._plan_part``)."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     original = read_onnx(model_path, external_data=True)
@@ -287,14 +293,26 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     )
     plan.left_out = left_out
     plan.splits = [ONE] * len(names)
-    if probe is not None:
-        plan.splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
-                                   probe.stack, "the dump of the model", probe.more)
-        for name, split in (finals or {}).items():
-            if name in plan.outputs:
-                plan.splits[plan.column(name)] = split
-        _leave_out_unsplittable(plan)
     return plan
+
+
+def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | None = None) -> DumpPlan:
+    """``plan`` (``expose_plan``'s, unchanged) for steps of several samples: ``probe`` finds how each tensor divides
+    among them (its two steps run through the dumping session); a tensor that cannot be divided is left out
+    (``left_out``), a final output that cannot refuses the run. ``finals``: the model's outputs' splits as the run
+    found them (on the CPU, ``runner._output_splits``), which the dump keeps for them. No probe: ``plan`` itself."""
+    if probe is None:
+        return plan
+    names = [t.name for t in plan.tensors]
+    session: Any = plan.session
+    splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
+                          probe.stack, "the dump of the model", probe.more)
+    split = dataclasses.replace(plan, splits=splits, left_out=dict(plan.left_out))
+    for name, found in (finals or {}).items():
+        if name in split.outputs:
+            split.splits[split.column(name)] = found
+    _leave_out_unsplittable(split)
+    return split
 
 
 def _checked_channels(tensor: TensorOrigin, shape: tuple | None, block: int) -> TensorOrigin:

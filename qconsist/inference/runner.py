@@ -34,7 +34,7 @@ from qconsist.environment import fingerprint as environment_fingerprint
 from qconsist.environment import prefetch_gpus
 from qconsist.errors import ConfigError, InputError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, distinct_second, further_samples, probe_splits
-from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, observed_graph, plan_dump, select_raw
+from qconsist.inference.dump import DumpPlan, Probe, RawMode, RawSelection, expose_plan, observed_graph, select_raw, split_plan
 from qconsist.inference.engines import EngineRecord, EngineRequest, record_engines
 from qconsist.inference.fingerprint import HASH_FUNCTION, HASH_FUNCTIONS, check_hash_functions
 from qconsist.inference.graphmap import structure_hash
@@ -42,7 +42,7 @@ from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.pinned import PROVIDERS as PINNED_PROVIDERS
 from qconsist.inference.pinned import pin_inputs
 from qconsist.inference.reader import load_dump
-from qconsist.inference.recording import StepRecorder, make_recorder
+from qconsist.inference.recording import StepRecorder, begin_device, make_recorder
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
 )
@@ -305,7 +305,10 @@ class _Parts:
 
     def __init__(self, clock: Startup) -> None:
         self.clock = clock
-        self.pool = ThreadPoolExecutor(8, thread_name_prefix="qconsist-start")
+        # a thread per part: most of them wait (for the inputs, the sample, the probe) in their thread, and with 8
+        # the dump plan's exposed graph, the 10th part, waited for a thread until the folder was listed (the H200's
+        # 50,000 JPEGs: 1.31 s)
+        self.pool = ThreadPoolExecutor(16, thread_name_prefix="qconsist-start")
         self.placed: list[tuple[int, str, Future]] = []
         self.every: list[Future] = []
 
@@ -443,8 +446,15 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     pin = parts.beside("pin inputs", "pin inputs", _pin_part, opened, options, after=opened) \
         if options.provider in PINNED_PROVIDERS else None
     plan = None
-    if request.dump:
-        plan = parts.beside("dump plan", "dump plan", _plan_part, probe, model_path, options, run.file("dump"))
+    if request.dump:  # what needs no step of the model begins at once; the splits wait for the probe (``_plan_part``,
+        # timed from the probe's end)
+        exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"))
+        split = parts.beside("dump plan splits", "dump plan", _plan_part, probe, exposed, after=probe) \
+            if probe is not None else exposed
+        plan = (exposed, split)
+        if _device_asked(request):  # the device recorder's start (CuPy, its kernels) begun beside, unplaced: its
+            # error is the recorder's own, raised by its start on the main thread at its place, as before
+            parts.beside("recorder start", None, begin_device, int(options.option("device_id") or 0), after=opened)
     # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
     # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
     sleeping = request.dump and options.provider == "cpu"
@@ -532,12 +542,11 @@ def _probe_part(outputs: Future, opened: Future, path: Path) -> _Probed:
     return _Probed(probe, _output_splits(session, probe, path))
 
 
-def _plan_part(probe: Future | None, model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan | None:
-    """The dump's plan once the probe has found the outputs' batch axes (None: the probe could not run)."""
-    probed = probe.result() if probe is not None else _Probed(None, None)
-    if probed.error is not None:
-        return None
-    return plan_dump(model_path, options, dump_dir, probed.probe, probed.finals)
+def _plan_part(probe: Future, exposed: Future) -> DumpPlan:
+    """The dump's plan (``exposed``: ``expose_plan``'s, made meanwhile) split as the probe found the outputs' batch
+    axes (none found — the probe could not run, or had nothing to probe —: one sample at a time)."""
+    probed = probe.result()
+    return split_plan(exposed.result(), probed.probe, probed.finals)
 
 
 def _outputs_session(path: Path, options: ExecutionOptions) -> Any:
@@ -563,8 +572,9 @@ def _output_splits(session: Any, probe: Probe, path: Path) -> dict[str, Split]:
 
 
 def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: RunDirectory, model_path: Path,
-              production: Any, parts: _Parts, probe: Future | None, plan: Future | None) -> _Prepared:
-    """Production's checks, the probe's and the dump plan's findings (parts done beside), the recorder."""
+              production: Any, parts: _Parts, probe: Future | None, plan: tuple[Future, Future] | None) -> _Prepared:
+    """Production's checks, the probe's and the dump plan's findings (parts done beside: ``plan`` is the exposed
+    graph's and the split one's), the recorder."""
     options, batch = request.options, request.batch_size
     _check_outputs(production, source.path)
     if batch != 1:
@@ -577,15 +587,14 @@ def _sessions(source: ModelSource, inputs: InputSet, request: RunRequest, run: R
     probed = parts.result("output probe", probe) if probe is not None else _Probed(None, None)
     if probed.error is not None and probing:
         raise probed.error  # the model run does not load on the CPU nor on the run's EP
-    if probing != (probed.probe is not None):  # production's inputs read otherwise than the outputs session's
+    refit = probing != (probed.probe is not None)
+    if refit:  # production's inputs read otherwise than the outputs session's
         probed = _Probed(_probe(inputs), None) if probing else _Probed(None, None)
         probed.finals = _output_splits(_outputs_session(model_path, options), probed.probe, source.path) if probing else None
-        plan = None
     found = None
-    if request.dump:
-        found = parts.result("dump plan", plan) if plan is not None else None
-        if found is None:
-            found = plan_dump(model_path, options, run.file("dump"), probed.probe, probed.finals)
+    if plan is not None:  # refit: the exposed graph split again as production reads its inputs, not made twice
+        found = split_plan(parts.result("dump plan", plan[0]), probed.probe, probed.finals) if refit else \
+            parts.result("dump plan", plan[1])
     splits = [ONE] * len(outputs)
     if found is not None:
         splits = [found.splits[found.column(name)] for name in outputs]
@@ -634,10 +643,16 @@ def _run(session: Any, feed: dict[str, np.ndarray], path: Path, where: str = "")
         raise UnsupportedModelError(f"onnxruntime cannot run model {path}{where}: {ort_message(exc)}") from None
 
 
+def _device_asked(request: RunRequest) -> bool:
+    """Whether a dump is to fingerprint on the GPU: asked for, or ``auto`` on the CUDA EP with CuPy installed."""
+    cuda_auto = request.fingerprints == "auto" and request.options.provider == "cuda"
+    return request.fingerprints == "device" or (cuda_auto and _cupy_installed())
+
+
 def _on_device(plan: DumpPlan | None, request: RunRequest) -> bool:
     """Whether a dump fingerprints on the GPU: asked for, or ``auto`` on the CUDA EP with CuPy installed."""
     cuda_auto = request.fingerprints == "auto" and request.options.provider == "cuda"
-    on_device = plan is not None and (request.fingerprints == "device" or (cuda_auto and _cupy_installed()))
+    on_device = plan is not None and _device_asked(request)
     if plan is not None and cuda_auto and not on_device:
         log.warning("CuPy is not installed (qconsist[gpu] brings cupy-cuda13x): fingerprinting on the host, "
                     "which copies every tensor off the GPU; the hashes are the same function (qc-mix64/1)")
