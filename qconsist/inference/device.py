@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from qconsist.errors import UnavailableError
+from qconsist.inference.cupy_loader import import_cupy
 from qconsist.inference.fingerprint import DTYPES, HASH_FUNCTION, RECORD, ShapeTable, fingerprint
 from qconsist.inference.layout import to_original
 
@@ -226,7 +227,7 @@ _loading = threading.Lock()  # one load of the kernels: ``start``'s in a start-u
 
 def _cupy() -> Any:
     try:
-        import cupy
+        cupy = import_cupy()
     except ImportError as exc:
         raise UnavailableError(f"on-device dumps need CuPy for CUDA 13: install qconsist[gpu] (cupy-cuda13x) ({exc})") from None
     with _loading:  # the recorder's start waits here for a load ``start`` has begun
@@ -243,8 +244,7 @@ def start(device_id: int) -> None:
     start-up on the main thread before). A failure is left to that start: ``_cupy`` there tries again and raises its
     error at the recorder's place in the start-up, as it did when nothing began it earlier."""
     try:
-        import cupy
-
+        cupy = import_cupy()
         with cupy.cuda.Device(device_id):
             _cupy()
     except Exception as exc:  # noqa: BLE001 - raised again, in its place, by the recorder's start

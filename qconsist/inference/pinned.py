@@ -30,6 +30,7 @@ import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from qconsist.inference.cupy_loader import import_cupy
 from qconsist.inference.session import ExecutionOptions
 from qconsist.inputs.stream import shared_ring
 from qconsist.store.sections import InputMemory
@@ -44,9 +45,7 @@ MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: what cudaPointerGetAttributes says o
 def cuda_runtime() -> Any:
     """CuPy's binding of the CUDA runtime (``cupy.cuda.runtime``), imported here: 0.3-0.9 s on the GPU machine,
     so only in a thread beside the main one. The one place this module looks the runtime up."""
-    from cupy.cuda import runtime
-
-    return runtime
+    return import_cupy().cuda.runtime  # one thread at a time: the device recorder's start imports CuPy too
 
 
 def why_pageable(options: ExecutionOptions, steps: Any) -> str:
