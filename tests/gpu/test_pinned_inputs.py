@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from photo_files import photo
+from qconsist.diff import diff_runs
 from qconsist.inference import ExecutionOptions, RunRequest, resolve_model, run_inference
 from qconsist.inference.session import input_specs
 from qconsist.inputs import open_input_set
@@ -58,3 +59,28 @@ def test_page_locked_inputs_give_the_same_bits_as_pageable_ones(nsfw_models, tmp
     for name in ("outputs/o0.npy", "inputs/samples.jsonl"):
         assert _md5(locked.run_dir / name) == _md5(pageable.run_dir / name), name
     assert locked.samples == pageable.samples == COUNT
+
+
+def test_a_device_dump_with_input_workers_page_locks_them_and_records_what_a_pageable_dump_does(nsfw_models, tmp_path):
+    """The two start-up parts that want CuPy on the CUDA EP — the page-locking of the input workers' ring and the
+    device recorder's start — begin together once the inputs are opened: on an H200 they imported CuPy at once and
+    the dump ended in an internal error (a partially initialized ``cupy``). A device dump with 4 input workers
+    page-locks their ring and its records and outputs are those of the same dump fed without workers."""
+    folder = tmp_path / "jpegs"
+    for n in range(96):
+        photo(folder / f"{n:04d}.jpg", n, (160 + n % 7, 120))
+    model = nsfw_models["qdq"]
+    config = load_pipeline(REPO / "pipelines" / "open_nsfw.toml")
+    options = ExecutionOptions("cuda", {"cudnn_conv_algo_search": "HEURISTIC"})
+    request = RunRequest(options, batch_size=32, dynamic_batch=True, dump=True, fingerprints="device")
+    runs = {}
+    for workers in (4, 0):
+        inputs = open_input_set(folder, config.preprocess, input_specs(model)[0].name).with_workers(workers)
+        runs[workers] = run_inference(resolve_model(model), inputs, request, tmp_path / "runs", run_id=f"d{workers}")
+    memory = json.loads((runs[4].run_dir / "manifest.json").read_text())["sections"]["inference"]["input_memory"]
+    assert memory["page_locked"] is True
+    assert runs[4].dump.faithful and runs[0].dump.faithful and runs[4].dump.tensors == runs[0].dump.tensors
+    for name in ("outputs/o0.npy", "inputs/samples.jsonl"):
+        assert _md5(runs[4].run_dir / name) == _md5(runs[0].run_dir / name), name
+    compared = diff_runs(runs[0].run_dir, runs[4].run_dir)
+    assert compared.passed and compared.tensors.compared == runs[0].dump.tensors and compared.tensors.nodes == []
