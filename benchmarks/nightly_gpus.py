@@ -65,6 +65,12 @@ def _stages(entry: dict, runs: Path) -> list:
     return [(s.get("name"), (s.get("artifact") or {}).get("md5")) for s in manifest.get("stages") or []]
 
 
+def _pairs(one: dict, two: dict) -> list[tuple[dict, dict]]:
+    """The two nights' records of each model both ran (a kept one-GPU night may hold more: ``--only``)."""
+    second = {e["model"]: e for e in two["raw"]["entries"]}
+    return [(e, second[e["model"]]) for e in one["raw"]["entries"] if e["model"] in second]
+
+
 def _verdict(entry: dict) -> list:
     verdict = entry.get("verdict") or {}
     return [(c.get("name"), c.get("status")) for c in verdict.get("checks") or []]
@@ -117,7 +123,7 @@ def main() -> None:
         return
     one, two = results["one GPU"], results["two GPUs"]
     same = {}
-    for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):
+    for a, b in _pairs(one, two):
         same[a["model"]] = {"status": a["status"] == b["status"], "verdict": _verdict(a) == _verdict(b),
                             # a record kept without its md5s whose runs are gone: none to compare
                             "md5s": (bool(_stages(a, folder)) and _stages(a, folder) == _stages(b, folder))
@@ -127,8 +133,11 @@ def main() -> None:
     report = {
         "gpus": gpus, "config": str(config),
         "nights": {k: {kk: vv for kk, vv in v.items() if kk != "raw"} for k, v in results.items()},
-        "ratio_night": round(two["night_seconds"] / one["night_seconds"], 3) if one["night_seconds"] else None,
-        "ratio_process": round(two["process_seconds"] / one["process_seconds"], 3),
+        # the ratio only where both nights ran the same entries
+        "ratio_night": round(two["night_seconds"] / one["night_seconds"], 3)
+        if one["night_seconds"] and len(_pairs(one, two)) == len(one["raw"]["entries"]) else None,
+        "ratio_process": round(two["process_seconds"] / one["process_seconds"], 3)
+        if len(_pairs(one, two)) == len(one["raw"]["entries"]) else None,
         "entries_sum_one_gpu": round(sum(e["seconds"] for e in one["entries"]), 2),
         "same": same,
     }
@@ -149,7 +158,7 @@ def main() -> None:
         print(f"  {model}: " + ", ".join(f"{k} {'none recorded' if v is None else 'same' if v else 'DIFFERENT'}"
                                           for k, v in checks.items()))
     # where the verdicts differ, each night's checks that did not pass, with their messages
-    for a, b in zip(one["raw"]["entries"], two["raw"]["entries"]):
+    for a, b in _pairs(one, two):
         if _verdict(a) != _verdict(b):
             for label, entry in (("one GPU", a), ("two GPUs", b)):
                 for check in (entry.get("verdict") or {}).get("checks") or []:
