@@ -192,13 +192,15 @@ def _swaps(first: np.ndarray, second: np.ndarray, swapped_first: np.ndarray, swa
 
 def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: Sample,
                  stack: Callable[[list[Sample]], Sample], what: str,
-                 more: Callable[[], Iterable[Sample]] | None = None) -> list[Split]:
+                 more: Callable[[], Iterable[Sample]] | None = None,
+                 run_columns: Callable[[Sample, list[int]], Sequence[Any]] | None = None) -> list[Split]:
     """The split of every tensor ``run`` returns, from two different samples run alone and as one step, in
     both orders. ``more``: further samples, each probed with ``first`` in turn for the tensors no axis was found
     for yet (``NO_AXIS``) — two samples whose tensor is nearly the same tell nothing where an EP's kernels for a
     step of two move it by as much (on an H200, open_nsfw QDQ's softmax before its last QuantizeLinear: samples 0
     and 1 of a photograph folder 0.0014 apart, the step's kernels moving it as far). Only a batch axis is taken
-    from another pair; a tensor none establishes stays unknown."""
+    from another pair; a tensor none establishes stays unknown. ``run_columns(feed, columns)``: those tensors alone
+    (in that order), which the further pairs fetch instead of every tensor (a dump's session exposes hundreds)."""
     try:
         one, other = run(first), run(second)
         both, swapped = run(stack([first, second])), run(stack([second, first]))
@@ -209,9 +211,11 @@ def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: 
             if not open_:
                 break
             tried += 1
-            other, both, swapped = run(extra), run(stack([first, extra])), run(stack([extra, first]))
-            for c in open_:
-                split = classify(one[c], other[c], both[c], swapped[c])
+            fetch = (lambda feed: run_columns(feed, open_)) if run_columns is not None else \
+                (lambda feed: [run(feed)[c] for c in open_])
+            other, both, swapped = fetch(extra), fetch(stack([first, extra])), fetch(stack([extra, first]))
+            for k, c in enumerate(open_):
+                split = classify(one[c], other[k], both[k], swapped[k])
                 if split.kind == "axis":
                     splits[c] = split
         if tried:

@@ -39,7 +39,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import numpy as np
 import onnx
@@ -133,6 +133,12 @@ class DumpPlan:
         for c in converted:
             arrays[c] = self.recorded(c, arrays[c])
         return arrays
+
+    def run_columns(self, feed: dict[str, np.ndarray], columns: list[int]) -> list[np.ndarray]:
+        """The dumping session's tensors of ``columns`` alone for ``feed``, as ``to_original`` gives them."""
+        converted, session = set(self.converted), cast(Any, self.session)
+        arrays = session.run([self.tensors[c].name for c in columns], feed)
+        return [self.recorded(c, a) if c in converted else a for c, a in zip(columns, arrays)]
 
     @property
     def converted(self) -> list[int]:
@@ -306,7 +312,7 @@ def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | N
     names = [t.name for t in plan.tensors]
     session: Any = plan.session
     splits = probe_splits(lambda feed: plan.to_original(session.run(names, feed)), probe.first, probe.second,
-                          probe.stack, "the dump of the model", probe.more)
+                          probe.stack, "the dump of the model", probe.more, plan.run_columns)
     split = dataclasses.replace(plan, splits=splits, left_out=dict(plan.left_out))
     for name, found in (finals or {}).items():
         if name in split.outputs:

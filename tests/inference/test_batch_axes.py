@@ -419,9 +419,13 @@ def test_the_dump_keeps_every_tensor_where_a_step_of_two_runs_other_kernels_for_
     np.save(tmp_path / "x.npy", np.random.default_rng(3).normal(size=(4, 3, 8, 8)).astype(np.float32))
     real = dump.probe_splits
 
-    def probe(run, *args):  # the dump session's steps of two, as the probe sees them
-        return real(lambda feed: _other_kernels_for_two(run(feed), how) if next(iter(feed.values())).shape[0] == 2
-                    else run(feed), *args)
+    def moved(outputs, feed):
+        return _other_kernels_for_two(outputs, how) if next(iter(feed.values())).shape[0] == 2 else outputs
+
+    def probe(run, first, second, stack, what, more=None, run_columns=None):  # the dump session's steps of two, as
+        # the probe sees them (the further pairs' tensors too)
+        return real(lambda feed: moved(run(feed), feed), first, second, stack, what, more,
+                    None if run_columns is None else lambda feed, columns: moved(run_columns(feed, columns), feed))
 
     monkeypatch.setattr(dump, "probe_splits", probe)
     two = _run(model, tmp_path / "x.npy", tmp_path, "two", level="disable", batch_size=2)
@@ -470,6 +474,16 @@ def test_a_tensor_two_near_samples_cannot_place_is_placed_by_a_further_sample():
     assert placed[1].kind == "unknown" and placed[1].why == f"{NO_AXIS} (nor with 3 other samples)"
     assert len(asked) == 2  # read one at a time while a tensor is still open
     assert probe_splits(run, s0, s2, stack, "t", more)[0] == Split("axis", 0, 1)
+    fetched = []
+
+    def run_columns(feed, columns):  # the further pairs fetch the open tensors alone
+        fetched.append(list(columns))
+        outputs = run(feed)
+        return [outputs[c] for c in columns]
+
+    asked.clear()
+    assert probe_splits(run, s0, s1, stack, "t", more, run_columns) == placed
+    assert fetched == [[0, 1]] * 3 + [[1]] * 3  # both open after the first pair; the mixing one alone after s2
 
 
 def test_further_samples_are_the_same_ones_every_time_and_differ_from_the_first():
