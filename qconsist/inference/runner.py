@@ -827,6 +827,10 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
             dump = prepared.recorder.finish(len(inputs), lambda s: _production_distinct(prepared.production, inputs, request.batch_size, s))
         finally:
             prepared.recorder.close()
+            # the input workers stopped and their ring released (unregistered where it was page-locked) now, once
+            # no session reads a step: not after the run is recorded complete, where a Ctrl-C during that teardown
+            # made a complete run say "interrupted" (tests/store/test_signals.py)
+            opened.result().close()
         manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command,
                                    started.memory)
         if request.engines:
