@@ -828,8 +828,8 @@ def _inference(source: ModelSource, opened: Future, request: RunRequest, runs_ro
         finally:
             prepared.recorder.close()
             # the input workers stopped and their ring released (unregistered where it was page-locked) now, once
-            # no session reads a step: not after the run is recorded complete, where a Ctrl-C during that teardown
-            # made a complete run say "interrupted" (tests/store/test_signals.py)
+            # no session reads a step, not after the run is recorded complete: what follows that record is only the
+            # process's end, where a Ctrl-C still makes it say "interrupted" (tests/store/test_signals.py)
             opened.result().close()
         manifest, result = _record(source, inputs, request, run, model, prepared, writer, loop, dump, note, command,
                                    started.memory)
