@@ -211,9 +211,8 @@ def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: 
             if not open_:
                 break
             tried += 1
-            fetch = (lambda feed: run_columns(feed, open_)) if run_columns is not None else \
-                (lambda feed: [run(feed)[c] for c in open_])
-            other, both, swapped = fetch(extra), fetch(stack([first, extra])), fetch(stack([extra, first]))
+            fetch = run_columns or _every_column(run)
+            other, both, swapped = (fetch(feed, open_) for feed in (extra, stack([first, extra]), stack([extra, first])))
             for k, c in enumerate(open_):
                 split = classify(one[c], other[k], both[k], swapped[k])
                 if split.kind == "axis":
@@ -227,6 +226,15 @@ def probe_splits(run: Callable[[Sample], Sequence[Any]], first: Sample, second: 
         message = " ".join(str(exc).split())[:200]
         raise UnsupportedModelError(f"{what} cannot run a step of 2 samples ({message}); run with `batch_size` 1") from None
     return splits
+
+
+def _every_column(run: Callable[[Sample], Sequence[Any]]) -> Callable[[Sample, list[int]], list[Any]]:
+    """``probe_splits``' ``run_columns`` where none is given: ``run`` once, the columns taken from its tensors."""
+    def columns(feed: Sample, wanted: list[int]) -> list[Any]:
+        outputs = run(feed)
+        return [outputs[c] for c in wanted]
+
+    return columns
 
 
 def distinct_second(samples: Callable[[int], Sample], count: int, first: Sample, tries: int = 8) -> Sample:

@@ -27,7 +27,6 @@ import numpy as np
 from qconsist.inference import dump as dump_module
 from qconsist.inference import kernels
 from qconsist.inference.device import DeviceDump as GpuFingerprints
-from qconsist.inference.device import start as start_device
 from qconsist.inference.dump import DumpPlan, DumpRecorder, RawMode
 from qconsist.inference.host_binding import HostBinding
 from qconsist.inference.kernels import HASH_NAME
@@ -247,14 +246,6 @@ def _needs_kernels(session: Any) -> bool:
         if any(not isinstance(d, int) for d in dims) or int(np.prod(dims, dtype=np.int64)) > kernels.SMALL:
             return True
     return False
-
-
-def begin_device(device_id: int) -> None:
-    """CuPy imported and the device kernels loaded on GPU ``device_id``, in a thread beside the run's start-up
-    (``device.start``), so that ``DeviceDump`` on the main thread finds them; a failure is raised again there.
-    Host dumps begin nothing earlier: numba's kernels load in the recorder's worker while the first inputs come
-    (loaded beside the start-up instead, on 2 cores they slowed the plan's splits: start-up 1.29x, first step 1.02x)."""
-    start_device(device_id)
 
 
 def _dumped(run: Callable[[], Any]) -> Any:

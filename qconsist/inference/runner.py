@@ -42,7 +42,8 @@ from qconsist.inference.model import ModelSource, with_dynamic_batch
 from qconsist.inference.pinned import PROVIDERS as PINNED_PROVIDERS
 from qconsist.inference.pinned import pin_inputs
 from qconsist.inference.reader import load_dump
-from qconsist.inference.recording import StepRecorder, begin_device, make_recorder
+from qconsist.inference.device import start as begin_device
+from qconsist.inference.recording import StepRecorder, make_recorder
 from qconsist.inference.session import (
     ExecutionOptions, OptimizationLevel, create_session, input_specs, ort_message, records_type,
 )
@@ -453,7 +454,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
             if probe is not None else exposed
         plan = (exposed, split)
         if _device_asked(request):  # the device recorder's start (CuPy, its kernels) begun beside, unplaced: its
-            # error is the recorder's own, raised by its start on the main thread at its place, as before
+            # error is the recorder's own, raised by its start on the main thread at its place, as before. A host
+            # dump begins nothing earlier: numba's kernels loaded beside slowed the plan's splits on 2 cores
+            # (start-up 1.29x, first step 1.02x); they load in the recorder's worker while the first inputs come
             parts.beside("recorder start", None, begin_device, int(options.option("device_id") or 0), after=opened)
     # beside a dump on the CPU its idle threads sleep, as the dump session's do: spinning, they took a core from the
     # fingerprint worker (step of open_nsfw QDQ 78-118 ms against 121-161, load 3-4.5; kernels unchanged: dump.py)
