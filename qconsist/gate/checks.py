@@ -22,7 +22,6 @@ from qconsist.diff.artifacts import compare_artifacts
 from qconsist.inference.session import outputs_of
 from qconsist.locate.config import GpuConfig
 from qconsist.locate.decision import acceptance
-from qconsist.locate.latency import paired_ratios
 from qconsist.store.run import Run
 from qconsist.store.sections import Accuracy
 from qconsist.store.serde import to_jsonable
@@ -422,14 +421,13 @@ def _acceptable_pin(report: LocateReport, pinned: str) -> tuple[bool, str]:
         if varied:
             return False, f"under the pinned {pinned} the locate report saw {varied}"
         return False, f"pinned {pinned} was not bit-stable across fresh sessions (or not measured) in the locate report"
-    quickest = next((c.latency for c in report.configs if c.label == rec.fastest), None)
+    quickest = report.fastest_latency
     for config in _configs(report, want)[:1]:
         if config.latency is None or not rec.fastest_ms:
             break
-        pairs = paired_ratios(config.latency.rounds_ms, quickest.rounds_ms if quickest is not None else None,
-                              str(rec.fastest))
         accepted, why = acceptance(config.latency.median_ms, rec.fastest_ms, rec.max_cost, str(rec.fastest),
-                                   config.latency.p25_ms, quickest.p75_ms if quickest is not None else None, pairs)
+                                   config.latency.p25_ms, quickest.p75_ms if quickest is not None else None,
+                                   report.paired(config.latency))
         return accepted, why if accepted else f"pinned {pinned} is bit-stable but {why}"
     return False, f"the locate report has no latency for pinned {pinned}"
 

@@ -25,7 +25,7 @@ from qconsist.locate.contention import LoadSummary
 from qconsist.locate.fp16 import Fp16Report
 from qconsist.locate.decision import Recommendation, cost
 from qconsist.inference.engines import EngineRecord
-from qconsist.locate.latency import LatencyStats, paired_ratios
+from qconsist.locate.latency import LatencyStats, PairedCost, paired_ratios
 from qconsist.locate.repeats import RepeatOutcome
 from qconsist.store.serde import serialized
 
@@ -197,6 +197,18 @@ class LocateReport:
                 return cfg
         raise KeyError(label)
 
+    @property
+    def fastest_latency(self) -> LatencyStats | None:
+        """The latency of the fastest configuration (the recommendation's ``fastest``); None where unmeasured."""
+        rec = self.recommendation
+        return next((c.latency for c in self.configs if rec is not None and c.label == rec.fastest), None)
+
+    def paired(self, latency: LatencyStats) -> PairedCost | None:
+        """``latency``'s paired ratios to the fastest configuration's, where both were timed side by side."""
+        fastest = self.fastest_latency
+        return paired_ratios(latency.rounds_ms, fastest.rounds_ms if fastest is not None else None,
+                             str(self.recommendation.fastest) if self.recommendation is not None else "")
+
     def cost(self, label: str) -> float | None:
         """A configuration's cost against the fastest (``qconsist.locate.decision.cost``): the median of its paired
         ratios where the two were timed side by side, else the ratio of the medians; None where unmeasured."""
@@ -204,6 +216,4 @@ class LocateReport:
         latency = self.config(label).latency
         if rec is None or latency is None or not rec.fastest_ms:
             return None
-        fastest = next((c.latency for c in self.configs if c.label == rec.fastest), None)
-        pairs = paired_ratios(latency.rounds_ms, fastest.rounds_ms if fastest is not None else None, rec.fastest)
-        return cost(latency.median_ms, rec.fastest_ms, pairs)
+        return cost(latency.median_ms, rec.fastest_ms, self.paired(latency))
