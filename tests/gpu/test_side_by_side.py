@@ -180,9 +180,13 @@ def test_one_after_the_other_the_ratio_moves_side_by_side_it_does_not(head, burs
     assert loaded.rounds_ms is None and quiet.rounds_ms is None  # timed alone: nothing to pair
     sequential = loaded.median_ms / quiet.median_ms
     assert sequential > 1.3
-    refused, why = acceptance(loaded.median_ms, quiet.median_ms, 1.05, "quiet", loaded.p25_ms, quiet.p75_ms)
-    assert not refused and why == (f"{sequential:.2f}x the fastest (quiet), above the accepted 1.05x (medians compared: "
-                                   "the configurations were not timed side by side)")
+    # judged by their medians, as a report without paired timings is: refused, for a pin as fast as the other. (The
+    # unpaired quartile fallback is left out here: whether the loaded runs' 25th percentile reaches the quiet runs'
+    # 75th depends on how the scheduler sliced the burst and on what else the machine runs; CI once saw it overlap.
+    # The side-by-side half below does not depend on it.)
+    accepted, why = acceptance(loaded.median_ms, quiet.median_ms, 1.05, "quiet")
+    assert not accepted and why == (f"{sequential:.2f}x the fastest (quiet), above the accepted 1.05x (medians compared: "
+                                    "the configurations were not timed side by side)")
 
     progress = BurstDuringFirstHalf(burst)
     (first, second), sessions = side_by_side([make, make], head["samples"], TIMING, progress)
