@@ -50,6 +50,8 @@ def render_night(result) -> None:  # NightlyResult
         console.print(f"across {'devices' if comparison.scope == 'device' else 'GPU types'}: {comparison}")
     if result.seconds:
         console.print(f"wall time: {result.seconds:.1f} s (entries together: {sum(e.seconds for e in result.entries):.1f} s)")
+    if result.handout is not None and len(result.handout.order) > 1:
+        console.print(str(result.handout))
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
     failing = [entry.model for entry in result.entries if entry.status != "pass"]
