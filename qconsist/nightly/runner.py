@@ -179,27 +179,32 @@ def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only:
     again."""
     runner = executor if isinstance(executor, Executor) else make_executor(executor)
     check_only(config, only)
+    rule = _rule(runner, order)
     with runner:
-        return _night(config, runner, progress, only, across_gpus, order)
+        return _night(config, runner, progress, only, across_gpus, rule)
 
 
 def _rule(runner: Executor, order: Order | None) -> tuple[Order, str]:
     """The hand-out order and why."""
     concurrent = bool(getattr(runner, "concurrent", False))
     if order is not None:
-        return Order(order), "asked for"
+        try:
+            return Order(order), "asked for"
+        except ValueError:
+            raise ConfigError(f"unknown hand-out `order` {order!r}; choose one of: "
+                              f"{', '.join(o.value for o in Order)}") from None
     if concurrent:
         return Order.LONGEST_FIRST, ""
     return Order.FILE, f"the {runner.name} executor runs one entry after another: the order changes nothing of the wall time"
 
 
 def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Sequence[str], across_gpus: bool,
-           order: Order | None = None) -> NightlyResult:
+           rule: tuple[Order, str]) -> NightlyResult:
     history = History(config.history)
     with RunDirectory.create(config.runs_dir, "nightly", NIGHT_KIND) as night, \
             capture_ort_log(night.file(ORT_LOG), str(night.path / ORT_LOG)) as ort_log:
         tasks = night_tasks(config, history, night.run_id, only)
-        handed, handout = hand_out(tasks, history, night.run_id, *_rule(runner, order))
+        handed, handout = hand_out(tasks, history, night.run_id, *rule)
         log.info("%s", handout)
         abandoned = history.mark_abandoned()
         if abandoned:

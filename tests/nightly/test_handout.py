@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from nightly_files import convnet_entries
 from qconsist.cli import app
+from qconsist.errors import ConfigError
 from qconsist.history import History
 from qconsist.nightly import NightlyResult, Order, load_nightly, night_tasks, run_nightly
 from qconsist.nightly.order import hand_out, list_schedule
@@ -68,3 +69,11 @@ def test_list_scheduling_of_the_h200_night():
     assert list_schedule(list(seconds.values()), 1) == pytest.approx(sum(seconds.values()))
     with pytest.raises(ValueError, match="slots must be >= 1, got 0"):
         list_schedule([1.0], 0)
+
+
+def test_an_unknown_order_is_refused_before_the_night_starts(tmp_path):
+    path = convnet_entries(tmp_path, NAMES[:1])
+    with pytest.raises(ConfigError) as caught:
+        run_nightly(load_nightly(path), order="shortest-first")
+    assert caught.value.template == "unknown hand-out `order` 'shortest-first'; choose one of: longest-first, file"
+    assert not (tmp_path / "runs").exists()
