@@ -2,10 +2,13 @@
 
 An executor that runs several tasks at once (``ray``) starts them in the order it is given them, as resources
 free up. Handed out in the file's order, the longest entry may start last and set the end of the night alone
-(two GPUs: 218 s where 164 s was possible). Longest first (LPT list scheduling: each free slot takes the longest
-task left) ends within 4/3 of the best possible order, and needs only each task's length: here each history
-key's last recorded duration, the task's own wall seconds of its most recent entry that reached a verdict
-(``History.last_seconds``; a history older than schema version 3 has none).
+(the two-H200 night: 218 s, where list scheduling of the same durations longest first gives 170 s). Longest
+first (LPT list scheduling: each free slot takes the longest task left) ends within 4/3 of the best possible
+order, and needs only each task's length: here each history key's last recorded duration, the task's own wall
+seconds of its most recent entry that reached a verdict (``History.last_seconds``; a history older than schema
+version 3 has none). It assumes a task's length does not depend on what runs beside it (one entry per GPU); on
+a CPU machine whose cores other processes share it may lose (docs/nightly.md: 1.20 here), and
+``run_nightly(order=Order.FILE)`` keeps the file's order.
 
 A task with no known duration (a new entry, a new GPU type, a history without durations) is handed out
 first, in the file's order: it may be the longest, and the one thing longest first must avoid is a long task
