@@ -8,7 +8,7 @@ order, and needs only each task's length: here each history key's last recorded 
 seconds of its most recent entry that reached a verdict (``History.last_seconds``; a history older than schema
 version 3 has none). It assumes a task's length does not depend on what runs beside it (one entry per GPU); on
 a CPU machine whose cores other processes share it may lose (docs/nightly.md: 1.20 here), and
-``run_nightly(order=Order.FILE)`` keeps the file's order.
+``--order file`` (``run_nightly(order=Order.FILE)``) keeps the file's order.
 
 A task with no known duration (a new entry, a new GPU type, a history without durations) is handed out
 first, in the file's order: it may be the longest, and the one thing longest first must avoid is a long task

@@ -170,7 +170,7 @@ def night_tasks(config: NightlyConfig, history: History, night_id: str, only: Se
 
 def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only: Sequence[str] = (),
                 executor: ExecutorOptions | Executor | None = None, across_gpus: bool = False,
-                order: Order | None = None) -> NightlyResult:
+                order: Order | str | None = None) -> NightlyResult:
     """Run every model of ``config`` (or those named in ``only``) with ``executor`` (options or an executor;
     default: local); one model's failure does not stop the others. ``across_gpus``: also compare each model
     fanned out over GPU types across them (``qconsist.nightly.across``). ``order``: the hand-out order (default:
@@ -184,7 +184,7 @@ def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only:
         return _night(config, runner, progress, only, across_gpus, rule)
 
 
-def _rule(runner: Executor, order: Order | None) -> tuple[Order, str]:
+def _rule(runner: Executor, order: Order | str | None) -> tuple[Order, str]:
     """The hand-out order and why."""
     concurrent = bool(getattr(runner, "concurrent", False))
     if order is not None:

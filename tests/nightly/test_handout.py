@@ -77,3 +77,21 @@ def test_an_unknown_order_is_refused_before_the_night_starts(tmp_path):
         run_nightly(load_nightly(path), order="shortest-first")
     assert caught.value.template == "unknown hand-out `order` 'shortest-first'; choose one of: longest-first, file"
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_cli_chooses_the_order(tmp_path):
+    """``--order longest-first`` with the local executor: one after another, longest first by the last night's seconds."""
+    path = convnet_entries(tmp_path, NAMES)
+    first = run_nightly(load_nightly(path))
+    seconds = {e.model: e.seconds for e in first.entries}
+    expected = sorted(NAMES, key=lambda name: -seconds[name])
+    result = CliRunner().invoke(app, ["nightly", str(path), "--order", "longest-first", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["handout"]["order"] == expected and data["handout"]["reason"] == "asked for"
+    assert [e["model"] for e in data["entries"]] == NAMES  # listed in the file's order
+    started = {e["model"]: e["started"] for e in data["entries"]}
+    assert sorted(NAMES, key=lambda name: started[name]) == expected  # run one after another, longest first
+    result = CliRunner().invoke(app, ["nightly", str(path), "--order", "shortest-first"])
+    assert (result.exit_code, result.stderr) == (
+        2, "error: unknown hand-out --order 'shortest-first'; choose one of: longest-first, file\n")
