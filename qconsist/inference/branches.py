@@ -29,7 +29,7 @@ from typing import Iterator
 import onnx
 from onnx import helper
 
-from qconsist.inference.graphmap import node_names, op_name
+from qconsist.inference.graphmap import node_names, node_reads, op_name, topological_order
 
 log = logging.getLogger(__name__)
 
@@ -170,3 +170,70 @@ def _wire(node: onnx.NodeProto, label: str, inferred: dict[str, onnx.GraphProto]
     node.output.append(f"{label}/{MARKER}")
     found.append((f"{label}/{MARKER}", onnx.TensorProto.BOOL, BranchTensor(f"{prefix}{label}/{MARKER}", f"{prefix}{label}", "If", within)))
     return found
+
+
+@dataclass(frozen=True)
+class FlatNode:
+    """A node of a graph flattened through its ``If`` branches, every tensor under its path (``flatten``)."""
+
+    name: str  # its path: <If>/<then|else>/<node> inside a branch
+    op_type: str
+    reads: tuple[str, ...]  # every tensor it reads, by path (an If: its condition, the outer tensors its branches
+    # read and its branches' outputs; a node inside a branch: also the condition of every If it lies in)
+    outputs: tuple[str, ...]  # by path (an If: also its marker <If>/then_taken)
+
+
+@dataclass
+class Flattened:
+    """A graph flattened through its ``If`` branches: nodes in an order where each comes after what it reads (a
+    branch's nodes just before their ``If``), and the constants (initializers, ``Constant`` outputs) by path."""
+
+    nodes: list[FlatNode]
+    constants: dict[str, onnx.TensorProto]
+
+
+def flatten(graph: onnx.GraphProto) -> Flattened:
+    """``graph`` with the nodes of its ``If`` branches (nested ones too) under their paths, as the dump names them
+    (``expose_branches``); ``Loop``/``Scan`` bodies stay inside their node, read through its implicit inputs."""
+    found = Flattened([], {})
+    _flatten(graph, "", [], (), found)
+    return found
+
+
+def _flatten(graph: onnx.GraphProto, prefix: str, scopes: list[dict[str, str]], conditions: tuple[str, ...],
+             found: Flattened) -> dict[str, str]:
+    """Append ``graph``'s nodes (a branch at ``prefix`` inside the branches whose conditions are ``conditions``) to
+    ``found``; returns the scope: each local tensor's path."""
+    local: dict[str, str] = {}
+    for init in graph.initializer:
+        local[init.name] = f"{prefix}{init.name}"
+        found.constants[local[init.name]] = init
+    for node in graph.node:
+        local.update({o: f"{prefix}{o}" for o in node.output if o})
+    chain = [*scopes, local]
+
+    def resolve(name: str) -> str:
+        return next((scope[name] for scope in reversed(chain) if name in scope), name)
+
+    names = node_names(graph)
+    for index in topological_order(graph):
+        node, label = graph.node[index], f"{prefix}{names[index]}"
+        outputs = tuple(resolve(o) for o in node.output if o)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None and outputs:
+                found.constants[outputs[0]] = value
+            found.nodes.append(FlatNode(label, op_name(node), (), outputs))
+            continue
+        reads = [resolve(r) for r in node_reads(node)]
+        branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        if node.op_type == "If" and node.domain in ("", "ai.onnx") and set(branches) == {"then_branch", "else_branch"}:
+            condition = resolve(node.input[0])
+            for which in BRANCHES:
+                branch = branches[f"{which}_branch"]
+                scope = _flatten(branch, f"{label}/{which}/", chain, (*conditions, condition), found)
+                reads += [scope.get(o.name, resolve(o.name)) for o in branch.output]
+            outputs += (f"{label}/{MARKER}",)
+        reads += [c for c in conditions if c not in reads]
+        found.nodes.append(FlatNode(label, op_name(node), tuple(dict.fromkeys(r for r in reads if r)), outputs))
+    return local

@@ -48,7 +48,7 @@ from onnx import version_converter
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
-from qconsist.inference.branches import BranchTensor, expose_branches
+from qconsist.inference.branches import MARKER, BranchTensor, expose_branches
 from qconsist.inference.fingerprint import RowWork
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash, topological_order
 from qconsist.inference.layout import Layouts, block_size, holds, original_shape, to_original, unblock, unblocked_shape
@@ -326,10 +326,10 @@ def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | N
 
 
 def branch_origin(tensor: BranchTensor) -> TensorOrigin:
-    """A tensor computed inside an ``If`` branch, recorded as ORT holds it under its path (``branches.py``): no
-    original twin (compared in ORT's optimized graph, where both runs ran the same branches' nodes)."""
+    """A tensor computed inside an ``If`` branch, recorded as ORT holds it under its path (``branches.py``), labelled
+    with the path of the node computing it (a marker: its own path, ``<If>/then_taken``); no original twin (compared in ORT's optimized graph, where both runs ran the same branches' nodes)."""
     return TensorOrigin(name=tensor.name, node=tensor.node, op_type=tensor.op_type, original=None, how="branch",
-                        label=tensor.node, branch=tensor.branch)
+                        label=tensor.name if tensor.name == f"{tensor.node}/{MARKER}" else tensor.node, branch=tensor.branch)
 
 
 def _checked_channels(tensor: TensorOrigin, shape: tuple | None, block: int) -> TensorOrigin:
