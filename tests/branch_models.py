@@ -76,3 +76,47 @@ def gated_inputs(path: Path) -> Path:
     arrays = np.stack([np.asarray(s, np.float32) for s in samples])
     np.save(path, arrays)
     return path
+
+
+def saturating_branch_model(path: Path) -> Path:
+    """``isa_models.saturating_qdq_model``'s QDQ Conv 1×1 (u8·s8 products that AVX2 without VNNI saturates) inside the
+    then branch of an ``If`` 'gate' (cond: the mean of x > 0), its nodes named ``sat_*``; the else branch: a float
+    Conv 'else_conv' of the same weights → Neg 'else_neg'; the If's output → Identity 'out' → y. At level all ORT fuses
+    the then branch into a QLinearConv inside the branch (the QDQ constants are the branch's own initializers)."""
+    from isa_models import CHANNELS_IN, CHANNELS_OUT, SIZE, saturating_qdq_model
+
+    flat = onnx.load(str(saturating_qdq_model(path)))
+    then_nodes = []
+    for node in flat.graph.node:
+        node.name = f"sat_{node.name}"
+        then_nodes.append(node)
+    weights = numpy_helper.to_array(next(i for i in flat.graph.initializer if i.name == "w_q")).astype(np.float32) / 127
+    # the QDQ constants inside the branch: ORT fuses a QDQ group only where its constants are the branch's own
+    then = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                             list(flat.graph.initializer))
+    otherwise = helper.make_graph([helper.make_node("Conv", ["x", "w_float"], ["else_c"], name="else_conv"),
+                                   helper.make_node("Neg", ["else_c"], ["else_y"], name="else_neg")], "else", [],
+                                  [helper.make_tensor_value_info("else_y", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", keepdims=0),
+             helper.make_node("Greater", ["mean", "zero"], ["cond"], name="positive"),
+             helper.make_node("If", ["cond"], ["gated"], name="gate", then_branch=then, else_branch=otherwise),
+             helper.make_node("Identity", ["gated"], ["out"], name="out")]
+    inits = [numpy_helper.from_array(weights, "w_float"),
+                                            numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    graph = helper.make_graph(nodes, "saturating_branch",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def saturating_branch_inputs(path: Path) -> Path:
+    """``isa_models.saturating_inputs``' two samples (then branch) and the first one negated (else branch)."""
+    from isa_models import saturating_inputs
+
+    samples = np.load(saturating_inputs(path))
+    np.save(path, np.concatenate([samples, -samples[:1]]))
+    return path

@@ -69,10 +69,7 @@ def expose_branches(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Branc
     exposed.CopyFrom(model)
     if not any(_subgraphs(node) for node in exposed.graph.node):
         return exposed, [], {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
-    except Exception:  # noqa: BLE001 - inference is a help (element types); contrib ops often defeat it
-        inferred = model.graph
+    inferred = _inferred(model).graph
     notes: dict[str, str] = {}
     counter = itertools.count()
     found = _expose(exposed.graph, inferred, "", (), notes, counter, main=True)
@@ -84,6 +81,54 @@ def expose_branches(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Branc
             present.add(local)
             tensors.append(tensor)
     return exposed, tensors, notes
+
+
+# onnxruntime's own operators in its optimized graphs (fusions), whose first output has their first input's element
+# type: onnx's shape inference knows no schema for them, so it stops there; the types are carried across them here
+_SAME_TYPE = {
+    "com.microsoft": {"FusedConv", "FusedGemm", "FusedMatMul", "NhwcConv", "NhwcMaxPool", "QLinearConv", "BiasGelu", "Gelu", "FastGelu",
+                      "QuickGelu", "BiasAdd", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                      "SkipSimplifiedLayerNormalization", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+                      "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax"},
+    "com.microsoft.nchwc": None,  # every operator of the NCHWc domain (float in, float out)
+}
+
+
+def _inferred(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
+    """``model`` with the element types onnx's shape inference establishes, inside subgraphs too, carried across
+    onnxruntime's fused operators (``_SAME_TYPE``): inference, then the outputs of those operators whose input type
+    is known declared, then inference again, until nothing is added."""
+    hinted = onnx.ModelProto()
+    hinted.CopyFrom(model)
+    inferred = hinted
+    for _ in range(rounds):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(hinted, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is a help (element types); a failure leaves what is declared
+            return inferred
+        if not _declare_fused(hinted.graph, inferred.graph):
+            return inferred
+    return inferred
+
+
+def _declare_fused(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> bool:
+    """Declare in ``graph`` (and its subgraphs) the output types of the fused operators whose first input's type
+    ``inferred`` (the same graph, inferred) knows and whose output's it does not; whether any was added."""
+    types = _types(inferred)
+    added = False
+    for index, node in enumerate(graph.node):
+        ops = _SAME_TYPE.get(node.domain, set())
+        if (ops is None or node.op_type in ops) and node.domain in _SAME_TYPE and node.input and node.output and node.output[0]:
+            elem = types.get(node.input[0])
+            if elem and node.output[0] not in types:
+                graph.value_info.append(helper.make_tensor_value_info(node.output[0], elem, None))
+                added = True
+        if index < len(inferred.node):
+            inner = {a.name: a.g for a in inferred.node[index].attribute if a.type == onnx.AttributeProto.GRAPH}
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH and attribute.name in inner:
+                    added |= _declare_fused(attribute.g, inner[attribute.name])
+    return added
 
 
 def _subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
@@ -237,3 +282,4 @@ def _flatten(graph: onnx.GraphProto, prefix: str, scopes: list[dict[str, str]], 
         reads += [c for c in conditions if c not in reads]
         found.nodes.append(FlatNode(label, op_name(node), tuple(dict.fromkeys(r for r in reads if r)), outputs))
     return local
+

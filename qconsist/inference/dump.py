@@ -327,7 +327,8 @@ def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | N
 
 def branch_origin(tensor: BranchTensor) -> TensorOrigin:
     """A tensor computed inside an ``If`` branch, recorded as ORT holds it under its path (``branches.py``), labelled
-    with the path of the node computing it (a marker: its own path, ``<If>/then_taken``); no original twin (compared in ORT's optimized graph, where both runs ran the same branches' nodes)."""
+    with the path of the node computing it (a marker: its own path, ``<If>/then_taken``). It has no original twin:
+    it is compared in ORT's optimized graph, where both runs ran the same branches' nodes."""
     return TensorOrigin(name=tensor.name, node=tensor.node, op_type=tensor.op_type, original=None, how="branch",
                         label=tensor.name if tensor.name == f"{tensor.node}/{MARKER}" else tensor.node, branch=tensor.branch)
 

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from branch_models import gated_inputs, gated_model
+from branch_models import gated_inputs, gated_model, saturating_branch_inputs, saturating_branch_model
 from qconsist.cli import app
 from qconsist.diff import diff_runs
 from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
@@ -155,3 +155,37 @@ def test_a_loop_body_is_recorded_as_not_observed(tmp_path):
     assert index["left_out"] == {"repeat/body": "a Loop body runs once per iteration: its tensors are not observed (the Loop is "
                                                 "one opaque node)"}
     assert [t["name"] for t in index["tensors"]] == ["y"]
+
+
+@pytest.mark.slow
+def test_a_kernel_that_differs_inside_a_branch_is_the_origin_not_the_if(tmp_path, monkeypatch):
+    """The QDQ Conv inside the then branch runs as a QLinearConv whose u8·s8 sums AVX2 without VNNI saturates: natively
+    (VNNI, exact) and under an emulated Haswell the same optimized graph gives other integers, and ``diff`` names the
+    QLinearConv inside the branch, the original investigation's sentence one level down; checked on the raw tensors."""
+    from qconsist.cpu import instruction_set
+
+    model, arrays = saturating_branch_model(tmp_path / "sat.onnx"), saturating_branch_inputs(tmp_path / "sat.npy")
+    common = [str(model), "--inputs", str(arrays), "--threads", "1", "--dump", "--raw", "all", "--runs-dir", str(tmp_path / "runs")]
+    for run_id, extra in (("native", []), ("haswell", ["--isa", "haswell"])):
+        out = CliRunner().invoke(app, ["run", *common, "--run-id", run_id, *extra])
+        assert out.exit_code == 0, out.output
+        assert "dump faithful: final outputs bit-identical to production in 3 samples" in out.output
+    native, haswell = tmp_path / "runs" / "native", tmp_path / "runs" / "haswell"
+    result = diff_runs(native, haswell).tensors
+    if instruction_set().saturates:  # this processor saturates too: the same integers
+        assert result.nodes == []
+        return
+    conv = next(n for n in result.nodes if n.finding)
+    assert (conv.label, conv.op_a, conv.finding, conv.origin_samples) == ("gate/then/sat_conv_token_3", "com.microsoft:QLinearConv", "origin", [0, 1])
+    assert conv.inputs == ["gate/then/Transpose_out0", "cond"] and conv.key == "gate/then/sat_conv"
+    assert [n.label for n in result.nodes] == ["gate/then/sat_conv_token_3", "gate/then/Transpose_token_2", "gate/then/sat_dequantize_output", "out"]
+    for sample in (0, 1):  # on the raw tensors: the QLinearConv's input identical, its output not; sample 2 ran the else branch
+        a, b = _raw(native, sample), _raw(haswell, sample)
+        assert a["gate/then/Transpose_out0"].tobytes() == b["gate/then/Transpose_out0"].tobytes()
+        assert a["gate/then/sat_conv"].dtype == np.uint8 and (a["gate/then/sat_conv"] != b["gate/then/sat_conv"]).any()
+    assert _raw(native, 2)["gate/then/sat_conv"].shape == (0,) and _raw(haswell, 2)["gate/else/else_y"].shape == (1, 8, 6, 6)
+    monkeypatch.setenv("COLUMNS", "200")
+    out = CliRunner().invoke(app, ["diff", str(native), str(haswell)])
+    assert out.exit_code == 1
+    assert ("origin gate/then/sat_conv_token_3: outputs differ while every input it reads is identical (2 observed input(s) "
+            "bit-identical (gate/then/Transpose_out0, cond); 7 constant(s) identical by value; samples [0, 1])") in out.stdout
