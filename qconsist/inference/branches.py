@@ -166,7 +166,8 @@ def _expose(graph: onnx.GraphProto, inferred: onnx.GraphProto, prefix: str, with
         if node.op_type == "If" and node.domain in ("", "ai.onnx"):
             inner = {a.name: a.g for a in (inferred.node[index].attribute if same else node.attribute)
                      if a.type == onnx.AttributeProto.GRAPH}
-            found += _wire(node, label, inner, prefix, within, notes, counter)
+            taken = {o for n in graph.node for o in n.output} | {v.name for v in [*graph.input, *graph.initializer]}
+            found += _wire(node, label, inner, (prefix, within, taken), notes, counter)
         if main:
             continue
         for out in outputs:
@@ -180,12 +181,18 @@ def _expose(graph: onnx.GraphProto, inferred: onnx.GraphProto, prefix: str, with
     return found
 
 
-def _wire(node: onnx.NodeProto, label: str, inferred: dict[str, onnx.GraphProto], prefix: str, within: tuple[str, ...],
+def _wire(node: onnx.NodeProto, label: str, inferred: dict[str, onnx.GraphProto], scope: tuple[str, tuple[str, ...], set[str]],
           notes: dict[str, str], counter: Iterator[int]) -> list[tuple[str, int, BranchTensor]]:
     """Give the ``If`` ``node`` one output per tensor its branches compute (the branch computing it returns its copy,
-    the other one an empty tensor of its element type) and the marker output; returns them as its scope names them."""
+    the other one an empty tensor of its element type) and the marker output; returns them as its scope names them.
+    ``scope``: where the node lies (its path prefix, the branches it lies in, the names its graph already uses: a
+    path one of them holds is not exposed, noted)."""
+    prefix, within, used = scope
     branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     if set(branches) != {"then_branch", "else_branch"}:
+        return []
+    if f"{label}/{MARKER}" in used:
+        notes[f"{prefix}{label}/{MARKER}"] = "its path is a tensor name the graph already uses: the If's branches are not observed"
         return []
     exposed: dict[str, list[tuple[str, int, BranchTensor]]] = {}
     for which in BRANCHES:
@@ -197,6 +204,9 @@ def _wire(node: onnx.NodeProto, label: str, inferred: dict[str, onnx.GraphProto]
     for which in BRANCHES:
         own, other = branches[f"{which}_branch"], branches[f"{'else' if which == 'then' else 'then'}_branch"]
         for local, elem, tensor in exposed[which]:
+            if f"{label}/{which}/{local}" in used:
+                notes[tensor.name] = "its path is a tensor name the graph already uses: not observed"
+                continue
             copy, empty = f"__qconsist_branch_{next(counter)}", f"__qconsist_branch_{next(counter)}"
             own.node.append(helper.make_node("Identity", [local], [copy], name=copy))
             own.output.append(helper.make_tensor_value_info(copy, elem, None))

@@ -189,3 +189,51 @@ def test_a_kernel_that_differs_inside_a_branch_is_the_origin_not_the_if(tmp_path
     assert out.exit_code == 1
     assert ("origin gate/then/sat_conv_token_3: outputs differ while every input it reads is identical (2 observed input(s) "
             "bit-identical (gate/then/Transpose_out0, cond); 7 constant(s) identical by value; samples [0, 1])") in out.stdout
+
+
+def _if_model(path, then_output: str = "neg", outer_name: str = "gate/then/neg", named: bool = True):
+    then = helper.make_graph([helper.make_node("Neg", ["x"], [then_output], name="then_neg")], "then", [],
+                             [helper.make_tensor_value_info(then_output, TensorProto.FLOAT, [1, 4])])
+    otherwise = helper.make_graph([helper.make_node("Abs", ["x"], ["abs"], name="else_abs")], "else", [],
+                                  [helper.make_tensor_value_info("abs", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], name="total", keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
+             helper.make_node("If", ["cond"], ["gated"], name="gate" if named else "", then_branch=then, else_branch=otherwise),
+             helper.make_node("Identity", ["x"], [outer_name], name="copy"),
+             helper.make_node("Add", ["gated", outer_name], ["y"], name="after")]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_path_the_graph_already_uses_is_not_exposed_and_noted():
+    from qconsist.inference.branches import expose_branches
+    from qconsist.inference.dump import expose_all
+
+    exposed, inner, notes = expose_branches(expose_all(_if_model(None))[0])
+    assert [t.name for t in inner] == ["gate/else/abs", "gate/then_taken"]
+    assert notes == {"gate/then/neg": "its path is a tensor name the graph already uses: not observed"}
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
+    found = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+    assert found["gate/else/abs"].shape == (0,) and bool(found["gate/then_taken"]) is True
+    np.testing.assert_array_equal(found["y"], -x + x)
+
+
+def test_the_dump_and_the_diff_name_an_unnamed_if_alike():
+    from qconsist.inference.branches import expose_branches, flatten
+    from qconsist.inference.dump import expose_all
+
+    model = _if_model(None, outer_name="copied", named=False)
+    _, inner, notes = expose_branches(expose_all(model)[0])
+    flat = flatten(model.graph)
+    produced = {o: n.name for n in flat.nodes for o in n.outputs}
+    assert notes == {} and len(inner) == 3
+    # every exposed tensor is an output of the flattened graph's node of the same path, under the invented If name
+    assert all(produced[t.name] == t.node for t in inner)
+    label = next(n.name for n in flat.nodes if n.op_type == "If")
+    assert [t.name for t in inner] == [f"{label}/then/neg", f"{label}/else/abs", f"{label}/then_taken"]
+    assert next(n for n in flat.nodes if n.name == f"{label}/then/then_neg").reads == ("x", "cond")
