@@ -127,6 +127,8 @@ class TensorComparison:
     # If nodes whose runs took different branches: {"node", "count", "samples", "a", "b"} (the branch each run took in
     # the first such sample); the branches' tensors are not compared in those samples, the condition differs upstream
     branches_apart: list[dict[str, Any]] = field(default_factory=list)
+    # why the tensors inside If branches one or both dumps recorded were not compared ("" none, or compared)
+    branches_unobserved: str = ""
 
     @property
     def first(self) -> TensorDiff | None:
@@ -156,7 +158,7 @@ class TensorComparison:
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
             "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
             "traces": [t.__dict__ for t in self.traces], "blocked_apart": self.blocked_apart,
-            "branches_apart": self.branches_apart,
+            "branches_apart": self.branches_apart, "branches_unobserved": self.branches_unobserved,
         }
 
     @classmethod
@@ -170,6 +172,7 @@ class TensorComparison:
             traces=[SampleTrace(**t) for t in data.get("traces", [])],
             blocked_apart=list(data.get("blocked_apart", [])),
             branches_apart=list(data.get("branches_apart", [])),
+            branches_unobserved=str(data.get("branches_unobserved", "")),
         )
 
 
@@ -325,6 +328,21 @@ def _observed_branches(dump: LoadedDump) -> bool:
     return any(t.branch or t.how == "branch" for t in dump.tensors)
 
 
+def _branches_unobserved(a: LoadedDump, b: LoadedDump, space: str, branched: bool) -> str:
+    """Why the tensors inside ``If`` branches that a dump recorded are not compared ("" where none were recorded,
+    or they are compared)."""
+    inside = [dump for dump in (a, b) if _observed_branches(dump)]
+    if branched or not inside:
+        return ""
+    counts = [sum(1 for t in dump.tensors if t.how == "branch") for dump in (a, b)]
+    if len(inside) == 1:
+        older = "A" if inside[0] is b else "B"
+        return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): run {older}'s dump was written before qconsist "
+                "observed inside branches, so each If is one node here; dump it again to compare inside")
+    return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): the runs ran different graphs, compared through the "
+            "original model, where each If is one node")
+
+
 def _branch_conditions(a: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int],
                        shared: list[str]) -> tuple[list[str], dict[int, list[tuple[int, int, bool]]]]:
     """The shared tensors that can be compared, and for each one computed inside ``If`` branches (by position in
@@ -420,6 +438,7 @@ def compare_tensors(
     position = {k: i for i, k in enumerate(shared)}
     result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]),
                               tolerance=tolerance)
+    result.branches_unobserved = _branches_unobserved(a, b, space, branched)
     if space == "original":
         result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
     result.blocked_apart = list(dict.fromkeys(_label(a.tensors[keys_a[k]], b.tensors[keys_b[k]]) for k in apart))

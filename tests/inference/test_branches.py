@@ -237,3 +237,17 @@ def test_the_dump_and_the_diff_name_an_unnamed_if_alike():
     label = next(n.name for n in flat.nodes if n.op_type == "If")
     assert [t.name for t in inner] == [f"{label}/then/neg", f"{label}/else/abs", f"{label}/then_taken"]
     assert next(n for n in flat.nodes if n.name == f"{label}/then/then_neg").reads == ("x", "cond")
+
+
+def test_runs_of_different_graphs_keep_each_if_whole_and_say_so(tmp_path):
+    """Levels all and disable: ORT removes the Identity 'copy' at level all, so the runs ran different graphs and are
+    compared through the original model, where the If stays one node; diff says why its branches were not compared."""
+    onnx.save(_if_model(None, outer_name="copied"), str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "x.npy", np.array([[1.0, -2.0, 3.0, 0.5], [-1.0, -2.0, 0.5, 0.25]], np.float32))
+    dumps = [run_inference(resolve_model(tmp_path / "m.onnx"), open_input_set(str(tmp_path / "x.npy"), None, "x"),
+                           RunRequest(ExecutionOptions(graph_optimization_level=level), dump=True), tmp_path / "runs",
+                           run_id=level).run_dir for level in ("all", "disable")]
+    result = diff_runs(*dumps).tensors
+    assert result.space == "original" and result.nodes == []
+    assert result.branches_unobserved == ("tensors inside If branches (A 3, B 3): the runs ran different graphs, compared "
+                                          "through the original model, where each If is one node")
