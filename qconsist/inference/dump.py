@@ -5,7 +5,8 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 
 1. lets ORT optimize the model at the production level and EP and save the graph it will run
    (``SessionOptions.optimized_model_filepath``),
-2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
+2. exposes every tensor of *that* graph as an output (those computed inside ``If`` branches too, as extra outputs of
+   their ``If``: ``branches.py``) and reloads it with optimizations off,
 3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
    ``DumpRecorder``, overlapping ORT's next sample, helped by the recording thread while it waits), keeps raw
    tensors only when asked, and
