@@ -9,6 +9,12 @@ the sample is not replayed); where only one run recorded it, that run's values a
 ``NodeReplay.sources`` says so. Each run's nodes are taken from its own model and run under its own execution
 options (``diff.replay.replay_nodes``); where a run kept its output raw, the replay is also checked against
 what that run computed in the full model (``ReplaySide.recorded``).
+
+Each run's nodes are replayed on the instruction set the run recorded (``recorded_isa``): a run made under
+``run --isa haswell`` again under emulated Haswell (QEMU user mode, ``qconsist.emulation``), a native run on this
+processor; ``isa`` (``diff --replay --isa MODEL``) replays both on one instead. Where the two differ, both runs'
+options are also replayed under each, and the replay says whether the instruction set alone makes the
+difference (``NodeReplay.instruction_sets``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import numpy as np
 import onnx
 
 from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, replay_nodes
+from qconsist.cpu import instruction_set
 from qconsist.diff.runs import DiffResult, capture_command
+from qconsist.emulation import NATIVE, PACKAGE, QEMU, qemu_path
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
 from qconsist.inference.graphmap import node_names, node_reads
@@ -76,10 +84,29 @@ class _Side:
     model: Path
     options: ExecutionOptions
     columns: dict[str, int]
+    isa: str = NATIVE  # the instruction set its nodes are replayed on
+    note: str = ""  # why that is not the one the run recorded, where it is not
 
 
-def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
-    """The run's dump, model and options, or why it cannot be replayed."""
+def recorded_isa(run: Run, label: str) -> tuple[str, str]:
+    """The instruction set to replay ``run`` on: the QEMU CPU model it was emulated under, else ``native``; and a
+    note where this processor is not the one the run recorded (an older run without a record, another machine)."""
+    recorded = run.manifest.environment.get("cpu_isa") or {}
+    if recorded.get("emulated"):
+        return str(recorded["emulated"]), ""
+    if not recorded:
+        return NATIVE, f"run {label} does not record its instruction set: replayed on this processor"
+    here = instruction_set()
+    if (recorded.get("kernels"), recorded.get("float_kernels")) != (here.kernels, here.float_kernels):
+        return NATIVE, (f"run {label} was made natively on another processor ({recorded.get('kernels')}, float "
+                        f"{recorded.get('float_kernels')}) and is replayed on this one ({here.kernels}, float "
+                        f"{here.float_kernels}): --isa MODEL replays both runs on one instruction set")
+    return NATIVE, ""
+
+
+def _side(label: str, run: Run, dump: LoadedDump | None, isa: str | None = None) -> _Side | str:
+    """The run's dump, model and options, or why it cannot be replayed; ``isa`` (resolved) replays it on that
+    instruction set instead of the one it recorded."""
     if not run.has_inference or not run.inference.options:
         return f"run {label} does not record its execution options"
     if not run.has_dump:
@@ -87,17 +114,23 @@ def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
     model = run.ran_model()
     if model is None:
         return f"the model run {label} ran is gone"
+    chosen, note = (isa, "") if isa is not None else recorded_isa(run, label)
+    if chosen != NATIVE and qemu_path() is None:
+        return (f"run {label} was made under emulated {chosen} and is replayed on it under QEMU user mode, and {QEMU} "
+                f"is not installed: install the {PACKAGE} package (apt-get install {PACKAGE}; `make qemu` does it), "
+                "or replay both runs on this processor with --isa native")
     dump = dump if dump is not None else load_dump(run)
-    return _Side(label, run, dump, model, ExecutionOptions.from_json(run.inference.options), _columns(dump))
+    return _Side(label, run, dump, model, ExecutionOptions.from_json(run.inference.options), _columns(dump), chosen, note)
 
 
 def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequence[int], label: str = "",
                   dumps: tuple[LoadedDump, LoadedDump] | None = None, limit: int = REPLAYED_SAMPLES,
-                  models: dict[Path, onnx.ModelProto] | None = None) -> NodeReplay:
+                  models: dict[Path, onnx.ModelProto] | None = None, isa: str | None = None) -> NodeReplay:
     """Replay ``nodes`` (original node names) on the first ``limit`` of ``samples`` whose inputs the runs
     recorded, each run's nodes under its own options (see the module docstring). ``dumps`` and ``models`` (by
-    path): what the caller has loaded already."""
-    sides = [_side("A", run_a, dumps[0] if dumps else None), _side("B", run_b, dumps[1] if dumps else None)]
+    path): what the caller has loaded already; ``isa`` (resolved): both runs on that instruction set instead of
+    the ones they recorded."""
+    sides = [_side("A", run_a, dumps[0] if dumps else None, isa), _side("B", run_b, dumps[1] if dumps else None, isa)]
     reasons = [s for s in sides if isinstance(s, str)]
     if reasons:
         return NodeReplay(list(nodes), ReplayOutcome.CANNOT, reason="; ".join(reasons), label=label)
@@ -131,8 +164,16 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
             inputs[sample].update({name: values[name] for name in fed if name in model_inputs})
         sources.update({name: "the input set, opened again (digest checked)" for name in fed if name in model_inputs})
     kept = [{s: per_run[i] for s, (_, per_run) in chosen.items()} for i in range(2)]
-    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
+    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept,
+                          (a.isa, b.isa))
     result.sources, result.label = sources, label
+    result.notes.extend(side.note for side in (a, b) if side.note)
+    if isa is not None:
+        recorded = [recorded_isa(side.run, side.label)[0] for side in (a, b)]
+        if recorded[0] != recorded[1]:
+            result.notes.append(f"the runs were made on different instruction sets ({recorded[0]}, {recorded[1]}) and "
+                                f"--isa replayed both on {isa}: this replay leaves the instruction set out (without --isa "
+                                "each run is replayed on its own)")
     batches = [s.run.inference.batch_size for s in (a, b)]
     if batches != [1, 1]:
         result.notes.append(f"replayed one sample at a time; the runs ran batches of {batches[0]} and {batches[1]}")
@@ -208,9 +249,10 @@ def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], la
                       capture=capture)
 
 
-def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
+def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES, isa: str | None = None) -> list[NodeReplay]:
     """Replay every origin and every span of ``result`` (a diff of two inference runs with dumps); the replays are
-    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list."""
+    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list. ``isa`` (resolved:
+    ``qconsist.emulation.parse_model``): both runs on that instruction set; default each on the one it recorded."""
     result.replays = []
     if result.tensors is None:
         result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
@@ -237,7 +279,7 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[N
             continue
         try:
             nodes = span_nodes(original, tensor, observed - {tensor})
-            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models))
+            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models, isa))
         except QconsistError as exc:
             replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=str(exc)))
     result.replays = replays
