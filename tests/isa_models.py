@@ -123,3 +123,36 @@ def shared_constant_float_model(path: Path) -> Path:
         [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(constant, "c")],
     )
     return _save(graph, path)
+
+
+def saturating_qlinear_model(path: Path) -> Path:
+    """``saturating_qdq_model``'s Conv written as the integer op itself: QuantizeLinear (u8, zero point 128) →
+    QLinearConv (s8 weights ±127) → DequantizeLinear. The integer kernel runs at every optimization level, so a
+    dump at level ``disable`` observes its input and output by the original names and the origin is ``conv``,
+    a node of the original model that ``diff --replay`` can cut out and run alone; on AVX2 without VNNI its
+    u8·s8 sums saturate (inputs near 1 are u8 255)."""
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 127, -127).astype(np.int8)
+    weights[0] = 127
+    initializers = [
+        numpy_helper.from_array(np.array(1.0 / 127, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "x_zero"),
+        numpy_helper.from_array(weights, "w_q"),
+        numpy_helper.from_array(np.full(CHANNELS_OUT, 1.0 / 127, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(CHANNELS_OUT, np.int8), "w_zero"),
+        numpy_helper.from_array(np.array(0.25, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "y_zero"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"], name="quantize_input"),
+        helper.make_node("QLinearConv", ["x_q", "x_scale", "x_zero", "w_q", "w_scale", "w_zero", "y_scale", "y_zero"],
+                         ["y_q"], name="conv"),
+        helper.make_node("DequantizeLinear", ["y_q", "y_scale", "y_zero"], ["y"], name="dequantize_output"),
+    ]
+    graph = helper.make_graph(
+        nodes, "saturating_qlinear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        initializers,
+    )
+    return _save(graph, path)
