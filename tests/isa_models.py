@@ -156,3 +156,19 @@ def saturating_qlinear_model(path: Path) -> Path:
         initializers,
     )
     return _save(graph, path)
+
+
+def blocked_conv_model(path: Path) -> Path:
+    """A float Relu → Conv 3×3 (16 → 32 channels, random weights) → BatchNormalization on 12×12: at level all
+    onnxruntime folds the BatchNormalization and runs the Conv in NCHWc channel blocks (NchwcTransformer: 16 on
+    AVX-512, 8 on AVX2 and SSE), whose sums the float kernels (AVX-512F, FMA3, SSE) round differently."""
+    rng = np.random.default_rng(11)
+    values = {"w": rng.normal(0, 0.3, (32, 16, 3, 3)), "b": rng.normal(0, 0.1, 32), "scale": rng.uniform(0.5, 2, 32),
+              "shift": rng.normal(0, 0.1, 32), "mean": rng.normal(0, 0.1, 32), "var": rng.uniform(0.5, 2, 32)}
+    nodes = [helper.make_node("Relu", ["input"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"], name="bn")]
+    graph = helper.make_graph(nodes, "blocked_conv", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 12, 12])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in values.items()])
+    return _save(graph, path)

@@ -204,3 +204,105 @@ def test_a_native_run_of_another_processor_is_replayed_here_with_a_note(isa_runs
         "set") if elsewhere else "")
     del run.manifest.environment["cpu_isa"]  # a run recorded before the instruction set was
     assert recorded_isa(run, "B") == ("native", "run B does not record its instruction set: replayed on this processor")
+
+
+# --- origins inside ORT's optimized graph: a QDQ model's fused QLinearConv, NCHWc convolutions ---------------------
+
+
+@pytest.fixture(scope="module")
+def fused_runs(tmp_path_factory) -> dict[str, Path]:
+    """``saturating_qdq_model`` at onnxruntime's default level (its QDQ Conv fused into a QLinearConv that only the
+    optimized graph has), every tensor kept raw, natively and under Haswell."""
+    from isa_models import saturating_qdq_model
+
+    folder = tmp_path_factory.mktemp("replay-fused")
+    model, inputs = saturating_qdq_model(folder / "qdq.onnx"), saturating_inputs(folder / "x.npy", SAMPLES)
+    common = [str(model), "--inputs", str(inputs), "--threads", "1", "--dump", "--raw", "all", "--runs-dir",
+              str(folder / "runs")]
+    for run_id, extra in (("native", []), ("haswell", ["--isa", "haswell"])):
+        out = CliRunner().invoke(app, ["run", *common, "--run-id", run_id, *extra])
+        assert out.exit_code == 0, out.output
+    return {"native": folder / "runs" / "native", "haswell": folder / "runs" / "haswell"}
+
+
+def _raw_named(run_dir: Path, name: str) -> list[np.ndarray]:
+    """An optimized-graph tensor's raw arrays as onnxruntime held them (a relaid one transposed back)."""
+    index = json.loads((run_dir / "dump" / "index.json").read_text())
+    column, tensor = next((i, t) for i, t in enumerate(index["tensors"]) if t["name"] == name)
+    arrays = [np.load(run_dir / "dump" / "raw" / f"{s:06d}.npz")[f"t{column}"] for s in range(SAMPLES)]
+    return [np.transpose(a, tensor["layout"]) if tensor.get("layout") else a for a in arrays]
+
+
+@pytest.mark.slow
+def test_a_fused_qlinearconv_is_replayed_from_the_optimized_graph_on_each_instruction_set(fused_runs):
+    out = CliRunner().invoke(app, ["diff", "--replay", str(fused_runs["native"]), str(fused_runs["haswell"])])
+    assert out.exit_code == (1 if DIFFERS else 0), out.output
+    if not DIFFERS:
+        return
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("replay "))
+    label = "conv_token_4 (com.microsoft:QLinearConv, internal to ORT's optimized graph)"
+    # the fused node's output, as each run held it: what the replay gives back on each instruction set
+    differing, mismatched, elements, greatest = _figures(_raw_named(fused_runs["native"], "conv_token_3"),
+                                                         _raw_named(fused_runs["haswell"], "conv_token_3"))
+    assert (differing, mismatched, elements, greatest) == (2, 576, 576, 53.0)
+    settings = "A: --ep cpu --level disable --threads 1 on native; B: --ep cpu --level disable --threads 1 on emulated Haswell"
+    assert lines[start:start + 6] == [
+        f"replay {label}: confirmed in isolation: fed identical inputs (Transpose_out0), conv_token_4 computes "
+        f"different outputs under the two runs' options and instruction sets ({settings}): 2/2 samples differ, "
+        f"mismatched elements {mismatched} / {elements} (100.00%), greatest abs difference {greatest:.6g}",
+        "  input Transpose_out0: runs A and B (bit-identical)",
+        "  instruction sets: replayed under native and Haswell: differs; under the same instruction set: equal (native: "
+        "0/2 samples differ; Haswell: 0/2 samples differ): the instruction set makes the difference",
+        "  under A's options on native the replay matches what run A recorded",
+        "  under B's options on emulated Haswell the replay matches what run B recorded",
+        "  note: replayed from onnxruntime's optimized graph that each run's dump saved (the nodes the run executed), "
+        "at level disable: the graph is optimized already",
+    ]
+
+
+@pytest.fixture(scope="module")
+def nchwc_runs(tmp_path_factory) -> dict[str, Path]:
+    """A float Relu -> Conv -> BatchNormalization that onnxruntime runs in NCHWc blocks (16 channels on AVX-512,
+    8 on AVX2 and SSE) at level all, dumped natively and under Haswell and Nehalem (both blocks of 8)."""
+    from isa_models import blocked_conv_model
+
+    folder = tmp_path_factory.mktemp("replay-nchwc")
+    model, inputs = blocked_conv_model(folder / "rcb.onnx"), folder / "x.npy"
+    np.save(inputs, np.random.default_rng(3).normal(0, 1, (1, 16, 12, 12)).astype(np.float32))
+    common = [str(model), "--inputs", str(inputs), "--threads", "1", "--dump", "--raw", "all", "--runs-dir",
+              str(folder / "runs")]
+    for run_id, extra in (("native", []), ("haswell", ["--isa", "haswell"]), ("nehalem", ["--isa", "nehalem"])):
+        out = CliRunner().invoke(app, ["run", *common, "--run-id", run_id, *extra])
+        assert out.exit_code == 0, out.output
+    return {key: folder / "runs" / key for key in ("native", "haswell", "nehalem")}
+
+
+@pytest.mark.slow
+def test_nchwc_nodes_are_replayed_only_where_their_channel_block_is_the_graphs(nchwc_runs):
+    label = "y_nchwc (com.microsoft.nchwc:Conv, internal to ORT's optimized graph)"
+    haswell, nehalem = str(nchwc_runs["haswell"]), str(nchwc_runs["nehalem"])
+    # FMA3 against SSE, one block of 8: each graph on its own processor, then both on each
+    out = CliRunner().invoke(app, ["diff", "--replay", haswell, nehalem])
+    assert out.exit_code == 1, out.output
+    lines = [line for line in out.output.splitlines() if line.startswith(f"replay {label}") or
+             line.startswith("  instruction sets: ")]
+    assert lines[0].startswith(
+        f"replay {label}: confirmed in isolation: fed identical inputs (r), its 2 nodes (ReorderInput, y_nchwc) compute "
+        "different outputs under the two runs' options and instruction sets (A: --ep cpu --level disable --threads 1 on "
+        "emulated Haswell; B: --ep cpu --level disable --threads 1 on emulated Nehalem): 1/1 samples differ")
+    assert lines[1] == ("  instruction sets: replayed under Haswell and Nehalem: differs; under the same instruction "
+                        "set: equal (Haswell: 0/1 samples differ; Nehalem: 0/1 samples differ): the instruction set "
+                        "makes the difference")
+    # a block of 8 does not run on a processor of 16
+    block = int(NATIVE.float_kernels.split("NCHWc ")[1].rstrip(")"))
+    if block != 8:
+        out = CliRunner().invoke(app, ["diff", "--replay", "--isa", "native", haswell, nehalem])
+        assert f"replay {label}: cannot replay: its NCHWc nodes (ReorderInput, y_nchwc) hold filters in channel blocks " \
+               f"of 8, the runs' processors' width, and native's is {block}: replay without --isa, or with one of the " \
+               "runs' instruction sets" in out.output.splitlines()
+        out = CliRunner().invoke(app, ["diff", "--replay", str(nchwc_runs["native"]), haswell])
+        assert out.exit_code == 1, out.output
+        assert f"replay {label}: cannot replay: its NCHWc nodes (ReorderInput, y_nchwc) hold their tensors in channel " \
+               f"blocks of {block} in run A and 8 in run B (the processors' vector widths): their outputs cannot be " \
+               "compared as onnxruntime holds them" in out.output.splitlines()
