@@ -65,12 +65,11 @@ def upgrade_check(
     Exit 0 identical, 1 diverged, 2 error (a CPU model QEMU does not know), 3 no uv or no uv.lock here, or
     --isa without QEMU.
     """
+    from qconsist.emulation import NATIVE, parse_model
     from qconsist.upgrade.check import upgrade_check as check
     from qconsist.upgrade.check import upgrade_environment
     from qconsist.inference import resolve_model
     from qconsist.pipeline.inputs import open_inputs
-
-    from qconsist.emulation import NATIVE, parse_model
 
     chosen = parse_model(isa) if isa is not None else NATIVE  # first: exit 3 without QEMU, 2 for an unknown model
     source = resolve_model(model, stage)

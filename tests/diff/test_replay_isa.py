@@ -21,11 +21,12 @@ from typer.testing import CliRunner
 from isa_models import saturating_inputs, saturating_qlinear_model
 from qconsist.cli import app
 from qconsist.cpu import instruction_set
-from qconsist.diff import diff_runs
+from qconsist.diff import DiffResult, diff_runs
 from qconsist.diff.replay import ReplayOutcome, replay_nodes
 from qconsist.explain.confirm import confirm_origins
 from qconsist.inference.session import ExecutionOptions
 from qconsist.store.run import Run
+from qconsist.store.serde import encode, loads
 
 NATIVE = instruction_set()
 DIFFERS = not NATIVE.saturates  # the native u8·s8 sums are exact, so an emulated Haswell computes other integers
@@ -93,7 +94,7 @@ def test_each_run_is_replayed_on_its_own_instruction_set_and_the_cause_named(isa
         "  under A's options on native the replay matches what run A recorded",
         "  under B's options on emulated Haswell the replay matches what run B recorded",
     ]
-    data = json.loads(CliRunner().invoke(app, ["diff", "--replay", "--json", str(isa_runs["native"]),
+    data = loads(CliRunner().invoke(app, ["diff", "--replay", "--json", str(isa_runs["native"]),
                                                str(isa_runs["haswell"])]).output)
     (replay,) = data["replays"]
     assert [side["isa"] for side in replay["sides"]] == ["native", "Haswell"]
@@ -101,6 +102,7 @@ def test_each_run_is_replayed_on_its_own_instruction_set_and_the_cause_named(isa
     assert replay["same_isa"] == [{"isa": "native", "samples": 2, "differing": [], "reason": ""},
                                   {"isa": "Haswell", "samples": 2, "differing": [], "reason": ""}]
     assert replay["differing"] == [0, 1] and replay["confirmed"] is True
+    assert encode(DiffResult.from_json(data)) == encode(data)  # the replay's new keys read back
 
 
 @pytest.mark.slow

@@ -69,6 +69,10 @@ def test_upgrade_check_isa_makes_both_runs_under_the_emulated_processor(tmp_path
         assert native.exit_code == 0, native.output
         assert float(np.load(tmp_path / "runs" / "native" / "outputs" / "o0.npy")[0, 0, 0, 0, 0]) == 13.5
     assert report["passed"] is True and report["diff"]["outputs"]["identical"] is True
+    from qconsist.store.serde import encode
+    from qconsist.upgrade.check import UpgradeResult
+
+    assert encode(UpgradeResult.from_json(report)) == encode(report)
     text = CliRunner().invoke(app, args)  # the environment and its bytecode are there now
     assert text.exit_code == 0, text.output
     line = next(line for line in text.output.splitlines() if line.startswith("both runs under emulated Haswell"))
