@@ -303,9 +303,16 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES, isa: str 
     columns = [_columns(d) for d in dumps]
     observed = set(columns[0]) & set(columns[1])
     by_name = {t.name: t.original for t in dumps[0].tensors}
+    inside = {t.name: t.branch for t in dumps[0].tensors if t.how == "branch"}
     replays = []
     for origin in findings:
         tensor = origin.key if result.tensors.space == "original" else by_name.get(origin.key)
+        if origin.key in inside or tensor in inside:  # computed inside an If branch (inference/branches.py)
+            branch = inside.get(origin.key) or inside.get(tensor) or ("an If branch",)
+            replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=(
+                f"it runs inside {branch[-1]} (a branch of an If): a node inside a subgraph is not replayed on its "
+                "own; the dumps' recorded values of it and of everything it reads are the evidence")))
+            continue
         try:
             if not tensor:  # a tensor of ORT's optimized graph alone: its nodes, cut from the graph each dump saved
                 replays.append(_replay_optimized(run_a, run_b, origin, dumps, limit, models, isa))
