@@ -42,6 +42,11 @@ _RECORDABLE = {
     onnx.TensorProto.BOOL,
 }
 _OPAQUE = {"Loop": "body", "Scan": "body"}
+# why a dump fingerprinted on the GPU leaves If branches opaque: the device recorder binds every exposed tensor to a
+# slice of one buffer of the shapes its first step had, and a branch's tensors change shape with the branch taken
+# (empty where it did not run); not run on a GPU yet, so not exposed there
+NOT_ON_DEVICE = ("the If's branches are observed by host fingerprints only (--fingerprints host): the device recorder "
+                 "binds each tensor to a buffer of fixed shape, and a branch's tensors are empty where it did not run")
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,12 @@ def marker(branch: str) -> tuple[str, bool]:
     return f"{path}/{MARKER}", which == "then"
 
 
-def expose_branches(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[BranchTensor], dict[str, str]]:
+def expose_branches(model: onnx.ModelProto, ifs: bool = True) -> tuple[onnx.ModelProto, list[BranchTensor], dict[str, str]]:
     """``model`` (its main graph's tensors already exposed) with every tensor computed inside its ``If`` branches,
     nested ones included, exposed as well (module docstring); the tensors exposed, in the order of the new graph
     outputs, and notes on what could not be (``{path: why}``: a tensor of unknown or unrecordable type, a
-    ``Loop``/``Scan`` body). ``model`` itself is not changed."""
+    ``Loop``/``Scan`` body). ``model`` itself is not changed. ``ifs`` false: no branch is exposed, each ``If`` is
+    noted as one opaque node (``NOT_ON_DEVICE``: the device recorder's case)."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     if not any(_subgraphs(node) for node in exposed.graph.node):
@@ -72,7 +78,7 @@ def expose_branches(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Branc
     inferred = _inferred(model).graph
     notes: dict[str, str] = {}
     counter = itertools.count()
-    found = _expose(exposed.graph, inferred, "", (), notes, counter, main=True)
+    found = _expose(exposed.graph, inferred, "", (), notes, counter, main=True, ifs=ifs)
     present = {o.name for o in exposed.graph.output}
     tensors = []
     for local, elem, tensor in found:
@@ -147,7 +153,7 @@ def _types(graph: onnx.GraphProto) -> dict[str, int]:
 
 
 def _expose(graph: onnx.GraphProto, inferred: onnx.GraphProto, prefix: str, within: tuple[str, ...],
-            notes: dict[str, str], counter: Iterator[int], main: bool = False) -> list[tuple[str, int, BranchTensor]]:
+            notes: dict[str, str], counter: Iterator[int], main: bool = False, ifs: bool = True) -> list[tuple[str, int, BranchTensor]]:
     """Expose the branches of every ``If`` of ``graph`` (a branch at ``prefix``, inside the branches ``within``);
     returns the tensors the graph's scope holds that its parent must expose: (name in this scope, element type, the
     tensor's record). The main graph returns only the ``If`` nodes' new outputs (``expose_all`` made the rest
@@ -163,7 +169,9 @@ def _expose(graph: onnx.GraphProto, inferred: onnx.GraphProto, prefix: str, with
             notes[f"{prefix}{label}/{_OPAQUE[node.op_type]}"] = (
                 f"a {node.op_type} body runs once per iteration: its tensors are not observed (the {node.op_type} is "
                 "one opaque node)")
-        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "If" and node.domain in ("", "ai.onnx") and not ifs:
+            notes[f"{prefix}{label}/branches"] = NOT_ON_DEVICE
+        elif node.op_type == "If" and node.domain in ("", "ai.onnx"):
             inner = {a.name: a.g for a in (inferred.node[index].attribute if same else node.attribute)
                      if a.type == onnx.AttributeProto.GRAPH}
             taken = {o for n in graph.node for o in n.output} | {v.name for v in [*graph.input, *graph.initializer]}

@@ -229,11 +229,13 @@ def plan_dump(model_path: Path, options: ExecutionOptions, dump_dir: Path, probe
     return split_plan(expose_plan(model_path, options, dump_dir), probe, finals)
 
 
-def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> DumpPlan:
+def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path, branches: bool = True) -> DumpPlan:
     """The plan of a dump one sample at a time (every split ``ONE``): ORT's optimized graph of ``model_path``
     under ``options`` saved in ``dump_dir``, every tensor exposed, the dumping session made, each tensor's origin.
     It needs no step of the model, so a run makes it at once, beside the probe of its outputs' batch axes, and
-    ``split_plan`` adds the splits once that probe is done (``runner._plan_part``)."""
+    ``split_plan`` adds the splits once that probe is done (``runner._plan_part``). ``branches`` false: the
+    tensors inside ``If`` branches are not exposed, each ``If`` noted in ``left_out`` (a dump fingerprinted on the
+    GPU: ``branches.NOT_ON_DEVICE``)."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     optimized_path = dump_dir / "optimized.onnx"
     original = read_onnx(model_path, external_data=True)
@@ -248,7 +250,7 @@ def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> 
         onnx.save(optimized, str(optimized_path))
         repair = "; ".join(filter(None, [repair, produced]))
     exposed, names = expose_all(optimized)
-    exposed, inner, unobserved = expose_branches(exposed)  # tensors inside If branches (``branches.py``)
+    exposed, inner, unobserved = expose_branches(exposed, branches)  # tensors inside If branches (``branches.py``)
     names += [t.name for t in inner]
     # its idle threads sleep: spinning, they took the cores from the fingerprint worker and production (on 2
     # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged).

@@ -449,7 +449,9 @@ def _start(source: ModelSource, opened: Future, request: RunRequest, run: RunDir
     plan = None
     if request.dump:  # what needs no step of the model begins at once; the splits wait for the probe (``_plan_part``,
         # timed from the probe's end)
-        exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"))
+        # a dump fingerprinted on the GPU leaves If branches opaque (``branches.NOT_ON_DEVICE``)
+        exposed = parts.beside("dump plan", "dump plan", expose_plan, model_path, options, run.file("dump"),
+                               not _device_asked(request))
         split = parts.beside("dump plan splits", "dump plan", _plan_part, probe, exposed, after=probe) \
             if probe is not None else exposed
         plan = (exposed, split)

@@ -193,3 +193,26 @@ def test_open_nsfw_qdq_dumped_at_batch_8_on_the_device_keeps_every_tensor_beside
     result = diff_runs(runs[1].run_dir, runs[8].run_dir)
     assert result.tensors.compared == runs[1].dump.tensors and result.tensors.samples == 21
     print(f"open_nsfw QDQ, batch 8 against batch 1 on the device: {len(result.tensors.nodes)} node(s) differ")
+
+
+def test_a_device_dump_of_a_branched_model_keeps_each_if_opaque_and_a_host_one_observes_inside(tmp_path):
+    """The gated model (``branch_models.gated_model``: samples take both branches of ``gate``): fingerprinted on
+    the GPU, the If's branches are left out with the reason (``branches.NOT_ON_DEVICE``: the device recorder binds
+    fixed shapes, a branch's tensors are empty where it did not run); fingerprinted on the host, on the same EP,
+    they are recorded; both dumps are faithful and record the same values for every tensor they share."""
+    import json
+
+    from branch_models import gated_inputs, gated_model
+    from qconsist.inference.branches import NOT_ON_DEVICE
+
+    model = gated_model(tmp_path / "gated.onnx")
+    inputs = open_input_set(str(gated_inputs(tmp_path / "x.npy")), None, "x")
+    device = _dump(model, inputs, tmp_path, "device", "HEURISTIC", fingerprints="device", raw="none")
+    host = _dump(model, inputs, tmp_path, "host", "HEURISTIC", fingerprints="host", raw="none")
+    index = {name: json.loads((r.run_dir / "dump" / "index.json").read_text()) for name, r in (("device", device), ("host", host))}
+    assert index["device"]["left_out"] == {"gate/branches": NOT_ON_DEVICE}
+    assert [t["name"] for t in index["host"]["tensors"] if t["how"] == "branch"][:1] == ["gate/then/then_scaled"]
+    for result in (device, host):
+        manifest = json.loads((result.run_dir / "manifest.json").read_text())
+        assert manifest["sections"]["dump"]["faithful"] is True
+    assert diff_runs(device.run_dir, host.run_dir).tensors.nodes == []

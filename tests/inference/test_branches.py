@@ -116,6 +116,23 @@ def test_replay_of_a_node_inside_a_branch_says_why_it_cannot(runs, monkeypatch):
             "evidence") in out.stdout
 
 
+def test_a_plan_without_branches_notes_each_if_as_opaque(tmp_path):
+    """The plan of a dump fingerprinted on the GPU (``expose_plan(..., branches=False)``): no tensor inside a
+    branch is exposed, the If's own outputs are, and ``left_out`` says why for the top-level If."""
+    from qconsist.inference.branches import NOT_ON_DEVICE
+    from qconsist.inference.dump import expose_plan
+
+    model = gated_model(tmp_path / "gated.onnx")
+    with_branches = expose_plan(model, ExecutionOptions(), tmp_path / "with")
+    without = expose_plan(model, ExecutionOptions(), tmp_path / "without", branches=False)
+    names = {"with": [t.name for t in with_branches.tensors], "without": [t.name for t in without.tensors]}
+    inside = [n for n in names["with"] if "/" in n]
+    assert inside == [name for name, _, _ in BRANCH_TENSORS]
+    assert [n for n in names["without"] if "/" in n] == []
+    assert set(names["without"]) == set(names["with"]) - set(inside)
+    assert without.left_out == {"gate/branches": NOT_ON_DEVICE}
+
+
 def test_a_nested_if_is_observed_and_its_node_named(runs):
     result = diff_runs(runs["a"], runs["w2"]).tensors
     assert [(n.label, n.origin_samples, n.initializers_changed, n.inputs) for n in result.origins] == [
