@@ -122,12 +122,24 @@ class _Layout:
             for field, shift in (("min", 0), ("max", size)):
                 values = rows[field][:, columns]
                 if kind.kind != "f":
-                    values = np.nan_to_num(values, nan=0.0)  # an empty tensor: no statistics (read back as NaN)
+                    values = _in_range(np.nan_to_num(values, nan=0.0), kind)  # an empty tensor: no statistics (read back as NaN)
                 raw = np.ascontiguousarray(values, dtype=kind).view(np.uint8).reshape(rows.shape[0], len(columns), size)
                 full[:, (start + shift)[:, None] + np.arange(size)] = raw
             mean = np.ascontiguousarray(rows["mean"][:, columns]).view(np.uint8).reshape(rows.shape[0], len(columns), 8)
             full[:, (start + 2 * size)[:, None] + np.arange(8)] = mean
         return full
+
+
+def _in_range(values: np.ndarray, kind: np.dtype) -> np.ndarray:
+    """Integer statistics (float64 in a record) in ``kind``: an int64 tensor's extremes read back from float64 as
+    2**63 (a Slice's INT64_MAX end, in silero_vad's branches), which a plain cast wraps to the type's minimum; they
+    are the type's own bounds."""
+    info = np.iinfo(kind)
+    with np.errstate(invalid="ignore"):
+        cast = values.astype(kind)
+    cast[values >= float(info.max)] = info.max
+    cast[values <= float(info.min)] = info.min
+    return cast
 
 
 class TableWriter:

@@ -5,6 +5,7 @@ same, and comparing two tables of 20,000 samples keeps memory flat."""
 from __future__ import annotations
 
 import tempfile
+import warnings
 import tracemalloc
 from pathlib import Path
 
@@ -112,6 +113,24 @@ def test_min_and_max_are_kept_in_the_tensors_own_type(tmp_path):
     _write(tmp_path / "table", ["float16"], rows, 1)
     stats = np.load(tmp_path / "table" / "stats.npy")
     assert stats[:4].view(np.float16).tolist() == [-65504.0, np.float16(0.1)] and stats.size == 12
+
+
+def test_int64_extremes_are_kept_not_wrapped(tmp_path):
+    """A Slice's end of INT64_MAX (silero_vad's branches): its record's max, float64 2**63, is the type's maximum
+    in the table, not -2**63 with numpy's "invalid value encountered in cast"."""
+    info = np.iinfo(np.int64)
+    rows = np.zeros((1, 2), dtype=RECORD)
+    rows["dtype"], rows["present"], rows["function"] = dtype_code("int64"), 1, 1
+    rows["min"][0], rows["max"][0], rows["mean"][0] = float(info.min), float(info.max), 0.0
+    rows["min"][0, 1], rows["max"][0, 1] = -3.0, 2.0**53
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _write(tmp_path / "table", ["int64", "int64"], rows, 1)
+    stats = np.load(tmp_path / "table" / "stats.npy")
+    assert stats[:16].view(np.int64).tolist() == [info.min, info.max]
+    assert stats[24:40].view(np.int64).tolist() == [-3, 2**53]
+    table = _read(tmp_path / "table", {"dtypes": ["int64", "int64"], "hash_function": "qc-mix64/1"}, 1)
+    assert _same(table.record(0, 0), rows[0, 0]) and _same(table.record(0, 1), rows[0, 1])
 
 
 def test_an_old_table_reads_through_the_same_interface(tmp_path):
