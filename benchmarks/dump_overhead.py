@@ -183,7 +183,7 @@ def fingerprint_parts(plan, bound, feeds) -> None:
     from qconsist.inference.fingerprint import RowWork, ShapeTable
 
     parts: dict[str, list[float]] = {"hash, fresh tensors": [], "hash again": [], "statistics": [], "a row (RowWork: both, bookkeeping)": []}
-    shapes, last = ShapeTable(), None
+    shapes = ShapeTable()
     nbytes = 0
     for feed in feeds:
         held = bound.run(feed)
@@ -202,7 +202,7 @@ def fingerprint_parts(plan, bound, feeds) -> None:
         parts["statistics"].append(time.process_time() - used)
         held = bound.run(feed)
         used = time.process_time()
-        last = RowWork(held, shapes, None, plan.forms(held)).row()  # no previous row: every column's statistics
+        RowWork(held, shapes, None, plan.forms(held)).row()  # no previous row: every column's statistics
         parts["a row (RowWork: both, bookkeeping)"].append(time.process_time() - used)
     print(f"fingerprints' CPU per sample, {nbytes / 1e6:.1f} MB of freshly written tensors (load {load()}):")
     for label, values in parts.items():
