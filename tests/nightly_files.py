@@ -90,3 +90,13 @@ def convnet_nightly(folder: Path, percentile: bool = False) -> Path:
     config = folder / "nightly.toml"
     config.write_text(text)
     return config
+
+
+def convnet_entries(folder: Path, names: Iterable[str], cpus: int = 1) -> Path:
+    """``folder/nightly.toml``: one entry per name in ``names`` (in that order), each the small conv net of
+    ``convnet_nightly`` with ``cpus`` (1: two run at once on a Ray of 2 CPUs)."""
+    path = convnet_nightly(folder)
+    head, _, entry = path.read_text().partition("[[models]]\n")
+    entry = entry.replace('name = "convnet"\n', 'name = "{name}"\n' + f"cpus = {cpus}\n")
+    path.write_text(head + "".join("[[models]]\n" + entry.replace("{name}", name) for name in names))
+    return path

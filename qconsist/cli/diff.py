@@ -133,6 +133,12 @@ def _render_tensors(console, result) -> None:  # result: DiffResult with tensors
         shown = ", ".join(tensors.blocked_apart[:5]) + (f", … {len(tensors.blocked_apart) - 5} more" if len(tensors.blocked_apart) > 5 else "")
         console.print(f"not compared: {len(tensors.blocked_apart)} tensor(s) held in NCHWc blocks of different or unrecorded sizes "
                       f"and not both recorded in NCHW ({shown}); the origin rule walks across them")
+    if tensors.branches_unobserved:
+        console.print(f"not compared: {tensors.branches_unobserved}")
+    for apart in tensors.branches_apart:  # an If whose runs took different branches: its condition differs upstream
+        console.print(f"branches: the runs took different branches of If {apart['node']} in {apart['count']} sample(s) "
+                      f"{apart['samples'][:8]} (A {apart['a']}, B {apart['b']} in sample {apart['samples'][0]}): its condition "
+                      "differs upstream; the tensors of its branches are not compared there")
     if not tolerance.exact and tensors.nodes:
         beyond = [n for n in tensors.nodes if n.tolerance == "beyond"]
         unknown = [n for n in tensors.nodes if n.tolerance == "unknown"]

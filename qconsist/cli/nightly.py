@@ -50,6 +50,8 @@ def render_night(result) -> None:  # NightlyResult
         console.print(f"across {'devices' if comparison.scope == 'device' else 'GPU types'}: {comparison}")
     if result.seconds:
         console.print(f"wall time: {result.seconds:.1f} s (entries together: {sum(e.seconds for e in result.entries):.1f} s)")
+    if result.handout is not None and len(result.handout.order) > 1:
+        console.print(str(result.handout))
     console.print(f"report: {result.path / 'report.html'}")
     console.print(f"history: {result.history}")
     failing = [entry.model for entry in result.entries if entry.status != "pass"]
@@ -66,6 +68,7 @@ def nightly(
     address: Optional[str] = typer.Option(None, "--address", help="ray: an existing Ray cluster (auto, HEAD:6379 or ray://HEAD:10001); default: a local Ray started in this process."),
     max_retries: int = typer.Option(2, "--max-retries", help="ray: how many times an entry whose worker was lost (killed, out of memory, node gone) runs again."),
     across_gpus: bool = typer.Option(False, "--across-gpus", help="Also compare each model run on several GPU types (gpus = [...]) across them: each type dumps it twice, in fresh sessions; the nodes that differ between the types, those that depend on the GPU type and those that vary from run to run."),
+    order: Optional[str] = typer.Option(None, "--order", help="The order entries are handed out in: longest-first (by each entry's last duration in the history; entries with none first) or file. Default: longest-first with --executor ray, file with local."),
     json_output: opt.Json = False,
 ) -> None:
     """Run every model of FILE: pipeline, inference dumps, locate (where a GPU exists), the diff against the
@@ -86,7 +89,7 @@ def nightly(
     elif history is not None:
         config = replace(config, history=history.resolve())
     result = run_nightly(config, progress=progress_for(json_output), only=tuple(only or ()), executor=options,
-                         across_gpus=across_gpus)
+                         across_gpus=across_gpus, order=order)
     if json_output:
         print_json(result)
     else:

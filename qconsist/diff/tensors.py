@@ -31,6 +31,7 @@ from onnx import numpy_helper
 from qconsist.compare import UNOBSERVED, ObservedGraph, ObservedNode, Proof, TensorStats, origins
 from qconsist.compare.tolerance import Tolerance
 from qconsist.errors import RunStoreError
+from qconsist.inference.branches import flatten, marker
 from qconsist.inference.fingerprint import DTYPES, check_hash_functions
 from qconsist.inference.graphmap import TensorOrigin, node_names, node_reads, op_name, topological_order
 from qconsist.inference.layout import nchwc_filters, unblock_filter
@@ -123,6 +124,11 @@ class TensorComparison:
     # NCHWc-blocked tensors not compared: held in blocks of different sizes (or of a size a dump did not record) and
     # not both recorded in NCHW; the origin rule treats them as unobserved
     blocked_apart: list[str] = field(default_factory=list)
+    # If nodes whose runs took different branches: {"node", "count", "samples", "a", "b"} (the branch each run took in
+    # the first such sample); the branches' tensors are not compared in those samples, the condition differs upstream
+    branches_apart: list[dict[str, Any]] = field(default_factory=list)
+    # why the tensors inside If branches one or both dumps recorded were not compared ("" none, or compared)
+    branches_unobserved: str = ""
 
     @property
     def first(self) -> TensorDiff | None:
@@ -152,6 +158,7 @@ class TensorComparison:
             "raw_missing": self.raw_missing, "tolerance": self.tolerance.to_json(),
             "beyond": [n.label for n in self.beyond], "layout_unknown": self.layout_unknown,
             "traces": [t.__dict__ for t in self.traces], "blocked_apart": self.blocked_apart,
+            "branches_apart": self.branches_apart, "branches_unobserved": self.branches_unobserved,
         }
 
     @classmethod
@@ -164,6 +171,8 @@ class TensorComparison:
             layout_unknown=list(data.get("layout_unknown", [])),
             traces=[SampleTrace(**t) for t in data.get("traces", [])],
             blocked_apart=list(data.get("blocked_apart", [])),
+            branches_apart=list(data.get("branches_apart", [])),
+            branches_unobserved=str(data.get("branches_unobserved", "")),
         )
 
 
@@ -171,8 +180,11 @@ def _load_model(path: Path, what: str) -> onnx.ModelProto:
     return read_onnx(path, external_data=True, what=what, error=RunStoreError)
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The graph's constants by name: initializers and the outputs of Constant nodes."""
+def _constants(model: onnx.ModelProto, branches: bool = False) -> dict[str, np.ndarray]:
+    """The graph's constants by name: initializers and the outputs of Constant nodes (``branches``: those of its ``If``
+    branches too, by path)."""
+    if branches:
+        return {name: numpy_helper.to_array(value) for name, value in flatten(model.graph).constants.items()}
     found = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output and node.domain in ("", "ai.onnx"):
@@ -207,11 +219,19 @@ def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in shape if d != 1)
 
 
-def space_graph(model: onnx.ModelProto) -> ObservedGraph:
+def space_graph(model: onnx.ModelProto, branches: bool = False) -> ObservedGraph:
     """The graph tensors are compared in (the original model or ORT's optimized graph) as the origin rule walks
     it: every node in topological order with every tensor it reads — activations, the outer tensors its
-    subgraphs read, and its constants apart."""
+    subgraphs read, and its constants apart. ``branches``: the nodes inside its ``If`` branches as well, under their
+    paths (``branches.flatten``: a node inside a branch also reads the condition of every ``If`` it lies in, an
+    ``If`` reads its branches' outputs and produces its marker), for dumps that observed inside them."""
     graph = model.graph
+    if branches:
+        flat = flatten(graph)
+        return ObservedGraph(tuple(ObservedNode(
+            name=n.name, label=n.name, op_type=n.op_type, inputs=tuple(r for r in n.reads if r not in flat.constants),
+            outputs=n.outputs, constants=tuple(r for r in n.reads if r in flat.constants)) for n in flat.nodes),
+            tuple(o.name for o in graph.output))
     constants = {i.name for i in graph.initializer} | {
         n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.domain in ("", "ai.onnx")}
     names = node_names(graph)
@@ -263,10 +283,13 @@ class _Bits:
 
 
 def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
-          nodes: list[tuple[list[int], list[int]]], by_value: Sequence[bool] = ()) -> tuple[_Bits, _Bits]:
+          nodes: list[tuple[list[int], list[int]]], by_value: Sequence[bool] = (),
+          ran: dict[int, list[tuple[int, int, bool]]] | None = None) -> tuple[_Bits, _Bits]:
     """Which shared tensors differ (bytes, type or shape) in which samples, and where the origin rule holds for
     each. ``by_value``: columns computed from constants alone, whose shapes are compared without their axes of
-    size 1 (the same bytes in the same order are the same values). Reads the tables a block of samples at a
+    size 1 (the same bytes in the same order are the same values). ``ran``: columns computed inside ``If``
+    branches, with the markers (column in a, column in b, value) saying where their branches ran: such a column
+    differs only in samples where both runs computed it (elsewhere it was not computed: never a difference). Reads the tables a block of samples at a
     time, field by field, and keeps one bit per sample and tensor, so memory stays flat (50,000 samples × 416
     tensors: 26.8 s and 6.0 GB peak RSS on the H100 host when whole records were copied and shapes compared as
     strings)."""
@@ -279,6 +302,7 @@ def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
     constant = np.zeros(len(cols_a), dtype=bool)
     constant[[i for i, v in enumerate(by_value) if v]] = True
     samples = a.table.samples
+    seen: dict = {}
     differ, origin = _Bits(samples, len(cols_a)), _Bits(samples, len(nodes))
     ia, ib = np.asarray(cols_a, dtype=np.int64), np.asarray(cols_b, dtype=np.int64)
     for start in range(0, samples, _DIFF_BLOCK):
@@ -288,12 +312,87 @@ def _scan(a: LoadedDump, b: LoadedDump, cols_a: list[int], cols_b: list[int],
         block |= ta["dtype"][:, ia] != tb["dtype"][:, ib]
         shape_a, shape_b = ta["shape"][:, ia], tb["shape"][:, ib]
         block |= np.where(constant, sq_a[shape_a] != sq_b[shape_b], ids_a[shape_a] != ids_b[shape_b])
+        for p, markers in (ran or {}).items():
+            for ma, mb, want in markers:
+                block[:, p] &= _ran(a, ta, start, ma, want, seen) & _ran(b, tb, start, mb, want, seen)
         differ.put(start, block)
         origin.put(start, origins(block, nodes))
     return differ, origin
 
 
 _DIFF_BLOCK = 2048  # samples per block of _scan (a multiple of 8)
+
+
+def _observed_branches(dump: LoadedDump) -> bool:
+    """Whether the dump observed inside ``If`` branches (dumps written before did not: the ``If`` is one node)."""
+    return any(t.branch or t.how == "branch" for t in dump.tensors)
+
+
+def _branches_unobserved(a: LoadedDump, b: LoadedDump, space: str, branched: bool) -> str:
+    """Why the tensors inside ``If`` branches that a dump recorded are not compared ("" where none were recorded,
+    or they are compared)."""
+    inside = [dump for dump in (a, b) if _observed_branches(dump)]
+    if branched or not inside:
+        return ""
+    counts = [sum(1 for t in dump.tensors if t.how == "branch") for dump in (a, b)]
+    if len(inside) == 1:
+        older = "A" if inside[0] is b else "B"
+        return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): run {older}'s dump was written before qconsist "
+                "observed inside branches, so each If is one node here; dump it again to compare inside")
+    return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): the runs ran different graphs, compared through the "
+            "original model, where each If is one node")
+
+
+def _branch_conditions(a: LoadedDump, keys_a: dict[str, int], keys_b: dict[str, int],
+                       shared: list[str]) -> tuple[list[str], dict[int, list[tuple[int, int, bool]]]]:
+    """The shared tensors that can be compared, and for each one computed inside ``If`` branches (by position in
+    them) the markers saying where its branches ran: (column in a, column in b, the value where it ran). A tensor
+    whose markers were not recorded in both dumps is left out: where it was computed cannot be told."""
+    kept, conditions = [], []
+    present = set(shared)
+    for key in shared:
+        markers = [marker(branch) for branch in a.tensors[keys_a[key]].branch]
+        if any(m not in present for m, _ in markers):
+            continue
+        kept.append(key)
+        conditions.append([(keys_a[m], keys_b[m], want) for m, want in markers])
+    return kept, {p: found for p, found in enumerate(conditions) if found}
+
+
+def _ran(dump: LoadedDump, block: np.ndarray, start: int, column: int, want: bool, seen: dict) -> np.ndarray:
+    """Per sample of ``block`` (starting at ``start``): whether the marker ``column`` holds ``want`` (its branch ran);
+    an empty marker (its own branch did not run) holds neither. Each distinct record is read once (``seen``)."""
+    known = seen.setdefault((id(dump), column), {})
+    keys = block["hash"][:, column].astype(np.uint64), block["shape"][:, column].astype(np.uint64)
+    found = np.zeros(len(block), dtype=bool)
+    for h, shape in set(zip(keys[0].tolist(), keys[1].tolist())):
+        rows = (keys[0] == h) & (keys[1] == shape)
+        if (h, shape) not in known:
+            record = dump.table.record(start + int(np.flatnonzero(rows)[0]), column)
+            empty = int(np.prod(dump.shapes[int(record["shape"])], dtype=np.int64)) == 0
+            known[(h, shape)] = None if empty else bool(record["max"] == 1)
+        if known[(h, shape)] is want:
+            found |= rows
+    return found
+
+
+def _branches_apart(a: LoadedDump, b: LoadedDump, shared: list[str], columns: tuple[list[int], list[int]],
+                    differ: "_Bits") -> list[dict[str, Any]]:
+    """The ``If`` nodes whose branch differs between the runs (their marker differs where both runs computed it):
+    the node, the samples (the first ``SAMPLES_KEPT``), their count, and the branch each run took in the first."""
+    found = []
+    for p, key in enumerate(shared):
+        tensor = a.tensors[columns[0][p]]
+        if tensor.how != "branch" or tensor.op_type != "If" or not key.endswith("/then_taken"):
+            continue
+        rows = differ.column(p)
+        if not rows.size:
+            continue
+        first = int(rows[0])
+        side = lambda dump, column: "then" if dump.table.record(first, column)["max"] == 1 else "else"  # noqa: E731
+        found.append({"node": key.rsplit("/", 1)[0], "count": int(rows.size), "samples": rows[:SAMPLES_KEPT].tolist(),
+                      "a": side(a, columns[0][p]), "b": side(b, columns[1][p])})
+    return found
 
 
 def _summary(a: LoadedDump, b: LoadedDump, sample: int, ca: int, cb: int) -> dict[str, Any]:
@@ -328,12 +427,18 @@ def compare_tensors(
     shared = [k for k in shared if k not in set(apart)]
     if space == "original":
         _check_axis_order(a, b, keys_a, keys_b, shared)
+    # tensors computed inside If branches (both dumps observed inside them): compared where both runs computed them
+    branched = space == "optimized" and _observed_branches(a) and _observed_branches(b)
+    graph = space_graph(graph_a, branched)
+    if branched:  # in the graph's order, a branch's tensors before their If's outputs (the dump records them last)
+        shared = sorted(shared, key=lambda k: graph.producer.get(k, -1))
+    shared, ran = _branch_conditions(a, keys_a, keys_b, shared) if branched else (shared, {})
     cols_a, cols_b = [keys_a[k] for k in shared], [keys_b[k] for k in shared]
-    graph = space_graph(graph_a)
-    constants = (_constants(graph_a), _constants(graph_b))
+    constants = (_constants(graph_a, branched), _constants(graph_b, branched))
     position = {k: i for i, k in enumerate(shared)}
     result = TensorComparison(space, len(shared), len(a.tensors) + len(b.tensors) - 2 * len(shared), int(a.table.shape[0]),
                               tolerance=tolerance)
+    result.branches_unobserved = _branches_unobserved(a, b, space, branched)
     if space == "original":
         result.layout_unknown = sorted({t.label for dump in (a, b) for t in dump.tensors if t.how == "layout unknown"})
     result.blocked_apart = list(dict.fromkeys(_label(a.tensors[keys_a[k]], b.tensors[keys_b[k]]) for k in apart))
@@ -344,7 +449,8 @@ def compare_tensors(
     nodes = [([position[t] for t in proof.inputs] + ([UNOBSERVED] if proof.given and not same_inputs else []), [p])
              for p, proof in enumerate(proofs)]
     by_value = [not proof.inputs and not proof.given for proof in proofs]
-    differ, origin = _scan(a, b, cols_a, cols_b, nodes, by_value)
+    differ, origin = _scan(a, b, cols_a, cols_b, nodes, by_value, ran)
+    result.branches_apart = _branches_apart(a, b, shared, (cols_a, cols_b), differ)
 
     def rows_of(key: str) -> np.ndarray:
         return differ.column(position[key])

@@ -5,8 +5,8 @@ connection waits up to ``BUSY_TIMEOUT_MS`` for a lock, and every write is one ``
 transaction, so a night killed mid-way leaves every committed row intact and its own night ``running``
 until :meth:`History.mark_abandoned` (called by the next nightly) marks it ``incomplete``.
 
-Schema (``PRAGMA user_version = 2``; a version-1 file is migrated in place by the first writer that opens it, in
-one transaction, and read as it is by a reader)::
+Schema (``PRAGMA user_version = 3``; a version-1 or version-2 file is migrated in place by the first writer that
+opens it, in one transaction, and read as it is by a reader)::
 
     environments(sha TEXT PRIMARY KEY, data TEXT)                -- fingerprint JSON, stored once
     nights(night_id TEXT PRIMARY KEY, config TEXT, started TEXT, finished TEXT,
@@ -15,6 +15,8 @@ one transaction, and read as it is by a reader)::
     entries(night_id TEXT, model TEXT, status TEXT,              -- running | done | error
             error TEXT, entry_run TEXT, started TEXT, finished TEXT,
             gpu_type TEXT, gpus TEXT,                            -- v2: the GPU type asked for, the GPUs it ran on
+            seconds REAL,                                        -- v3: the task's own wall seconds, measured where
+                                                                 --     it ran (NULL: not measured)
             PRIMARY KEY (night_id, model))
     runs(night_id TEXT, model TEXT, role TEXT, run_id TEXT, kind TEXT, path TEXT, recorded TEXT,
          PRIMARY KEY (night_id, model, role))                    -- pipeline, inference, repeat, float, locate
@@ -31,6 +33,12 @@ A model's key is its nightly name, or ``name@TYPE`` for each GPU type of an entr
 no GPU of an entry, no origin nodes and no figures apart from the verdict's JSON: the migration to version 2 fills
 ``origin_nodes`` and ``figures`` from that JSON, and a reader of a version-1 file derives them from it the same
 way (``qconsist.history.figures.verdict_figures``); an entry's GPUs are then those of its night's environment.
+
+Version 3 adds ``entries.seconds``: the entry task's own wall time, from its start to its outcome, measured inside
+the task (in this process or in its Ray worker). ``entries.started`` and ``finished`` are the head process's times
+(hand-out, and recording in the file's order), so they do not give a Ray entry's duration. The next night hands its
+tasks out longest first by each key's last ``seconds`` (``last_seconds``). The migration adds the column (NULL on
+every older row: unknown); a reader of a version-1 or version-2 file reads ``seconds`` as ``None``.
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from qconsist.store.serde import loads
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 60_000
 
 # version 1: what a new database starts from; the migrations below take it to SCHEMA_VERSION
@@ -87,6 +95,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE figures(night_id TEXT NOT NULL, model TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, "
         "PRIMARY KEY (night_id, model, name))",
     ),
+    3: ("ALTER TABLE entries ADD COLUMN seconds REAL",),
 }
 
 
@@ -99,7 +108,7 @@ class GoodRun:
 
 
 TABLES_V1 = ("entries", "environments", "hashes", "nights", "runs", "verdicts")
-TABLES_BY_VERSION = {1: TABLES_V1, 2: (*TABLES_V1, "figures")}
+TABLES_BY_VERSION = {1: TABLES_V1, 2: (*TABLES_V1, "figures"), 3: (*TABLES_V1, "figures")}
 TABLES = TABLES_BY_VERSION[SCHEMA_VERSION]
 
 
@@ -303,15 +312,18 @@ class History:
 
     def finish_entry(self, night_id: str, model: str, entry_run: str | None, verdict: Any | None, baseline_night: str | None,
                      error: str | None = None, *, gpu_type: str | None = None, gpus: tuple[str, ...] | list[str] = (),
-                     finished: str | None = None) -> None:
+                     finished: str | None = None, seconds: float | None = None) -> None:
         """Close a model's entry: its verdict (a ``GateVerdict``) and the figures it measured, or the error that
-        stopped it, and the GPU type it asked for and the GPUs (names) it ran on, in one transaction."""
+        stopped it, the GPU type it asked for and the GPUs (names) it ran on, and the task's own wall ``seconds``
+        (``None``: not measured: it never ran), in one transaction."""
         finished = _timestamp(finished, "finished")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0):
+            raise ConfigError(f"`seconds` must be a number of seconds >= 0, got {seconds!r}")
         statements: list[tuple[str, tuple]] = [(
-            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ?, gpu_type = ?, gpus = ? "
+            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ?, gpu_type = ?, gpus = ?, seconds = ? "
             "WHERE night_id = ? AND model = ?",
             ("error" if error else "done", error, entry_run, finished, gpu_type, json.dumps([str(g) for g in gpus]),
-             night_id, model),
+             None if seconds is None else float(seconds), night_id, model),
         )]
         if verdict is not None:
             data = verdict.to_json()
@@ -353,6 +365,22 @@ class History:
             ).fetchall()
         return [GoodRun(row["night_id"], row["entry_run"]) for row in rows]
 
+    def last_seconds(self, model: str, before: str | None = None) -> float | None:
+        """The task's own wall seconds of ``model``'s most recent entry that finished (``done``: it reached a verdict,
+        pass or fail; excluding night ``before``); ``None`` where no such entry measured them (a new model, or a
+        history older than version 3). An entry that stopped with an error is not counted: it may have stopped
+        early, and its seconds say nothing of the entry's length."""
+        if self.version < 3:
+            return None
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT e.seconds FROM entries e JOIN nights n USING (night_id) "
+                "WHERE e.model = ? AND e.status = 'done' AND e.seconds IS NOT NULL AND e.night_id != ? "
+                "ORDER BY n.rowid DESC LIMIT 1",
+                (model, before or ""),
+            ).fetchone()
+        return None if row is None else float(row["seconds"])
+
     def nights(self) -> list[dict[str, Any]]:
         with self._connect() as conn:
             return [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY rowid")]
@@ -375,6 +403,7 @@ class History:
             rows = []
             for entry in entries:
                 row = dict(entry)
+                row.setdefault("seconds", None)  # a version-1 or version-2 file: not measured
                 key = (entry["night_id"], model)
                 row["environment"] = json.loads(row["environment"]) if row["environment"] else {}
                 row["hashes"] = {

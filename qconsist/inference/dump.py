@@ -5,7 +5,8 @@ ORT's fusions, so the dumped session would run other kernels than production. In
 
 1. lets ORT optimize the model at the production level and EP and save the graph it will run
    (``SessionOptions.optimized_model_filepath``),
-2. exposes every tensor of *that* graph as an output and reloads it with optimizations off,
+2. exposes every tensor of *that* graph as an output (those computed inside ``If`` branches too, as extra outputs of
+   their ``If``: ``branches.py``) and reloads it with optimizations off,
 3. runs every sample through it, fingerprints every tensor (``fingerprint.py``; in a background thread,
    ``DumpRecorder``, overlapping ORT's next sample, helped by the recording thread while it waits), keeps raw
    tensors only when asked, and
@@ -48,6 +49,7 @@ from onnx import version_converter
 from qconsist.compare import ObservedGraph, ObservedNode, OutputEffect
 from qconsist.errors import ConfigError, QconsistError, UnsupportedModelError
 from qconsist.inference.batch import ONE, Split, probe_splits
+from qconsist.inference.branches import MARKER, BranchTensor, expose_branches
 from qconsist.inference.fingerprint import RowWork
 from qconsist.inference.graphmap import TensorOrigin, map_tensors, node_names, node_reads, op_name, structure_hash, topological_order
 from qconsist.inference.layout import Layouts, block_size, holds, original_shape, to_original, unblock, unblocked_shape
@@ -246,6 +248,8 @@ def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> 
         onnx.save(optimized, str(optimized_path))
         repair = "; ".join(filter(None, [repair, produced]))
     exposed, names = expose_all(optimized)
+    exposed, inner, unobserved = expose_branches(exposed)  # tensors inside If branches (``branches.py``)
+    names += [t.name for t in inner]
     # its idle threads sleep: spinning, they took the cores from the fingerprint worker and production (on 2
     # loaded cores the dump's CPU time per sample went from 3.5-3.9x production's to 1.7-2.2x; kernels unchanged).
     # Still so with the fingerprints taken right after the session's run by both threads (tried): spinning, the
@@ -253,7 +257,7 @@ def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> 
     session = create_session(exposed.SerializeToString(), options, level=OptimizationLevel.DISABLE, spinning=False)
     runtime, ranks = {}, {}
     dims = {i.name: tuple(d if isinstance(d, int) else None for d in i.shape) for i in session.get_inputs()}
-    left_out: dict[str, str] = {}
+    left_out: dict[str, str] = dict(unobserved)
     for out in session.get_outputs():
         dims[out.name] = tuple(d if isinstance(d, int) else None for d in out.shape or [])
         if not out.type.startswith("tensor("):  # a sequence, map or optional: not a tensor to fingerprint
@@ -273,6 +277,7 @@ def expose_plan(model_path: Path, options: ExecutionOptions, dump_dir: Path) -> 
     block = block_size() if any(t.blocked for t in origins) else 0
     origins = [_checked_channels(t, dims.get(t.name), block) for t in origins]
     by_name = {t.name: t for t in origins}
+    by_name.update({t.name: branch_origin(t) for t in inner})
     tensors = [by_name[n] for n in names]
     # the graph's outputs are the original model's outputs, in their own order whatever ORT did inside
     tensors = [dataclasses.replace(t, layout=(), how="same", original=t.name)
@@ -319,6 +324,14 @@ def split_plan(plan: DumpPlan, probe: Probe | None, finals: dict[str, Split] | N
             split.splits[split.column(name)] = found
     _leave_out_unsplittable(split)
     return split
+
+
+def branch_origin(tensor: BranchTensor) -> TensorOrigin:
+    """A tensor computed inside an ``If`` branch, recorded as ORT holds it under its path (``branches.py``), labelled
+    with the path of the node computing it (a marker: its own path, ``<If>/then_taken``). It has no original twin:
+    it is compared in ORT's optimized graph, where both runs ran the same branches' nodes."""
+    return TensorOrigin(name=tensor.name, node=tensor.node, op_type=tensor.op_type, original=None, how="branch",
+                        label=tensor.name if tensor.name == f"{tensor.node}/{MARKER}" else tensor.node, branch=tensor.branch)
 
 
 def _checked_channels(tensor: TensorOrigin, shape: tuple | None, block: int) -> TensorOrigin:

@@ -46,7 +46,9 @@ class TensorOrigin:
     node: str  # optimized node producing it ("" for a graph input)
     op_type: str  # that node's op, "domain:op" outside the ONNX domain
     original: str | None  # original tensor with the same value, if any
-    how: str  # "same" | "renamed" | "relayout" (another axis order: ``layout``) | "layout unknown" | "internal"
+    # "same" | "renamed" | "relayout" (another axis order: ``layout``) | "layout unknown" | "internal" | "branch" (computed
+    # inside an If branch: ``branch``)
+    how: str
     label: str  # name users know: the original node that computes it
     covers: tuple[str, ...] = field(default=())  # original nodes the optimized node computes
     # with ``original``: ORT holds it as numpy.transpose(original, layout); () the original's own order
@@ -55,6 +57,9 @@ class TensorOrigin:
     # (``layout.unblock``), 0: recorded as ORT holds it (its real channel count not established)
     blocked: bool = False
     channels: int = 0
+    # computed inside ``If`` branches (``branches.py``): the branches that must run for it to be computed, outer to
+    # inner, each "<If path>/then" or "<If path>/else"; () a tensor of the main graph
+    branch: tuple[str, ...] = ()
 
 
 def op_name(node: onnx.NodeProto) -> str:

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,11 @@ class EntryOutcome:
     locate_skipped: str | None = None
     verdict: GateVerdict | None = None
     error: str | None = None
+    # the task's own wall seconds, from its start to its outcome, measured where it ran (this process or its Ray
+    # worker; ``guarded_entry``); 0.0: it never ran (no node could run it, its worker was lost). The history keeps
+    # them, and the next night hands its tasks out longest first by them (``qconsist.nightly.order``)
     seconds: float = 0.0
+    started: str | None = None  # when the task started, where it ran (UTC, to the millisecond); None: it never ran
     runs: list[RunRecord] = field(default_factory=list)
     hashes: list[dict[str, Any]] = field(default_factory=list)  # the pipeline's stage entries
     gpu_type: str | None = None  # the GPU type the entry asked for
@@ -148,7 +153,7 @@ class EntryOutcome:
         return {
             "model": self.model, "status": self.status, "entry_run": self.entry_run, "pipeline_run": self.pipeline_run,
             "baseline": self.baseline, "baseline_night": self.baseline_night, "locate_skipped": self.locate_skipped, "error": self.error,
-            "seconds": round(self.seconds, 3), "verdict": self.verdict.to_json() if self.verdict is not None else None,
+            "seconds": round(self.seconds, 3), "started": self.started, "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "runs": [r.__dict__ for r in self.runs], "gpu_type": self.gpu_type, "gpus": self.gpus, "gpu_label": self.gpu_label,
             "attempts": [a.to_json() for a in self.attempts], "figures": dict(self.figures), "sensitivity": self.sensitivity,
             "devices": [d.to_json() for d in self.devices],
@@ -159,7 +164,7 @@ class EntryOutcome:
         values = {k: data.get(k) for k in ("model", "status", "entry_run", "pipeline_run", "baseline", "baseline_night", "locate_skipped", "error",
                                            "gpu_type")}
         verdict = GateVerdict.from_json(data["verdict"]) if data.get("verdict") else None
-        return cls(**values, verdict=verdict, seconds=float(data.get("seconds", 0.0)),
+        return cls(**values, verdict=verdict, seconds=float(data.get("seconds") or 0.0), started=data.get("started"),
                    runs=[RunRecord(**r) for r in data.get("runs", [])], gpus=list(data.get("gpus") or []),
                    attempts=[Attempt(**a) for a in data.get("attempts") or []],
                    figures={str(k): float(v) for k, v in (data.get("figures") or {}).items()}, sensitivity=data.get("sensitivity"),
@@ -414,7 +419,9 @@ def run_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutco
 
 
 def guarded_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryOutcome:
-    """``run_entry``, its errors recorded in the outcome: one model's failure must not stop the others."""
+    """``run_entry``, its errors recorded in the outcome: one model's failure must not stop the others. The outcome
+    carries the task's own wall seconds and start time, measured here, where the task runs."""
+    started = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     start = time.perf_counter()
     try:
         outcome = run_entry(task, progress)
@@ -425,5 +432,5 @@ def guarded_entry(task: EntryTask, progress: Progress = NULL_PROGRESS) -> EntryO
         log.error("model %s: internal error\n%s", task.key, traceback.format_exc())
         outcome = EntryOutcome(model=task.key, status="error", error=f"internal error: {type(exc).__name__}: {exc}",
                                gpu_type=task.gpu_type)
-    outcome.seconds = time.perf_counter() - start
+    outcome.seconds, outcome.started = time.perf_counter() - start, started
     return outcome

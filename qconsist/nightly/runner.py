@@ -11,6 +11,11 @@ as Ray tasks on a local Ray or a cluster. Only this, the head process, reads and
 database: it looks up each model's baseline candidates before the tasks run and records the outcomes in
 the nightly file's order, whatever order they arrive in.
 
+Hand-out order (``qconsist.nightly.order``): an executor that runs tasks at once (``concurrent``: ray) is given
+them longest first, by each history key's last recorded duration (the task's own seconds; unknown ones first);
+the local executor keeps the file's order. The night's result (``handout``) says which order and the durations it
+used; outcomes, results and summaries stay in the file's order.
+
 GPU types: an entry with ``gpus = ["H100", "H200"]`` is one task per GPU type, each with its own history key
 (``name@H100``), so a baseline is always of the same GPU type; among a key's good nights the task takes the
 newest whose driver and onnxruntime match its own (like with like), else the newest (the gate's environment
@@ -48,6 +53,7 @@ from qconsist.nightly.across import GpuComparison, compare_across_devices, compa
 from qconsist.nightly.config import NightlyConfig
 from qconsist.nightly.entry import EntryOutcome, EntryTask, write_text
 from qconsist.nightly.executors import Executor, ExecutorOptions, make_executor
+from qconsist.nightly.order import HandOut, Order, hand_out
 from qconsist.progress import NULL_PROGRESS, Progress
 from qconsist.report import render_nightly_report
 from qconsist.report.history import history_page_path, nightly_history_page
@@ -77,6 +83,7 @@ class NightlyResult:
     executor: str = "local"
     across_gpus: list[GpuComparison] = field(default_factory=list)  # one model across GPU types (on request) and devices
     seconds: float = 0.0  # the night's wall time, from its first task handed out to its last outcome and comparison
+    handout: HandOut | None = None  # the order the tasks were handed out in, and why (none in older summaries)
 
     @property
     def passed(self) -> bool:
@@ -109,7 +116,8 @@ def _record(history: History, night_id: str, task: EntryTask, outcome: EntryOutc
     if outcome.hashes:
         history.record_hashes(night_id, task.key, outcome.hashes)
     history.finish_entry(night_id, task.key, outcome.entry_run, outcome.verdict, outcome.baseline_night, outcome.error,
-                         gpu_type=outcome.gpu_type, gpus=outcome.gpus)
+                         gpu_type=outcome.gpu_type, gpus=outcome.gpus,
+                         seconds=outcome.seconds if outcome.started is not None else None)  # None: it never ran
     if outcome.figures:  # the quantized model's accuracy on the evaluation set, as its inference run recorded it
         history.record_figures(night_id, task.key, outcome.figures)
 
@@ -161,28 +169,49 @@ def night_tasks(config: NightlyConfig, history: History, night_id: str, only: Se
 
 
 def run_nightly(config: NightlyConfig, progress: Progress = NULL_PROGRESS, only: Sequence[str] = (),
-                executor: ExecutorOptions | Executor | None = None, across_gpus: bool = False) -> NightlyResult:
+                executor: ExecutorOptions | Executor | None = None, across_gpus: bool = False,
+                order: Order | str | None = None) -> NightlyResult:
     """Run every model of ``config`` (or those named in ``only``) with ``executor`` (options or an executor;
     default: local); one model's failure does not stop the others. ``across_gpus``: also compare each model
-    fanned out over GPU types across them (``qconsist.nightly.across``). Ctrl-C (``KeyboardInterrupt``)
-    stops the executor, records what finished, marks the night incomplete, and is raised again."""
+    fanned out over GPU types across them (``qconsist.nightly.across``). ``order``: the hand-out order (default:
+    longest first where the executor runs tasks at once, else the file's; ``qconsist.nightly.order``). Ctrl-C
+    (``KeyboardInterrupt``) stops the executor, records what finished, marks the night incomplete, and is raised
+    again."""
     runner = executor if isinstance(executor, Executor) else make_executor(executor)
     check_only(config, only)
+    rule = _rule(runner, order)
     with runner:
-        return _night(config, runner, progress, only, across_gpus)
+        return _night(config, runner, progress, only, across_gpus, rule)
 
 
-def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Sequence[str], across_gpus: bool) -> NightlyResult:
+def _rule(runner: Executor, order: Order | str | None) -> tuple[Order, str]:
+    """The hand-out order and why."""
+    concurrent = bool(getattr(runner, "concurrent", False))
+    if order is not None:
+        try:
+            return Order(order), "asked for"
+        except ValueError:
+            raise ConfigError(f"unknown hand-out `order` {order!r}; choose one of: "
+                              f"{', '.join(o.value for o in Order)}") from None
+    if concurrent:
+        return Order.LONGEST_FIRST, ""
+    return Order.FILE, f"the {runner.name} executor runs one entry after another: the order changes nothing of the wall time"
+
+
+def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Sequence[str], across_gpus: bool,
+           rule: tuple[Order, str]) -> NightlyResult:
     history = History(config.history)
     with RunDirectory.create(config.runs_dir, "nightly", NIGHT_KIND) as night, \
             capture_ort_log(night.file(ORT_LOG), str(night.path / ORT_LOG)) as ort_log:
         tasks = night_tasks(config, history, night.run_id, only)
+        handed, handout = hand_out(tasks, history, night.run_id, *rule)
+        log.info("%s", handout)
         abandoned = history.mark_abandoned()
         if abandoned:
             log.warning("marked interrupted night(s) incomplete: %s", ", ".join(abandoned))
         history.start_night(night.run_id, str(config.path), fingerprint())
         result = NightlyResult(night_id=night.run_id, path=night.path, config=str(config.path), history=str(config.history),
-                               executor=runner.name)
+                               executor=runner.name, handout=handout)
         outcomes: dict[str, EntryOutcome] = {}
 
         def record(task: EntryTask, outcome: EntryOutcome) -> None:
@@ -197,7 +226,7 @@ def _night(config: NightlyConfig, runner: Executor, progress: Progress, only: Se
 
         start = time.perf_counter()
         try:
-            runner.run(tasks, started, in_order.add, progress)
+            runner.run(handed, started, in_order.add, progress)
         except BaseException:  # Ctrl-C, or an executor's failure: what finished is recorded, the night is incomplete
             in_order.flush()
             history.interrupt_night(night.run_id)

@@ -95,6 +95,18 @@ def render_entry_report(run: Run, side: Any = None) -> str:
                                      "<main>", *body, "</main>"])
 
 
+def handout_text(handout: dict) -> str:
+    """The sentence that says in which order a night handed its tasks out and why (``qconsist.nightly.order.HandOut``
+    as its JSON: ``rule``, ``order``, ``reason``, ``durations``); the CLI and the night's page both say it."""
+    if handout.get("rule") != "longest-first":
+        reason = handout.get("reason")
+        return f"handed out in the file's order ({reason})" if reason else "handed out in the file's order"
+    durations = handout.get("durations") or {}
+    said = [f"{key} {durations[key]:.1f} s" if durations.get(key) is not None else f"{key} (no duration yet)"
+            for key in handout.get("order") or []]
+    return f"handed out longest first, by each entry's last duration: {', '.join(said)}"
+
+
 def render_nightly_report(result: Any, history_page: str | None = None) -> str:
     """A night: the summary table, then every model's section; ``history_page``: the link to the history page."""
     data = result.to_json() if hasattr(result, "to_json") else result
@@ -125,6 +137,9 @@ def render_nightly_report(result: Any, history_page: str | None = None) -> str:
     if data.get("seconds"):
         body.append(f'<p class="muted">Wall time of the night: {data["seconds"]:.1f} s ({data.get("executor", "local")} executor; '
                     f'the entries together: {sum(e.get("seconds", 0) for e in entries):.1f} s).</p>')
+    handout = data.get("handout") or {}
+    if len(handout.get("order") or []) > 1:  # the order the tasks were handed out in, and the durations it used
+        body.append(f'<p class="muted">{_esc(handout_text(handout))}.</p>')
     retries = data.get("retries") or {}
     if retries:
         body.append("<h2>Retries</h2><p>Entries whose worker was lost, run again; each lost attempt's run directory is "

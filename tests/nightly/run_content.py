@@ -16,12 +16,13 @@ _ID = re.compile(r"\d{8}T\d{6}-[0-9a-f]{6}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 _TIMING_CELL = re.compile(r"<td>[0-9.e+-]+</td></tr>")  # the seconds column of report tables
 _WALL = re.compile(r"Wall time of the night: [0-9.]+ s \((\w+) executor; the entries together: [0-9.]+ s\)")  # a night's page
+_HANDOUT = re.compile(r'<p class="muted">handed out [^<]*</p>')  # the order the executor handed tasks out in, and why
 TIMING_KEYS = {"ms_per_sample", "started", "finished", "updated", "recorded", "run_id", "pid"}  # and *seconds
 
 
 def _text(text: str, root: Path) -> str:
     text = _ID.sub("ID", text.replace(str(root), "RUNS"))
-    text = _WALL.sub("Wall time of the night: S", text)
+    text = _HANDOUT.sub("HANDOUT", _WALL.sub("Wall time of the night: S", text))
     return _TIMING_CELL.sub("<td>S</td></tr>", _TIME.sub("TIME", text))
 
 

@@ -78,7 +78,7 @@ def test_unknown_model_and_bad_databases(tmp_path):
     future = tmp_path / "future.sqlite"
     with sqlite3.connect(future) as conn:
         conn.execute("PRAGMA user_version = 7")
-    with pytest.raises(RunStoreError, match=r"has schema version 7; this qconsist reads versions 1 to 2$"):
+    with pytest.raises(RunStoreError, match=r"has schema version 7; this qconsist reads versions 1 to 3$"):
         History(future)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database" * 100)

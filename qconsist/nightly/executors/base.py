@@ -26,7 +26,9 @@ class Executor(Protocol):
     (a Ray connection), so that a missing one fails before the night starts; leaving it lets go. ``run`` calls
     ``started(task)`` when a task is handed out and ``done(task, outcome)`` with each outcome as it arrives,
     both in the head process (which records them in order). On Ctrl-C it cancels what is outstanding and lets
-    ``KeyboardInterrupt`` through."""
+    ``KeyboardInterrupt`` through. It hands tasks out in the order it is given them; ``concurrent`` (a class
+    attribute; absent: false) says whether it runs several at once, so that the night gives them longest first
+    (``qconsist.nightly.order``)."""
 
     name: str
 

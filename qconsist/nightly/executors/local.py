@@ -18,6 +18,7 @@ def has_gpu_type(gpu_type: str, names: Sequence[str]) -> bool:
 
 class LocalExecutor:
     name = "local"
+    concurrent = False  # one task after another: the hand-out order changes no wall time (the file's order is kept)
 
     def __init__(self, options=None) -> None:  # ExecutorOptions: nothing to choose
         self.options = options

@@ -5,6 +5,9 @@ nightly file, one GPU where it runs ``locate`` on a cluster with GPUs, and for `
 GPU of that type (Ray's ``accelerator_type``: the ``accelerator_type:H100`` resource Ray gives every node
 with such a GPU). A task nobody can run (no node of that GPU type) is an ``error`` entry at once.
 
+Tasks are submitted in the order the night gives them (longest first by their last recorded durations:
+``qconsist.nightly.order``); Ray starts the queued tasks of one resource shape first in, first out as resources free up.
+
 Tasks write their run directories under the nightly's ``runs_dir``, which must be one path every node can
 reach (a shared file system); they return only the small ``EntryOutcome`` (verdict, run paths, hashes), and
 the head process alone writes the history. While they run, the head process reads each running entry's
@@ -84,6 +87,7 @@ def _first_line(exc: BaseException) -> str:
 
 class RayExecutor:
     name = "ray"
+    concurrent = True  # tasks run at once: they are handed out longest first (qconsist.nightly.order)
 
     def __init__(self, options) -> None:  # ExecutorOptions
         self.options = options
