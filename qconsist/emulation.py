@@ -7,7 +7,7 @@ that processor computes. Only the instruction set is emulated: the host's memory
 child's. QEMU's TCG implements no AVX-512, so a model of a processor with AVX-512 runs without it.
 
 ``qemu_models()`` lists the models (``qemu-x86_64 -cpu help``); ``resolve_model`` checks a name against it
-(case-insensitive; ``QemuModelError``, exit 2, lists the valid ones); ``require_qemu`` raises
+(case-insensitive; ``QemuModelError``, exit 2, lists the valid ones; ``parse_models`` a list, ``parse_model`` one); ``require_qemu`` raises
 ``QemuMissingError`` (exit 3) naming the package to install. ``emulated_command`` is the command line of a
 child under a model, with the environment that makes its fingerprint record the emulated model
 (``qconsist.cpu.EMULATED_ENV``); ``run_emulated`` runs one, passing its output through without QEMU's
@@ -115,6 +115,14 @@ def parse_models(text: str | Sequence[str]) -> tuple[str, ...]:
         require_qemu()
     resolved = [resolve_model(name) for name in names]
     return tuple(dict.fromkeys(resolved))
+
+
+def parse_model(text: str) -> str:
+    """One CPU model (``--isa`` of a command that runs on one instruction set), resolved as ``parse_models`` does."""
+    models = parse_models(text)
+    if len(models) != 1:
+        raise ConfigError(f"`isa` takes one CPU model here, got {', '.join(models)}")
+    return models[0]
 
 
 @lru_cache(maxsize=None)

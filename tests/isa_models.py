@@ -123,3 +123,52 @@ def shared_constant_float_model(path: Path) -> Path:
         [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(constant, "c")],
     )
     return _save(graph, path)
+
+
+def saturating_qlinear_model(path: Path) -> Path:
+    """``saturating_qdq_model``'s Conv written as the integer op itself: QuantizeLinear (u8, zero point 128) →
+    QLinearConv (s8 weights ±127) → DequantizeLinear. The integer kernel runs at every optimization level, so a
+    dump at level ``disable`` observes its input and output by the original names and the origin is ``conv``,
+    a node of the original model that ``diff --replay`` can cut out and run alone; on AVX2 without VNNI its
+    u8·s8 sums saturate (inputs near 1 are u8 255)."""
+    rng = np.random.default_rng(28)
+    weights = np.where(rng.random((CHANNELS_OUT, CHANNELS_IN, 1, 1)) < 0.75, 127, -127).astype(np.int8)
+    weights[0] = 127
+    initializers = [
+        numpy_helper.from_array(np.array(1.0 / 127, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "x_zero"),
+        numpy_helper.from_array(weights, "w_q"),
+        numpy_helper.from_array(np.full(CHANNELS_OUT, 1.0 / 127, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(CHANNELS_OUT, np.int8), "w_zero"),
+        numpy_helper.from_array(np.array(0.25, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "y_zero"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"], name="quantize_input"),
+        helper.make_node("QLinearConv", ["x_q", "x_scale", "x_zero", "w_q", "w_scale", "w_zero", "y_scale", "y_zero"],
+                         ["y_q"], name="conv"),
+        helper.make_node("DequantizeLinear", ["y_q", "y_scale", "y_zero"], ["y"], name="dequantize_output"),
+    ]
+    graph = helper.make_graph(
+        nodes, "saturating_qlinear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS_IN, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, CHANNELS_OUT, SIZE, SIZE])],
+        initializers,
+    )
+    return _save(graph, path)
+
+
+def blocked_conv_model(path: Path) -> Path:
+    """A float Relu → Conv 3×3 (16 → 32 channels, random weights) → BatchNormalization on 12×12: at level all
+    onnxruntime folds the BatchNormalization and runs the Conv in NCHWc channel blocks (NchwcTransformer: 16 on
+    AVX-512, 8 on AVX2 and SSE), whose sums the float kernels (AVX-512F, FMA3, SSE) round differently."""
+    rng = np.random.default_rng(11)
+    values = {"w": rng.normal(0, 0.3, (32, 16, 3, 3)), "b": rng.normal(0, 0.1, 32), "scale": rng.uniform(0.5, 2, 32),
+              "shift": rng.normal(0, 0.1, 32), "mean": rng.normal(0, 0.1, 32), "var": rng.uniform(0.5, 2, 32)}
+    nodes = [helper.make_node("Relu", ["input"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"], name="bn")]
+    graph = helper.make_graph(nodes, "blocked_conv", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 12, 12])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in values.items()])
+    return _save(graph, path)

@@ -10,7 +10,7 @@ import typer
 from qconsist.cli import options as opt
 from qconsist.cli.app import print_json, stdout_console
 from qconsist.cli.table import Rows, more
-from qconsist.errors import EXIT_DIVERGED, EXIT_OK
+from qconsist.errors import EXIT_DIVERGED, EXIT_OK, ConfigError
 
 _SHOWN = 12
 
@@ -193,9 +193,14 @@ def _render_replays(console, replays) -> None:  # replays: list[NodeReplay]
         console.print(f"replay {replay.label or replay.nodes[0]}: {replay.summary()}")
         for tensor, source in replay.sources.items():
             console.print(f"  input {tensor}: {source}")
+        across = replay.instruction_sets()
+        if across:
+            console.print(f"  instruction sets: {across}")
         for side in replay.sides:
             if side.recorded:
-                console.print(f"  under {side.run}'s options the replay {side.recorded} what run {side.run} recorded")
+                where = f" {side.where()}" if replay.off_native else ""
+                verb = "differs from" if side.recorded == "differs" else side.recorded
+                console.print(f"  under {side.run}'s options{where} the replay {verb} what run {side.run} recorded")
         for note in replay.notes:
             console.print(f"  note: {note}")
         for command in replay.capture:
@@ -231,19 +236,30 @@ def diff(
     atol: Optional[float] = typer.Option(None, "--atol", help="Tensors and final outputs only diverge beyond atol + rtol·|a| (the tensor's own units: 1 on an int8 tensor is one quantum). Default: exact, bit for bit."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (see --atol)."),
     policy: opt.told(opt.PolicyFile, "Policy file (TOML; default: the built-in defaults, see policies/default.toml): its [diff] tolerances (atol, rtol, per node); --atol/--rtol override them.") = None,
-    replay: bool = typer.Option(False, "--replay", help="Confirm each origin and span by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with `qconsist run --dump --raw`) and run it under each run's execution options: confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
+    replay: bool = typer.Option(False, "--replay", help="Confirm each origin and span by replay: rebuild it (the original nodes between the tensors both runs observed and its output) as a small model, feed it the recorded inputs (the input set, opened again, and the raw tensors kept with `qconsist run --dump --raw`) and run it under each run's execution options, on the instruction set each run recorded (see --isa): confirmed in isolation, does not reproduce in isolation (fusion or context), or cannot replay (with the command that records the missing inputs)."),
+    isa: opt.told(opt.Isa, "With --replay: replay both runs on this instruction set: a QEMU CPU model (haswell: AVX2 without VNNI; nehalem: SSE4.2, no AVX; `qemu-x86_64 -cpu help` lists them), in a child process under QEMU user mode (package qemu-user), or native (this processor). Default: each run on the one it recorded (a run made with `qconsist run --isa haswell` again under emulated Haswell), and where the two differ, both runs' options also under each, which says whether the instruction set alone makes the difference.", panel=None) = None,
     json_output: opt.Json = False,
 ) -> None:
     """Compare two runs: first differing stage, calibration, first diverging and origin nodes, outputs.
     Exact by default; with --atol/--rtol (or a policy's [diff]), which nodes differ by more than that.
-    With --replay, each origin and span is confirmed (or not) by running it alone on its recorded inputs.
+    With --replay, each origin and span is confirmed (or not) by running it alone on its recorded inputs,
+    each run on the instruction set it recorded (under QEMU user mode for a run made with --isa), or on the
+    one --isa names.
 
     Exit 0 identical (within the tolerance), 1 diverged, 2 error (incomplete, modified or damaged runs,
-    different models or input sets).
+    different models or input sets, --isa without --replay or a CPU model QEMU does not know), 3 --isa
+    without QEMU.
     """
     from qconsist.compare.tolerance import Tolerance
     from qconsist.diff import diff_runs
 
+    if isa is not None and not replay:
+        raise ConfigError("--isa chooses the instruction set of --replay: give --replay too (diff itself compares "
+                          "what the runs recorded)")
+    if isa is not None:
+        from qconsist.emulation import parse_model
+
+        isa = parse_model(isa)  # before the diff: exit 3 without QEMU, 2 for a model it does not know
     base = Tolerance()
     if policy is not None:
         from qconsist.gate import load_policy
@@ -253,7 +269,7 @@ def diff(
     if replay:
         from qconsist.explain.confirm import confirm_origins
 
-        confirm_origins(result)
+        confirm_origins(result, isa=isa)
     if explorer is not None:
         from qconsist.report.explorer import explorer_overlay
 

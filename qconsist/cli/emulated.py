@@ -16,7 +16,7 @@ import typer
 
 from qconsist.cli.app import QconsistGroup, stderr_console
 from qconsist.cpu import InstructionSet
-from qconsist.emulation import NATIVE, emulated_command, parse_models, qemu_version, run_emulated
+from qconsist.emulation import NATIVE, emulated_command, parse_model, qemu_version, run_emulated
 
 # the child's command line as a manifest records it: ``qconsist run …`` (its environment says it was emulated)
 CHILD = "import sys; sys.argv[0] = 'qconsist'; from qconsist.cli import main; main()"
@@ -41,12 +41,7 @@ def _without_isa(args: list[str]) -> list[str]:
 def reexec_under(isa: str, *, quiet: bool = False) -> bool:
     """Run the current command under QEMU emulating ``isa`` and exit with its status; ``False`` (run here)
     when ``isa`` is ``native``. Raises ``QemuMissingError`` (exit 3) or ``QemuModelError`` (exit 2)."""
-    models = parse_models(isa)
-    if len(models) != 1:
-        from qconsist.errors import ConfigError
-
-        raise ConfigError(f"`isa` takes one CPU model here, got {', '.join(models)}")
-    model = models[0]
+    model = parse_model(isa)
     if model == NATIVE:
         return False
     args = _without_isa(list(QconsistGroup.arguments))

@@ -35,6 +35,11 @@ def _render(result) -> None:  # result: UpgradeResult
             console.print(f"  only with {r.after}: {node}")
     elif result.diff.tensors is not None:
         console.print("onnxruntime's optimized graph: the same nodes in both environments")
+    if result.isa != "native":
+        from qconsist.cli.emulated import isa_line
+
+        took = ", ".join(f"{side} {seconds:.1f} s" for side, seconds in result.emulated_seconds.items())
+        console.print(f"both runs under emulated {result.isa} (QEMU user mode; the runs took {took}); {isa_line(result.instruction_set)}")
     for note in result.notes:
         console.print(f"note: {note}")
 
@@ -49,24 +54,29 @@ def upgrade_check(
     execution: ExecutionOptions,
     env_dir: Optional[Path] = typer.Option(None, "--env-dir", help="Where the second environment goes (default: .qconsist/envs/onnxruntime-X.Y.Z in the checkout)."),
     runs_dir: Path,
+    isa: opt.told(opt.Isa, "Make both runs under another instruction set: a QEMU CPU model (haswell: AVX2 without VNNI; nehalem: SSE4.2, no AVX; `qemu-x86_64 -cpu help` lists them), each in its environment's `qconsist run --isa MODEL` (a child process under QEMU user mode, package qemu-user), so both record the emulated instruction set; much slower (docs/numerics.md). native (the default): this processor.") = None,
     json_output: opt.Json = False,
 ) -> None:
     """Run MODEL on the same inputs with dumps in this (locked) environment and in one built from uv.lock with
     only onnxruntime changed, and diff the two: the version change first, then the first diverging node, the
-    origin nodes and which nodes onnxruntime's optimizer rewrote differently.
+    origin nodes and which nodes onnxruntime's optimizer rewrote differently. With --isa MODEL both runs are
+    made under QEMU user mode emulating that CPU model.
 
-    Exit 0 identical, 1 diverged, 2 error, 3 no uv or no uv.lock here.
+    Exit 0 identical, 1 diverged, 2 error (a CPU model QEMU does not know), 3 no uv or no uv.lock here, or
+    --isa without QEMU.
     """
+    from qconsist.emulation import NATIVE, parse_model
     from qconsist.upgrade.check import upgrade_check as check
     from qconsist.upgrade.check import upgrade_environment
     from qconsist.inference import resolve_model
     from qconsist.pipeline.inputs import open_inputs
 
+    chosen = parse_model(isa) if isa is not None else NATIVE  # first: exit 3 without QEMU, 2 for an unknown model
     source = resolve_model(model, stage)
     input_set = open_inputs(inputs, source)
     environment = upgrade_environment(onnxruntime, env_dir)
     label = str(source.describe().get("name") or source.path.stem)
-    result = check(source, input_set, inputs.to_args(), execution, environment, runs_dir, label)
+    result = check(source, input_set, inputs.to_args(), execution, environment, runs_dir, label, chosen)
     if json_output:
         print_json(result)
     else:

@@ -10,7 +10,12 @@ that step, automated:
   local functions and the value types the model declares are kept; its outputs are the tensors of the set that
   the rest of the model (or the caller) reads.
 * ``replay_nodes`` runs it, sample by sample, in one session per execution options (made the one way,
-  ``inference.session.create_session``) and compares the outputs bit for bit.
+  ``inference.session.create_session``) and compares the outputs bit for bit. Each side runs on an instruction
+  set (``isas``: ``native``, this processor, or a QEMU CPU model such as ``Haswell``): the sessions of an
+  emulated one run in a child under QEMU user mode through the one worker (``qconsist.emulation.call_on`` of
+  ``run_isolated``; the arrays cross as ``.npz`` files). Where the two sides' instruction sets differ, both
+  runs' options are also replayed under each of them (``SameIsaReplay``), which says whether the instruction
+  set alone makes the difference.
 
 Three outcomes (``ReplayOutcome``): **confirmed in isolation** (given identical inputs the nodes compute
 different outputs under the two runs' options: the kernels themselves differ), **does not reproduce in
@@ -31,10 +36,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qconsist.emulation import NATIVE, call_on
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.session import ExecutionOptions, create_session, ort_logged
 from qconsist.onnxfile import read_onnx
+from qconsist.store.scratch import scratch_dir
 from qconsist.store.serde import serialized
 
 
@@ -64,6 +71,31 @@ class ReplaySide:
     options: ExecutionOptions
     hashes: list[str] = field(default_factory=list)  # sha256 (16 hex) of each replayed sample's outputs
     recorded: str = ""  # against the run's own recorded outputs: "matches", "differs", or "" (not kept raw)
+    isa: str = NATIVE  # the instruction set the replay ran on: native (this processor) or a QEMU CPU model
+
+    def where(self) -> str:
+        return "on native" if self.isa == NATIVE else f"on emulated {self.isa}"
+
+    def describe(self, isa: bool = False) -> str:
+        """``A: --ep cpu --level all``; with ``isa``, followed by ``on native`` or ``on emulated Haswell``."""
+        return f"{self.run}: {' '.join(self.options.to_args())}" + (f" {self.where()}" if isa else "")
+
+
+@serialized
+@dataclass
+class SameIsaReplay:
+    """Both runs' options replayed under one instruction set (made when the runs' own instruction sets differ):
+    the samples whose outputs still differ there."""
+
+    isa: str
+    samples: int
+    differing: list[int] = field(default_factory=list)
+    reason: str = ""  # why it could not be replayed there
+
+    def describe(self) -> str:
+        if self.reason:
+            return f"{self.isa}: cannot replay ({self.reason})"
+        return f"{self.isa}: {len(self.differing)}/{self.samples} samples differ"
 
 
 @serialized(derived=("confirmed", "summary"))
@@ -87,10 +119,28 @@ class NodeReplay:
     label: str = ""  # the origin as the diff names it
     constants_differ: list[str] = field(default_factory=list)  # constants (or "node attributes") the runs' models differ in
     notes: list[str] = field(default_factory=list)
+    same_isa: list[SameIsaReplay] = field(default_factory=list)  # where the sides' instruction sets differ
 
     @property
     def confirmed(self) -> bool:
         return self.outcome is ReplayOutcome.CONFIRMED
+
+    def instruction_sets(self) -> str:
+        """Where the sides ran on different instruction sets: what the replays under each and under the same
+        one found, and what that says of the cause; else ""."""
+        if self.outcome is ReplayOutcome.CANNOT or not self.same_isa:
+            return ""
+        isas = " and ".join(side.isa for side in self.sides)
+        across = "differs" if self.differing else "equal"
+        checks = "; ".join(check.describe() for check in self.same_isa)
+        line = f"replayed under {isas}: {across}; under the same instruction set: "
+        if any(check.reason for check in self.same_isa):
+            return line + f"{checks}: the instruction set's part is unknown"
+        if self.differing and not any(check.differing for check in self.same_isa):
+            return line + f"equal ({checks}): the instruction set makes the difference"
+        if self.differing:
+            return line + f"differs too ({checks}): the runs' options or constants make a difference of their own"
+        return line + checks
 
     def summary(self) -> str:
         """One line: the outcome and the evidence it rests on."""
@@ -99,19 +149,27 @@ class NodeReplay:
         if self.outcome is ReplayOutcome.CANNOT:
             return f"{self.outcome.value}: {self.reason}"
         fed = ", ".join(self.inputs) or "no activation"
-        settings = "; ".join(f"{side.run}: {' '.join(side.options.to_args())}" for side in self.sides)
+        settings = "; ".join(side.describe(self.off_native) for side in self.sides)
         if self.constants_differ:
             settings += f"; each run's own model, which differ in {', '.join(self.constants_differ[:4])}"
             settings += ", ..." if len(self.constants_differ) > 4 else ""
         if self.outcome is ReplayOutcome.CONFIRMED:
             percent = 100 * self.mismatched / self.elements if self.elements else 0.0
             return (f"{self.outcome.value}: fed identical inputs ({fed}), {what} different outputs under the "
-                    f"two runs' options ({settings}): {len(self.differing)}/{len(self.samples)} samples differ, "
+                    f"two runs' {self._what()} ({settings}): {len(self.differing)}/{len(self.samples)} samples differ, "
                     f"mismatched elements {self.mismatched} / {self.elements} ({percent:.2f}%), "
                     f"greatest abs difference {self.max_abs:.6g}")
         return (f"{self.outcome.value}: fed identical inputs ({fed}), {what} bit-identical outputs under the "
-                f"two runs' options ({settings}) in {len(self.samples)} samples: the difference comes from fusion with "
+                f"two runs' {self._what()} ({settings}) in {len(self.samples)} samples: the difference comes from fusion with "
                 "nodes outside it or from its context in the full model")
+
+    @property
+    def off_native(self) -> bool:
+        """A side was replayed on another instruction set than this processor's (so each side names its own)."""
+        return any(side.isa != NATIVE for side in self.sides)
+
+    def _what(self) -> str:
+        return "options and instruction sets" if self.off_native else "options"
 
 
 # --- the isolated model -------------------------------------------------------------------------------------------
@@ -253,18 +311,25 @@ def replay_nodes(
     runs: Sequence[str] = ("A", "B"),
     outputs: Sequence[str] = (),
     recorded: Sequence[Mapping[int, Mapping[str, np.ndarray]]] = (),
+    isas: Sequence[str] = (),
 ) -> NodeReplay:
     """Run ``nodes`` of ``model`` (one model, or one per run: each run's own weights) on ``inputs`` (sample ->
     tensor name -> array; the activations the nodes read) under each of ``options`` (one per run, named by
     ``runs``), and compare the outputs of the first two, sample by sample, bit for bit.
 
-    ``ConfigError`` for a node the model lacks or an input not given; a session onnxruntime cannot make (the
-    provider is not on this machine) is a ``cannot replay`` outcome, with onnxruntime's reason. ``recorded``
+    ``isas`` (one per run, resolved: ``native`` or a QEMU CPU model; default native for both) is the instruction
+    set each run's replay runs on; where they differ, both runs' options are also replayed under each of them
+    (``NodeReplay.same_isa``). ``ConfigError`` for a node the model lacks or an input not given; a session
+    onnxruntime cannot make (the provider is not on this machine) is a ``cannot replay`` outcome, with
+    onnxruntime's reason, as is a failure of the emulated child (``EmulatedChildError``'s line). ``recorded``
     (per run: sample -> output tensor -> the array the run itself recorded) says whether the replay under each
     run's options gives what that run computed in the full model (``ReplaySide.recorded``)."""
     models = [model] * len(options) if isinstance(model, (str, Path, onnx.ModelProto)) else list(model)
+    isas = list(isas) or [NATIVE] * len(options)
     if len(options) != 2 or len(models) != 2 or len(runs) != 2:
         raise ConfigError("replay: give the execution options (and models) of exactly two runs")
+    if len(isas) != 2:
+        raise ConfigError("replay: give the instruction sets of exactly two runs")
     samples = sorted(inputs)
     if not samples:
         raise ConfigError("replay: no sample to replay")
@@ -277,26 +342,95 @@ def replay_nodes(
     if lacking:
         raise ConfigError(f"replay: no array given for input {lacking[0]!r} of {', '.join(first.nodes)}")
     result = NodeReplay(list(first.nodes), ReplayOutcome.CANNOT, list(first.inputs), list(first.outputs), samples,
-                        [ReplaySide(run, opts) for run, opts in zip(runs, options)])
-    try:
-        with ort_logged():
-            sessions = [create_session(small.model, opts) for small, opts in zip(isolated, options)]
-            produced = [[s.run(list(first.outputs), {n: inputs[i][n] for n in first.inputs}) for i in samples]
-                        for s in sessions]
-    except QconsistError as exc:
-        result.reason = f"onnxruntime cannot run the isolated nodes here: {exc}"
+                        [ReplaySide(run, opts, isa=isa) for run, opts, isa in zip(runs, options, isas)])
+    # (side, instruction set) -> outputs per sample: each side on its own, and, where the sets differ, each on both
+    wanted = [(0, isas[0]), (1, isas[1])]
+    if isas[0] != isas[1]:
+        wanted += [(1, isas[0]), (0, isas[1])]
+    produced, errors = _run_everywhere(isolated, options, wanted, inputs, samples, list(first.inputs), list(first.outputs))
+    main = [errors.get((i, isas[i])) for i in range(2)]
+    if any(main):
+        failed = 0 if main[0] else 1
+        where = "" if isas[failed] == NATIVE else f" on emulated {isas[failed]}"
+        result.reason = f"onnxruntime cannot run the isolated nodes here{where}: {main[failed]}"
         return result
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types at run time
-        result.reason = f"onnxruntime cannot run the isolated nodes here: {' '.join(str(exc).split())[:300]}"
-        return result
-    for index, (side, per_sample) in enumerate(zip(result.sides, produced)):
+    for index, side in enumerate(result.sides):
+        per_sample = produced[(index, side.isa)]
         side.hashes = [_digest(arrays) for arrays in per_sample]
         if index < len(recorded):
             side.recorded = _against(recorded[index], samples, list(first.outputs), per_sample)
     result.constants_differ = _constants_differ(*isolated)
-    _compare(result, produced[0], produced[1])
+    _compare(result, produced[(0, isas[0])], produced[(1, isas[1])])
     result.outcome = ReplayOutcome.CONFIRMED if result.differing else ReplayOutcome.NOT_REPRODUCED
+    if isas[0] != isas[1]:
+        for isa in isas:
+            check = SameIsaReplay(isa, len(samples))
+            failed = errors.get((0, isa)) or errors.get((1, isa))
+            if failed:
+                check.reason = failed
+            else:
+                probe = NodeReplay(list(first.nodes), ReplayOutcome.CANNOT, samples=samples)
+                _compare(probe, produced[(0, isa)], produced[(1, isa)])
+                check.differing = probe.differing
+            result.same_isa.append(check)
     return result
+
+
+def _run_everywhere(isolated: Sequence[IsolatedModel], options: Sequence[ExecutionOptions], wanted: list[tuple[int, str]],
+                    inputs: Mapping[int, Mapping[str, np.ndarray]], samples: list[int], fed: list[str], outputs: list[str],
+                    ) -> tuple[dict[tuple[int, str], list[list[np.ndarray]]], dict[tuple[int, str], str]]:
+    """Each (side, instruction set) of ``wanted``: side's isolated model under its options on that instruction set,
+    one ``run_isolated`` call per instruction set (one child under QEMU for an emulated one). The outputs per
+    sample, and onnxruntime's (or the child's) one line where one could not run."""
+    produced: dict[tuple[int, str], list[list[np.ndarray]]] = {}
+    errors: dict[tuple[int, str], str] = {}
+    with scratch_dir("qconsist-replay-") as tmp:
+        folder = Path(tmp)
+        paths = []
+        for index, small in enumerate(isolated):
+            paths.append(folder / f"side{index}.onnx")
+            paths[-1].write_bytes(small.model)
+        np.savez(folder / "inputs.npz", **{f"{s}:{name}": inputs[s][name] for s in samples for name in fed})
+        for isa in dict.fromkeys(isa for _, isa in wanted):
+            jobs = [side for side, where in wanted if where == isa]
+            request = {"inputs": str(folder / "inputs.npz"), "samples": samples, "fed": fed, "outputs": outputs,
+                       "jobs": [{"model": str(paths[side]), "options": options[side].to_json(),
+                                 "result": str(folder / f"{isa}-{side}.npz")} for side in jobs]}
+            try:
+                done, _ = call_on(isa, run_isolated, request, what="the replay")
+            except QconsistError as exc:
+                errors.update({(side, isa): str(exc) for side in jobs})
+                continue
+            for side, error in zip(jobs, done["errors"]):
+                if error:
+                    errors[(side, isa)] = error
+                    continue
+                with np.load(folder / f"{isa}-{side}.npz") as saved:
+                    produced[(side, isa)] = [[saved[f"{s}:{k}"] for k in range(len(outputs))] for s in samples]
+    return produced, errors
+
+
+def run_isolated(request: dict) -> dict:
+    """The replay's sessions (here, or in the child under QEMU that ``call_on`` starts): each job's isolated
+    model under its options on the request's samples, the outputs saved to the job's ``.npz``. Returns, per job,
+    onnxruntime's one line where it cannot make or run the session, else ""."""
+    errors = []
+    with np.load(request["inputs"]) as saved:
+        feeds = {s: {name: saved[f"{s}:{name}"] for name in request["fed"]} for s in request["samples"]}
+    for job in request["jobs"]:
+        try:
+            with ort_logged():
+                session = create_session(Path(job["model"]).read_bytes(), ExecutionOptions.from_json(job["options"]))
+                got = {s: session.run(list(request["outputs"]), feeds[s]) for s in request["samples"]}
+        except QconsistError as exc:
+            errors.append(str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types at run time
+            errors.append(" ".join(str(exc).split())[:300])
+            continue
+        np.savez(job["result"], **{f"{s}:{k}": array for s, arrays in got.items() for k, array in enumerate(arrays)})
+        errors.append("")
+    return {"errors": errors}
 
 
 def _constants_differ(a: IsolatedModel, b: IsolatedModel) -> list[str]:

@@ -9,11 +9,18 @@ the sample is not replayed); where only one run recorded it, that run's values a
 ``NodeReplay.sources`` says so. Each run's nodes are taken from its own model and run under its own execution
 options (``diff.replay.replay_nodes``); where a run kept its output raw, the replay is also checked against
 what that run computed in the full model (``ReplaySide.recorded``).
+
+Each run's nodes are replayed on the instruction set the run recorded (``recorded_isa``): a run made under
+``run --isa haswell`` again under emulated Haswell (QEMU user mode, ``qconsist.emulation``), a native run on this
+processor; ``isa`` (``diff --replay --isa MODEL``) replays both on one instead. Where the two differ, both runs'
+options are also replayed under each, and the replay says whether the instruction set alone makes the
+difference (``NodeReplay.instruction_sets``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -21,12 +28,14 @@ import numpy as np
 import onnx
 
 from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, replay_nodes
+from qconsist.cpu import instruction_set
 from qconsist.diff.runs import DiffResult, capture_command
+from qconsist.emulation import NATIVE, PACKAGE, QEMU, qemu_path
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
 from qconsist.inference.graphmap import node_names, node_reads
 from qconsist.inference.reader import LoadedDump, load_dump
-from qconsist.inference.session import ExecutionOptions
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.onnxfile import read_onnx
 from qconsist.store.run import Run
 
@@ -34,11 +43,17 @@ from qconsist.store.run import Run
 REPLAYED_SAMPLES = 8  # samples replayed per origin (its first origin samples that have recorded inputs)
 
 
-def _columns(dump: LoadedDump) -> dict[str, int]:
-    """Original tensor -> the first column of the dump holding it (in the original's axis order)."""
+def _columns(dump: LoadedDump, space: str = "original") -> dict[str, int]:
+    """Original tensor -> the first column of the dump holding it (in the original's axis order); in the
+    ``optimized`` space, the optimized graph's tensor -> its column, for the tensors whose raw arrays can be
+    fed to its nodes as onnxruntime holds them (not those recorded unblocked from NCHWc, nor of an unknown
+    layout)."""
     found: dict[str, int] = {}
     for column, tensor in enumerate(dump.tensors):
-        if tensor.original and tensor.how != "layout unknown" and tensor.original not in found:
+        if space == "optimized":
+            if tensor.how != "layout unknown" and not (tensor.blocked and tensor.channels):
+                found.setdefault(tensor.name, column)
+        elif tensor.original and tensor.how != "layout unknown" and tensor.original not in found:
             found[tensor.original] = column
     return found
 
@@ -76,10 +91,33 @@ class _Side:
     model: Path
     options: ExecutionOptions
     columns: dict[str, int]
+    isa: str = NATIVE  # the instruction set its nodes are replayed on
+    note: str = ""  # why that is not the one the run recorded, where it is not
+    ran: Path | None = None  # the model the run ran (its inputs), where ``model`` is its optimized graph
+    space: str = "original"
 
 
-def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
-    """The run's dump, model and options, or why it cannot be replayed."""
+def recorded_isa(run: Run, label: str) -> tuple[str, str]:
+    """The instruction set to replay ``run`` on: the QEMU CPU model it was emulated under, else ``native``; and a
+    note where this processor is not the one the run recorded (an older run without a record, another machine)."""
+    recorded = run.manifest.environment.get("cpu_isa") or {}
+    if recorded.get("emulated"):
+        return str(recorded["emulated"]), ""
+    if not recorded:
+        return NATIVE, f"run {label} does not record its instruction set: replayed on this processor"
+    here = instruction_set()
+    if (recorded.get("kernels"), recorded.get("float_kernels")) != (here.kernels, here.float_kernels):
+        return NATIVE, (f"run {label} was made natively on another processor ({recorded.get('kernels')}, float "
+                        f"{recorded.get('float_kernels')}) and is replayed on this one ({here.kernels}, float "
+                        f"{here.float_kernels}): --isa MODEL replays both runs on one instruction set")
+    return NATIVE, ""
+
+
+def _side(label: str, run: Run, dump: LoadedDump | None, isa: str | None = None,
+          space: str = "original") -> _Side | str:
+    """The run's dump, model and options, or why it cannot be replayed; ``isa`` (resolved) replays it on that
+    instruction set instead of the one it recorded. In the ``optimized`` space its nodes are cut from the
+    optimized graph its dump saved, and run at level disable (the graph is optimized already)."""
     if not run.has_inference or not run.inference.options:
         return f"run {label} does not record its execution options"
     if not run.has_dump:
@@ -87,17 +125,30 @@ def _side(label: str, run: Run, dump: LoadedDump | None) -> _Side | str:
     model = run.ran_model()
     if model is None:
         return f"the model run {label} ran is gone"
+    chosen, note = (isa, "") if isa is not None else recorded_isa(run, label)
+    if chosen != NATIVE and qemu_path() is None:
+        return (f"run {label} was made under emulated {chosen} and is replayed on it under QEMU user mode, and {QEMU} "
+                f"is not installed: install the {PACKAGE} package (apt-get install {PACKAGE}; `make qemu` does it), "
+                "or replay both runs on this processor with --isa native")
     dump = dump if dump is not None else load_dump(run)
-    return _Side(label, run, dump, model, ExecutionOptions.from_json(run.inference.options), _columns(dump))
+    options = ExecutionOptions.from_json(run.inference.options)
+    if space == "optimized":
+        options = replace(options, graph_optimization_level=OptimizationLevel.DISABLE, disabled_optimizers=())
+        return _Side(label, run, dump, dump.optimized_path, options, _columns(dump, space), chosen, note, model, space)
+    return _Side(label, run, dump, model, options, _columns(dump), chosen, note)
 
 
 def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequence[int], label: str = "",
                   dumps: tuple[LoadedDump, LoadedDump] | None = None, limit: int = REPLAYED_SAMPLES,
-                  models: dict[Path, onnx.ModelProto] | None = None) -> NodeReplay:
+                  models: dict[Path, onnx.ModelProto] | None = None, isa: str | None = None,
+                  space: str = "original") -> NodeReplay:
     """Replay ``nodes`` (original node names) on the first ``limit`` of ``samples`` whose inputs the runs
     recorded, each run's nodes under its own options (see the module docstring). ``dumps`` and ``models`` (by
-    path): what the caller has loaded already."""
-    sides = [_side("A", run_a, dumps[0] if dumps else None), _side("B", run_b, dumps[1] if dumps else None)]
+    path): what the caller has loaded already; ``isa`` (resolved): both runs on that instruction set instead of
+    the ones they recorded; ``space`` ``optimized``: ``nodes`` are nodes of onnxruntime's optimized graph, cut
+    from the one each run's dump saved (the diff compared the runs there)."""
+    sides = [_side(name, run, dump, isa, space)
+             for name, run, dump in zip("AB", (run_a, run_b), dumps if dumps else (None, None))]
     reasons = [s for s in sides if isinstance(s, str)]
     if reasons:
         return NodeReplay(list(nodes), ReplayOutcome.CANNOT, reason="; ".join(reasons), label=label)
@@ -131,8 +182,23 @@ def replay_origin(run_a: Run, run_b: Run, nodes: Sequence[str], samples: Sequenc
             inputs[sample].update({name: values[name] for name in fed if name in model_inputs})
         sources.update({name: "the input set, opened again (digest checked)" for name in fed if name in model_inputs})
     kept = [{s: per_run[i] for s, (_, per_run) in chosen.items()} for i in range(2)]
-    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept)
+    blocked = _blocked_nodes(original, nodes) if space == "optimized" else []
+    unblockable = _blocks_apart(blocked, a, b, isa)
+    if unblockable:
+        return NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs), label=label, reason=unblockable)
+    result = replay_nodes((original, models[b.model]), nodes, inputs, (a.options, b.options), ("A", "B"), outputs, kept,
+                          (a.isa, b.isa))
     result.sources, result.label = sources, label
+    if space == "optimized":
+        result.notes.append("replayed from onnxruntime's optimized graph that each run's dump saved (the nodes the "
+                            "run executed), at level disable: the graph is optimized already")
+    result.notes.extend(side.note for side in (a, b) if side.note)
+    if isa is not None:
+        recorded = [recorded_isa(side.run, side.label)[0] for side in (a, b)]
+        if recorded[0] != recorded[1]:
+            result.notes.append(f"the runs were made on different instruction sets ({recorded[0]}, {recorded[1]}) and "
+                                f"--isa replayed both on {isa}: this replay leaves the instruction set out (without --isa "
+                                "each run is replayed on its own)")
     batches = [s.run.inference.batch_size for s in (a, b)]
     if batches != [1, 1]:
         result.notes.append(f"replayed one sample at a time; the runs ran batches of {batches[0]} and {batches[1]}")
@@ -145,9 +211,9 @@ def _reopened(a: _Side, b: _Side):
     """The input set of run A, opened again and checked against its digest, else run B's (the runs' digests
     agree: ``diff`` refuses runs on different input sets)."""
     try:
-        return replay_inputs(a.run, a.model)[0]
+        return replay_inputs(a.run, a.ran or a.model)[0]
     except RunStoreError:
-        return replay_inputs(b.run, b.model)[0]
+        return replay_inputs(b.run, b.ran or b.model)[0]
 
 
 def _recorded_inputs(a: _Side, b: _Side, recorded: list[str], outputs: Sequence[str], samples: Sequence[int],
@@ -188,8 +254,16 @@ def _recorded_inputs(a: _Side, b: _Side, recorded: list[str], outputs: Sequence[
 
 
 def _raw(side: _Side, sample: int, names: list[str]) -> dict[str, np.ndarray]:
+    """The raw arrays of ``names`` in ``sample``: in the original's axis order, or in the optimized space as
+    onnxruntime held them (a relaid tensor recorded in the original's order transposed back by its layout)."""
     columns = {side.columns[n]: n for n in names if n in side.columns}
-    return {columns[c]: array for c, array in side.dump.raw_arrays(sample, sorted(columns)).items()}
+    found = {}
+    for column, array in side.dump.raw_arrays(sample, sorted(columns)).items():
+        tensor = side.dump.tensors[column]
+        if side.space == "optimized" and side.dump.original_order and tensor.original and tensor.layout:
+            array = np.ascontiguousarray(np.transpose(array, tensor.layout))
+        found[columns[column]] = array
+    return found
 
 
 def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], label: str, a: _Side, b: _Side,
@@ -208,9 +282,10 @@ def _cannot(nodes: Sequence[str], fed: Sequence[str], outputs: Sequence[str], la
                       capture=capture)
 
 
-def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[NodeReplay]:
+def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES, isa: str | None = None) -> list[NodeReplay]:
     """Replay every origin and every span of ``result`` (a diff of two inference runs with dumps); the replays are
-    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list."""
+    also put in ``result.replays``. Nothing to replay (no origin or span) gives an empty list. ``isa`` (resolved:
+    ``qconsist.emulation.parse_model``): both runs on that instruction set; default each on the one it recorded."""
     result.replays = []
     if result.tensors is None:
         result.notes.append("replay: the runs have no tensor comparison (both need --dump), so no origin to replay")
@@ -228,17 +303,67 @@ def confirm_origins(result: DiffResult, limit: int = REPLAYED_SAMPLES) -> list[N
     columns = [_columns(d) for d in dumps]
     observed = set(columns[0]) & set(columns[1])
     by_name = {t.name: t.original for t in dumps[0].tensors}
+    inside = {t.name: t.branch for t in dumps[0].tensors if t.how == "branch"}
     replays = []
     for origin in findings:
         tensor = origin.key if result.tensors.space == "original" else by_name.get(origin.key)
-        if not tensor:
+        if origin.key in inside or tensor in inside:  # computed inside an If branch (inference/branches.py)
+            branch = inside.get(origin.key) or inside.get(tensor) or ("an If branch",)
             replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=(
-                f"{origin.key} is internal to ORT's optimized graph: the original model has no tensor to replay it by")))
+                f"it runs inside {branch[-1]} (a branch of an If): a node inside a subgraph is not replayed on its "
+                "own; the dumps' recorded values of it and of everything it reads are the evidence")))
             continue
         try:
+            if not tensor:  # a tensor of ORT's optimized graph alone: its nodes, cut from the graph each dump saved
+                replays.append(_replay_optimized(run_a, run_b, origin, dumps, limit, models, isa))
+                continue
             nodes = span_nodes(original, tensor, observed - {tensor})
-            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models))
+            replays.append(replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models, isa))
         except QconsistError as exc:
             replays.append(NodeReplay([origin.label], ReplayOutcome.CANNOT, label=origin.label, reason=str(exc)))
     result.replays = replays
     return replays
+
+
+def _replay_optimized(run_a: Run, run_b: Run, origin, dumps: tuple[LoadedDump, LoadedDump], limit: int,
+                      models: dict[Path, onnx.ModelProto], isa: str | None) -> NodeReplay:
+    """An origin (or span) the diff found in onnxruntime's optimized graph whose tensor the original model lacks
+    (a fused node's): its nodes cut from the optimized graph, between the optimized tensors both dumps observe."""
+    path = dumps[0].optimized_path
+    if path not in models:
+        models[path] = read_onnx(path, external_data=True, what="optimized graph", error=RunStoreError)
+    observed = set(_columns(dumps[0], "optimized")) & set(_columns(dumps[1], "optimized"))
+    nodes = span_nodes(models[path], origin.key, observed - {origin.key})
+    return replay_origin(run_a, run_b, nodes, origin.origin_samples, origin.label, dumps, limit, models, isa,
+                         space="optimized")
+
+
+def _blocked_nodes(graph_model: onnx.ModelProto, nodes: Sequence[str]) -> list[str]:
+    """The nodes among ``nodes`` that onnxruntime's NchwcTransformer made (domain ``com.microsoft.nchwc``)."""
+    wanted = set(nodes)
+    return [name for name, node in zip(node_names(graph_model.graph), graph_model.graph.node)
+            if name in wanted and node.domain == "com.microsoft.nchwc"]
+
+
+def _blocks_apart(blocked: list[str], a: _Side, b: _Side, isa: str | None) -> str:
+    """Why NCHWc nodes of the runs' optimized graphs cannot be replayed where asked, else "". Their tensors and
+    filters are held in channel blocks of the processor's vector width (``dump.nchwc_block``): runs of two blocks
+    compute outputs that cannot be compared as held, and a graph runs only where the block is its own. Runs of
+    one block run on each other's instruction set (same block), and on ``isa`` only where its block is known
+    to be theirs (one of the runs' own, or this processor's)."""
+    if not blocked:
+        return ""
+    shown = ", ".join(blocked[:3])
+    blocks = (a.dump.nchwc_block, b.dump.nchwc_block)
+    if blocks[0] != blocks[1] or not blocks[0]:
+        return (f"its NCHWc nodes ({shown}) hold their tensors in channel blocks of {blocks[0] or 'unrecorded size'} in "
+                f"run A and {blocks[1] or 'unrecorded size'} in run B (the processors' vector widths): their outputs "
+                "cannot be compared as onnxruntime holds them")
+    if isa is None or isa in {recorded_isa(side.run, side.label)[0] for side in (a, b)}:
+        return ""
+    here = re.search(r"NCHWc (\d+)", instruction_set().float_kernels) if isa == NATIVE else None
+    if here and int(here.group(1)) == blocks[0]:
+        return ""
+    return (f"its NCHWc nodes ({shown}) hold filters in channel blocks of {blocks[0]}, the runs' processors' width, "
+            f"and {isa}'s {'is ' + here.group(1) if here else 'is not recorded'}: replay without --isa, or with one "
+            "of the runs' instruction sets")

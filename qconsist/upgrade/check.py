@@ -8,6 +8,11 @@ reused while the lock and the version are the same. The reference run is made in
 with that environment's ``qconsist run``; the diff puts the version change first, then the first diverging
 node and the origin nodes, and ``rewrites`` tells which nodes onnxruntime's optimizer rewrote differently
 (the two optimized graphs it saved, compared node by node).
+
+With ``isa`` (a QEMU CPU model, resolved by ``qconsist.emulation.parse_model``) both runs are made under QEMU user
+mode emulating that processor, each by its environment's ``qconsist run --isa MODEL`` (the child that every
+``--isa`` command starts): both record the emulated instruction set, which the result keeps
+(``instruction_set``) with the wall time of each emulated run (a measured figure: emulation is slow).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 import qconsist
 from qconsist.diff import DiffResult, diff_runs
+from qconsist.emulation import NATIVE
 from qconsist.errors import ConfigError, InputError, QconsistError, RunStoreError, UnavailableError
 from qconsist.explain.graph_changes import GraphRewrites, graph_rewrites, load_graph
 from qconsist.inference.model import ModelSource
@@ -164,6 +170,9 @@ class UpgradeResult:
     diff: DiffResult
     rewrites: GraphRewrites | None = None  # ORT's optimized graph in A -> in B, where they differ
     notes: list[str] = field(default_factory=list)
+    isa: str = NATIVE  # the instruction set both runs were made on: native or a QEMU CPU model
+    instruction_set: dict = field(default_factory=dict)  # as run A recorded it (``qconsist.cpu.InstructionSet``)
+    emulated_seconds: dict[str, float] = field(default_factory=dict)  # "A", "B" -> wall time of the emulated run
 
     @property
     def passed(self) -> bool:
@@ -181,32 +190,63 @@ def upgrade_check(
     environment: UpgradeEnvironment,
     runs_root: Path,
     label: str,
+    isa: str = NATIVE,
 ) -> UpgradeResult:
     """Run ``source`` on ``inputs`` with dumps here (A) and in ``environment`` (B: ``inputs_args`` are the
-    ``qconsist run`` flags that select the same inputs there), then diff A and B."""
+    ``qconsist run`` flags that select the same inputs there), then diff A and B. ``isa`` (resolved): both runs
+    under QEMU emulating that CPU model (see the module docstring)."""
     runs_root = Path(runs_root)
-    run_a = run_inference(source, inputs, RunRequest(options=options, dump=True), runs_root,
-                          run_id=f"{label}-onnxruntime-here-{int(time.time())}").run_dir
-    model = [str(source.run_dir), "--stage", str(source.stage)] if source.run_dir is not None else [str(source.path)]
-    command = [environment.qconsist, "run", *model, *inputs_args, *options.to_args(), "--dump", "--json",
-               "--runs-dir", runs_root, "--run-id", f"{label}-onnxruntime-{environment.onnxruntime}-{int(time.time())}"]
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
-    if done.returncode not in (0, 1):
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise QconsistError(f"qconsist run in the onnxruntime {environment.onnxruntime} environment failed: {last}")
-    run_b = Path(json.loads(done.stdout)["run_dir"])
+    stamp = int(time.time())
+    run_id_a, run_id_b = f"{label}-onnxruntime-here-{stamp}", f"{label}-onnxruntime-{environment.onnxruntime}-{stamp}"
+    seconds: dict[str, float] = {}
+    if isa == NATIVE:
+        run_a = run_inference(source, inputs, RunRequest(options=options, dump=True), runs_root, run_id=run_id_a).run_dir
+        faithful_a = True
+    else:  # this environment's own ``qconsist run --isa``, as the other environment's below
+        run_a, faithful_a, seconds["A"] = _run_in([sys.executable, "-m", "qconsist"], "this environment", source,
+                                                  inputs_args, options, runs_root, run_id_a, isa)
+    run_b, faithful_b, took = _run_in([environment.qconsist], f"the onnxruntime {environment.onnxruntime} environment",
+                                      source, inputs_args, options, runs_root, run_id_b, isa)
+    if isa != NATIVE:
+        seconds["B"] = took
     opened_a, opened_b = Run.open(run_a), Run.open(run_b)
+    recorded = [(run.manifest.environment.get("cpu_isa") or {}) for run in (opened_a, opened_b)]
+    if isa != NATIVE:
+        for side, cpu in zip("AB", recorded):
+            if cpu.get("emulated") != isa:
+                raise QconsistError(f"run {side} of upgrade-check was not made under emulated {isa} (it records "
+                                    f"{cpu.get('emulated') or 'native'}): its environment's qconsist run ignored --isa")
     diff = diff_runs(opened_a, opened_b)
-    result = UpgradeResult(environment, str(run_a), str(run_b), diff)
+    result = UpgradeResult(environment, str(run_a), str(run_b), diff, isa=isa, instruction_set=recorded[0],
+                           emulated_seconds=seconds)
     dump_a, dump_b = load_dump(opened_a), load_dump(opened_b)
     if dump_a.structure != dump_b.structure:
         result.rewrites = graph_rewrites(load_graph(dump_a.optimized_path, "optimized graph"),
                                          load_graph(dump_b.optimized_path, "optimized graph"),
                                          f"onnxruntime {_here()}", f"onnxruntime {environment.onnxruntime}")
-    if done.returncode == 1:
+    if not faithful_a:
+        result.notes.append("the dump in this environment is NOT faithful")
+    if not faithful_b:
         result.notes.append(f"the dump in the onnxruntime {environment.onnxruntime} environment is NOT faithful")
     return result
+
+
+def _run_in(qconsist_command: Sequence[str | Path], where: str, source: ModelSource, inputs_args: Sequence[str],
+            options: ExecutionOptions, runs_root: Path, run_id: str, isa: str) -> tuple[Path, bool, float]:
+    """``qconsist run --dump`` of ``source`` by ``qconsist_command`` (an environment's), under ``isa`` unless
+    native: its run directory, whether its dump is faithful (exit 0, not 1) and its wall time."""
+    model = [str(source.run_dir), "--stage", str(source.stage)] if source.run_dir is not None else [str(source.path)]
+    emulated = [] if isa == NATIVE else ["--isa", isa]
+    command = [*qconsist_command, "run", *model, *inputs_args, *options.to_args(), *emulated, "--dump", "--json",
+               "--runs-dir", runs_root, "--run-id", run_id]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    started = time.perf_counter()
+    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env)
+    took = time.perf_counter() - started
+    if done.returncode not in (0, 1):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise QconsistError(f"qconsist run in {where} failed: {last}")
+    return Path(json.loads(done.stdout)["run_dir"]), done.returncode == 0, took
 
 
 def _here() -> str:

@@ -105,6 +105,17 @@ def test_diff_names_the_node_inside_the_branch_as_origin_not_the_if(runs, monkey
     assert "first diverging node: gate/then/then_mul; origin nodes: 1" in out.stdout
 
 
+def test_replay_of_a_node_inside_a_branch_says_why_it_cannot(runs, monkeypatch):
+    """--replay cuts an origin out of a graph to run it alone; a node inside an If branch is not a node of the
+    graph: the replay says where it runs and what the evidence is, not 'no node of the model computes ...'."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = CliRunner().invoke(app, ["diff", str(runs["a"]), str(runs["w"]), "--replay"])
+    assert out.exit_code == 1, out.output
+    assert ("replay gate/then/then_mul: cannot replay: it runs inside gate/then (a branch of an If): a node inside a "
+            "subgraph is not replayed on its own; the dumps' recorded values of it and of everything it reads are the "
+            "evidence") in out.stdout
+
+
 def test_a_nested_if_is_observed_and_its_node_named(runs):
     result = diff_runs(runs["a"], runs["w2"]).tensors
     assert [(n.label, n.origin_samples, n.initializers_changed, n.inputs) for n in result.origins] == [
