@@ -2,7 +2,11 @@
 buffer bound to it, also where a kernel could hand its input's buffer on (Identity, Reshape, Flatten, an outer
 input passed through an ``If`` branch) — so the arrays a step returns are that step's tensors, never a previous
 step's left in a buffer ORT did not write. Issue 31 item 4 asked whether the planner honours the binding for every
-tensor; these tests keep asking it of each onnxruntime the lock brings."""
+tensor; these tests keep asking it of each onnxruntime the lock brings.
+
+Tensors inside ``If`` branches (the dump's exposure, ``branches.py``: empty where the other branch ran) and value-
+dependent shapes (``NonZero``) change shape from step to step with the same inputs' shapes: ORT refuses the bound
+buffers and the binding runs ``session.run`` from then on; each step's tensors are still its own."""
 
 from __future__ import annotations
 
@@ -11,8 +15,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from branch_models import gated_inputs, gated_model
+from dump_tables import assert_records_alone
+from qconsist.inference.dump import plan_dump
 from qconsist.inference.host_binding import SLOTS, HostBinding
-from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session
+from qconsist.inference.recording import HostDump
+from qconsist.inference.session import ExecutionOptions, OptimizationLevel, create_session, input_specs
+
+# gated_inputs' samples: 0-1 gate/then inner/then, 2-3 gate/then inner/else, 4-5 gate/else; the branches change
+# at almost every step, and each kind of change is met once before the order repeats itself
+BRANCH_ORDER = [0, 1, 2, 3, 4, 5, 0, 4, 2, 5, 1, 3]
 
 
 def _session(model: onnx.ModelProto):
@@ -93,3 +105,70 @@ def test_each_step_reads_its_own_tensors_while_the_other_slot_is_written():
         for got, want in zip(arrays, session.run(names, feeds[step])):
             np.testing.assert_array_equal(got, want)
     assert binding.bound_steps == 2 * (len(feeds) - 2)  # every step but the first bound, each of the loop's twice
+
+
+def test_steps_through_changing_branches_give_each_step_its_tensors(tmp_path):
+    """A dump's exposed graph of a model whose samples take different ``If`` branches (its branch tensors change shape
+    between steps): every step's arrays, read right after it, equal ``session.run``'s, shape and value."""
+    model = gated_model(tmp_path / "gated.onnx")
+    samples = np.load(gated_inputs(tmp_path / "x.npy"))
+    name = input_specs(model)[0].name
+    plan = plan_dump(model, ExecutionOptions(), tmp_path / "dump")
+    names = [t.name for t in plan.tensors]
+    assert any("/" in n for n in names)  # tensors inside the branches are exposed (their paths)
+    binding = HostBinding(plan.session, names, plan.dtypes)
+    feeds = [{name: samples[i:i + 1]} for i in BRANCH_ORDER]
+    copied = [[a.copy() for a in binding.run(feed)] for feed in feeds]
+    changing = 0
+    for step, (got, feed) in enumerate(zip(copied, feeds)):
+        want = plan.session.run(names, feed)
+        assert [a.shape for a in got] == [a.shape for a in want], f"step {step}"
+        for column, (mine, theirs) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"step {step}, {names[column]}")
+        changing += step > 0 and [a.shape for a in got] != [a.shape for a in copied[step - 1]]
+    assert changing >= 5  # the branches taken changed at most steps
+
+
+def test_a_dump_through_changing_branches_records_each_tensor_as_alone(tmp_path):
+    """The whole host dump on those steps: faithful, and its records equal each step's tensors of a separate
+    ``session.run`` fingerprinted alone, byte for byte."""
+    model = gated_model(tmp_path / "gated.onnx")
+    samples = np.load(gated_inputs(tmp_path / "x.npy"))
+    name = input_specs(model)[0].name
+    options = ExecutionOptions()
+    plan = plan_dump(model, options, tmp_path / "dump")
+    production = create_session(model, options)
+    feeds = [{name: samples[i:i + 1]} for i in BRANCH_ORDER]
+    recorder = HostDump(plan, options, tmp_path / "run", len(feeds), set(), {}, None)
+    try:
+        for index, feed in enumerate(feeds):
+            recorder.before(feed, 1)
+            recorder.after(index, production.run(None, feed), 1)
+        summary = recorder.finish(len(feeds), lambda sample: 1)
+    finally:
+        recorder.close()
+    assert summary.faithful and summary.samples_checked == len(feeds)
+    assert_records_alone(plan, feeds, tmp_path / "run")
+
+
+def test_a_value_dependent_shape_gives_each_step_its_tensors():
+    """``NonZero``'s output has as many columns as the step has non-zero values: every step's arrays, read right
+    after it, equal ``session.run``'s (the binding is refused at the first change and runs ``session.run`` after)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["nz"]),
+             helper.make_node("Neg", ["r"], ["n"])]
+    outputs = [helper.make_tensor_value_info("r", TensorProto.FLOAT, None), helper.make_tensor_value_info("nz", TensorProto.INT64, None),
+               helper.make_tensor_value_info("n", TensorProto.FLOAT, None)]
+    graph = helper.make_graph(nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], outputs)
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    names = [o.name for o in session.get_outputs()]
+    binding = HostBinding(session, names, ["float32", "int64", "float32"])
+    rng = np.random.default_rng(9)
+    feeds = [{"x": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(8)]
+    assert [int((feed["x"] > 0).sum()) for feed in feeds] == [3, 3, 4, 3, 2, 2, 5, 1]  # nz's shape (2, count) changes
+    for step, feed in enumerate(feeds):
+        got = [a.copy() for a in binding.run(feed)]
+        want = session.run(names, feed)
+        assert [a.shape for a in got] == [a.shape for a in want], f"step {step}"
+        for mine, theirs in zip(got, want):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"step {step}")
+    assert binding.bound_steps == 1  # step 1 bound (the same count as step 0's); refused at step 2, session.run after
