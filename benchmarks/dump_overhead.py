@@ -16,6 +16,12 @@ variants REPEATS times (default 3) so that machine load hits them alike:
   dump's worker and its waiting thread do); the full dump as ``run --dump`` runs a step (``recording.HostDump``
   around production; its figure is the recorder's time, ``dump.ms_per_sample``); each as a ratio to production,
   and the floor in one line: production, exposed and bound, the full dump;
+- where the fingerprints' CPU goes, on freshly written tensors as the dump's worker meets them: the hash of every
+  column, the same again (caches warm where a tensor fits), the statistics, a whole row (``RowWork``), as CPU ms per
+  sample and GB/s;
+- where exposure's cost goes, by onnxruntime's own profiler (``enable_profiling``): the optimized graph reloaded with
+  nothing exposed against the exposed session writing into the bound buffers, kernel time per operator type and per
+  node, and the time of a run outside its kernels, per run;
 - whole ``run_inference`` with and without ``--dump`` (the dump's run includes the production run, whose
   outputs are the inference result, and the faithfulness check of every sample), with the fingerprint
   worker thread on and off;
@@ -162,10 +168,105 @@ def sessions(model: Path, inputs: Path, folder: Path, repeats: int) -> None:
         used = "  CPU: the step's" if label.startswith("full dump (") else \
             f"  CPU ms/sample {np.median(cpu[label]):6.2f} ({np.median(cpu[label]) / plain_cpu:.2f})"
         print(f"  {label:45s} ms/sample {spread(values)}  ratio {np.median(values) / plain:.2f}{used}")
+    fingerprint_parts(plan, bound, feeds)
+    exposure_by_op(plan, feeds, repeats)
     bound_ratio = np.median(times["exposed, outputs bound (as the dump runs it)"]) / plain
     full_ratio = np.median(times["full dump (dump.ms_per_sample of run --dump)"]) / plain
     print(f"  the floor, as ratios to production: exposed and bound {bound_ratio:.2f}, full dump {full_ratio:.2f}; "
           f"full dump faithful {faithful.faithful} in {faithful.samples} samples")
+
+
+def fingerprint_parts(plan, bound, feeds) -> None:
+    """CPU ms per sample of the fingerprints' parts on tensors the exposed session has just written (cold, as the
+    worker meets them): every column's hash, the same again, the statistics, a whole row; each as GB/s of CPU."""
+    from qconsist.inference import kernels
+    from qconsist.inference.fingerprint import RowWork, ShapeTable
+
+    parts: dict[str, list[float]] = {"hash, fresh tensors": [], "hash again": [], "statistics": [], "a row (RowWork: both, bookkeeping)": []}
+    shapes = ShapeTable()
+    nbytes = 0
+    for feed in feeds:
+        held = bound.run(feed)
+        nbytes = sum(a.nbytes for a in held)
+        used = time.process_time()
+        for array in held[::-1]:  # last to first, as RowWork takes them
+            kernels.mix64(array)
+        parts["hash, fresh tensors"].append(time.process_time() - used)
+        used = time.process_time()
+        for array in held[::-1]:
+            kernels.mix64(array)
+        parts["hash again"].append(time.process_time() - used)
+        used = time.process_time()
+        for array in held[::-1]:
+            kernels.statistics(array)
+        parts["statistics"].append(time.process_time() - used)
+        held = bound.run(feed)
+        used = time.process_time()
+        RowWork(held, shapes, None, plan.forms(held)).row()  # no previous row: every column's statistics
+        parts["a row (RowWork: both, bookkeeping)"].append(time.process_time() - used)
+    print(f"fingerprints' CPU per sample, {nbytes / 1e6:.1f} MB of freshly written tensors (load {load()}):")
+    for label, values in parts.items():
+        ms = 1000 * float(np.median(values))
+        print(f"  {label:40s} CPU ms {ms:6.2f}  ({nbytes / ms / 1e6:.1f} GB/s)")
+
+
+def exposure_by_op(plan, feeds, repeats: int) -> None:
+    """onnxruntime's profiler on the optimized graph reloaded with nothing exposed and on the exposed session
+    writing into bound buffers (``host_binding``), alternating passes: kernel time per run by operator type, the
+    nodes whose time grew most, and a run's time outside its kernels."""
+    import json
+    import re
+    from collections import defaultdict
+
+    import onnxruntime as ort
+
+    from qconsist.inference.dump import expose_all
+    from qconsist.inference.host_binding import HostBinding
+    from qconsist.onnxfile import read_onnx
+
+    names = [t.name for t in plan.tensors]
+    exposed, _ = expose_all(read_onnx(plan.optimized_path, external_data=True))
+    folder = plan.optimized_path.parent
+
+    def profiled(source, prefix: str):
+        so = ort.SessionOptions()  # as the dump reloads the graph: optimizations off, idle threads sleeping
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.enable_profiling = True
+        so.profile_file_prefix = str(folder / prefix)
+        return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+
+    reloaded = profiled(str(plan.optimized_path), "reloaded")
+    session = profiled(exposed.SerializeToString(), "exposed")
+    bound = HostBinding(session, names, plan.dtypes)
+    bound.run(feeds[0])
+    for r in range(repeats):
+        for run in ((lambda f: reloaded.run(None, f)), bound.run)[:: 1 if r % 2 == 0 else -1]:
+            for feed in feeds:
+                run(feed)
+    found = {}
+    for label, profiled_session in (("reloaded, nothing exposed", reloaded), ("exposed and bound", session)):
+        events = json.loads(Path(profiled_session.end_profiling()).read_text())
+        by_op: dict[str, float] = defaultdict(float)
+        by_node: dict[str, float] = defaultdict(float)
+        runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                by_op[e["args"].get("op_name", "?")] += e["dur"]
+                by_node[re.sub(r"_token_\d+$", "", e["name"][: -len("_kernel_time")])] += e["dur"]  # ORT numbers repeats
+        count = len(runs)
+        kernels_ms = sum(by_op.values()) / count / 1000
+        found[label] = ({k: v / count / 1000 for k, v in by_op.items()}, {k: v / count / 1000 for k, v in by_node.items()})
+        print(f"  onnxruntime's profile, {label}: {count} runs, a run {np.median(runs) / 1000:.2f} ms (median), its kernels "
+              f"{kernels_ms:.2f} ms, outside them {np.mean(runs) / 1000 - kernels_ms:.2f} ms (means)")
+    (ops_r, nodes_r), (ops_e, nodes_e) = found["reloaded, nothing exposed"], found["exposed and bound"]
+    grown = sum(ops_e.values()) - sum(ops_r.values())
+    print(f"  kernel ms per run by operator (reloaded -> exposed; the kernels grew {grown:.2f} ms):")
+    for op in sorted(ops_e, key=lambda o: ops_r.get(o, 0.0) - ops_e[o])[:8]:
+        print(f"    {op:22s} {ops_r.get(op, 0.0):7.2f} -> {ops_e[op]:7.2f}  ({ops_e[op] - ops_r.get(op, 0.0):+.2f})")
+    increases = sorted(((nodes_e[n] - nodes_r.get(n, 0.0), n) for n in nodes_e), reverse=True)[:5]
+    print("    nodes that grew most: " + ", ".join(f"{n} {d:+.2f}" for d, n in increases))
 
 
 def whole_runs(model: Path, inputs: Path, folder: Path, repeats: int) -> None:

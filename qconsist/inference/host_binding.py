@@ -7,6 +7,9 @@ exposed session cost 1.6–2.4× production on the CPU here (benchmarks/dump_ove
 every output with IOBinding to a preallocated numpy array instead, so ORT writes each tensor straight into it
 (0.85–1.0× production, the same run measured side by side): the kernels and their results are the same (the
 dump's faithfulness check compares the final outputs with production's bit for bit on every sample).
+With onnxruntime 1.31.1 ``session.run`` no longer copies: each output is a numpy array over the buffer ORT allocated
+for it (its ``base`` a capsule holding that buffer), and the whole dump ran 1.02× slower a step without the binding
+than with it (open_nsfw QDQ, 20 paired rounds, load 1.3; docs/dumps.md): the binding now saves ORT's allocations, little.
 
 Two sets of buffers alternate (``SLOTS``): the fingerprint worker (``dump.DumpRecorder``) reads step i's
 tensors while ORT writes step i + 1's into the other set; the recording side waits for the worker before a
