@@ -54,7 +54,7 @@ def upgrade_check(
     execution: ExecutionOptions,
     env_dir: Optional[Path] = typer.Option(None, "--env-dir", help="Where the second environment goes (default: .qconsist/envs/onnxruntime-X.Y.Z in the checkout)."),
     runs_dir: Path,
-    isa: opt.told(opt.Isa, "Make both runs under another instruction set: a QEMU CPU model (haswell: AVX2 without VNNI; nehalem: SSE4.2, no AVX; `qemu-x86_64 -cpu help` lists them), each in its environment's `qconsist run --isa MODEL` (a child process under QEMU user mode, package qemu-user), so both record the emulated instruction set; much slower (docs/numerics.md). native (the default): this processor.") = None,
+    isa: opt.told(opt.Isa, "Run under another instruction set: both runs, on a QEMU CPU model (haswell: AVX2 without VNNI; nehalem: SSE4.2, no AVX; `qemu-x86_64 -cpu help` lists them), each in its environment's `qconsist run --isa MODEL` (a child process under QEMU user mode, package qemu-user), so both record the emulated instruction set; much slower (docs/numerics.md). native (the default): this processor.") = None,
     json_output: opt.Json = False,
 ) -> None:
     """Run MODEL on the same inputs with dumps in this (locked) environment and in one built from uv.lock with
