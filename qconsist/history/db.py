@@ -5,7 +5,7 @@ connection waits up to ``BUSY_TIMEOUT_MS`` for a lock, and every write is one ``
 transaction, so a night killed mid-way leaves every committed row intact and its own night ``running``
 until :meth:`History.mark_abandoned` (called by the next nightly) marks it ``incomplete``.
 
-Schema (``PRAGMA user_version = 3``; a version-1 or version-2 file is migrated in place by the first writer that
+Schema (``PRAGMA user_version = 4``; a file of an older version is migrated in place by the first writer that
 opens it, in one transaction, and read as it is by a reader)::
 
     environments(sha TEXT PRIMARY KEY, data TEXT)                -- fingerprint JSON, stored once
@@ -17,6 +17,7 @@ opens it, in one transaction, and read as it is by a reader)::
             gpu_type TEXT, gpus TEXT,                            -- v2: the GPU type asked for, the GPUs it ran on
             seconds REAL,                                        -- v3: the task's own wall seconds, measured where
                                                                  --     it ran (NULL: not measured)
+            handed_out TEXT,                                     -- v4: when the head process handed the task out
             PRIMARY KEY (night_id, model))
     runs(night_id TEXT, model TEXT, role TEXT, run_id TEXT, kind TEXT, path TEXT, recorded TEXT,
          PRIMARY KEY (night_id, model, role))                    -- pipeline, inference, repeat, float, locate
@@ -35,10 +36,21 @@ no GPU of an entry, no origin nodes and no figures apart from the verdict's JSON
 way (``qconsist.history.figures.verdict_figures``); an entry's GPUs are then those of its night's environment.
 
 Version 3 adds ``entries.seconds``: the entry task's own wall time, from its start to its outcome, measured inside
-the task (in this process or in its Ray worker). ``entries.started`` and ``finished`` are the head process's times
-(hand-out, and recording in the file's order), so they do not give a Ray entry's duration. The next night hands its
-tasks out longest first by each key's last ``seconds`` (``last_seconds``). The migration adds the column (NULL on
-every older row: unknown); a reader of a version-1 or version-2 file reads ``seconds`` as ``None``.
+the task (in this process or in its Ray worker). The next night hands its tasks out longest first by each key's last
+``seconds`` (``last_seconds``). The migration adds the column (NULL on every older row: unknown); a reader of an
+older file reads ``seconds`` as ``None``.
+
+Version 4 makes an entry's ``started`` and ``finished`` its own: while the entry runs (``running``) ``started`` is
+when the head process handed the task out; once its outcome is recorded, where the outcome carries the task's own
+start (``EntryOutcome.started``, measured where it ran: for Ray, in its worker, not at submission), ``started`` is
+that start and ``finished`` that start plus ``seconds`` (both UTC to the millisecond), so ``finished - started`` is
+the entry's duration and entries that ran at once overlap in time as they did. The hand-out time is kept in the new
+``handed_out`` (a Ray task's wait for a free slot is ``started - handed_out``). An entry whose outcome carries no
+start (it never ran: no node could run it, its worker was lost every time) and an entry of an interrupted night keep
+the head's times: ``started`` the hand-out, ``finished`` when the outcome (or the interruption) was recorded. Rows of
+an older file are kept as they are and ``handed_out`` is NULL on them: their ``started`` is the hand-out time and
+their ``finished`` the recording time (in the file's order), as those versions wrote them; a reader of an older
+file reads ``handed_out`` as ``None``.
 """
 
 from __future__ import annotations
@@ -63,7 +75,7 @@ from qconsist.store.serde import loads
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 60_000
 
 # version 1: what a new database starts from; the migrations below take it to SCHEMA_VERSION
@@ -96,6 +108,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "PRIMARY KEY (night_id, model, name))",
     ),
     3: ("ALTER TABLE entries ADD COLUMN seconds REAL",),
+    4: ("ALTER TABLE entries ADD COLUMN handed_out TEXT",),
 }
 
 
@@ -108,7 +121,7 @@ class GoodRun:
 
 
 TABLES_V1 = ("entries", "environments", "hashes", "nights", "runs", "verdicts")
-TABLES_BY_VERSION = {1: TABLES_V1, 2: (*TABLES_V1, "figures"), 3: (*TABLES_V1, "figures")}
+TABLES_BY_VERSION = {1: TABLES_V1, 2: (*TABLES_V1, "figures"), 3: (*TABLES_V1, "figures"), 4: (*TABLES_V1, "figures")}
 TABLES = TABLES_BY_VERSION[SCHEMA_VERSION]
 
 
@@ -116,18 +129,33 @@ def _version_error(path: Path, version: int) -> RunStoreError:
     return RunStoreError(f"history {path} has schema version {version}; this qconsist reads versions 1 to {SCHEMA_VERSION}")
 
 
-def _timestamp(value: str | None, what: str) -> str:
-    """``value`` (an ISO 8601 UTC time such as 2026-01-31T02:00:00Z, as the history writes them; without a zone:
-    UTC), else now."""
-    if value is None:
-        return utc_now()
+def _utc(value: str, what: str) -> _dt.datetime:
+    """``value`` (an ISO 8601 UTC time such as 2026-01-31T02:00:00Z; without a zone: UTC) as a naive UTC datetime."""
     try:
         parsed = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         parsed = None
     if parsed is None or parsed.tzinfo is not None and parsed.utcoffset() != _dt.timedelta(0):
         raise ConfigError(f"`{what}` must be a UTC time such as 2026-01-31T02:00:00Z, got {value!r}")
-    return parsed.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
+    return parsed.replace(tzinfo=None)
+
+
+def _timestamp(value: str | None, what: str) -> str:
+    """``value`` (an ISO 8601 UTC time such as 2026-01-31T02:00:00Z, as the history writes them; without a zone:
+    UTC), else now."""
+    if value is None:
+        return utc_now()
+    return _utc(value, what).isoformat(timespec="seconds") + "Z"
+
+
+def _own_times(started: str, seconds: float | None) -> tuple[str, str]:
+    """An entry's own start and finish (UTC, to the millisecond): ``started`` as the task measured it, and
+    ``started + seconds``."""
+    if seconds is None:
+        raise ConfigError("`started` (the task's own start) needs its `seconds`: the entry's finish is its start plus them")
+    start = _utc(started, "started")
+    finish = start + _dt.timedelta(seconds=float(seconds))
+    return (start.isoformat(timespec="milliseconds") + "Z", finish.isoformat(timespec="milliseconds") + "Z")
 
 
 class History:
@@ -288,9 +316,12 @@ class History:
         self._execute(_incomplete(night_id))
 
     def start_entry(self, night_id: str, model: str, started: str | None = None) -> None:
+        """A task handed out (``started``: when; default now): the entry is ``running``, its ``started`` and
+        ``handed_out`` that time until ``finish_entry`` records the task's own start."""
+        when = _timestamp(started, "started")
         self._execute([(
-            "INSERT OR REPLACE INTO entries(night_id, model, status, started) VALUES (?, ?, 'running', ?)",
-            (night_id, model, _timestamp(started, "started")),
+            "INSERT OR REPLACE INTO entries(night_id, model, status, started, handed_out) VALUES (?, ?, 'running', ?, ?)",
+            (night_id, model, when, when),
         )])
 
     def record_run(self, night_id: str, model: str, role: str, run_id: str, kind: str, path: Path | str) -> None:
@@ -312,17 +343,21 @@ class History:
 
     def finish_entry(self, night_id: str, model: str, entry_run: str | None, verdict: Any | None, baseline_night: str | None,
                      error: str | None = None, *, gpu_type: str | None = None, gpus: tuple[str, ...] | list[str] = (),
-                     finished: str | None = None, seconds: float | None = None) -> None:
+                     finished: str | None = None, seconds: float | None = None, started: str | None = None) -> None:
         """Close a model's entry: its verdict (a ``GateVerdict``) and the figures it measured, or the error that
         stopped it, the GPU type it asked for and the GPUs (names) it ran on, and the task's own wall ``seconds``
-        (``None``: not measured: it never ran), in one transaction."""
-        finished = _timestamp(finished, "finished")
+        (``None``: not measured: it never ran), in one transaction. ``started``: the task's own start, where it ran
+        (``EntryOutcome.started``); the entry's ``started`` and ``finished`` become that start and that start plus
+        ``seconds`` (its ``handed_out`` keeps the hand-out). Without it the entry keeps its hand-out time as
+        ``started`` and ``finished`` is when it is recorded. ``finished``: when it is recorded (default now)."""
+        recorded = _timestamp(finished, "finished")
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0):
             raise ConfigError(f"`seconds` must be a number of seconds >= 0, got {seconds!r}")
+        times = ("started = ?, finished = ?", _own_times(started, seconds)) if started is not None else ("finished = ?", (recorded,))
         statements: list[tuple[str, tuple]] = [(
-            "UPDATE entries SET status = ?, error = ?, entry_run = ?, finished = ?, gpu_type = ?, gpus = ?, seconds = ? "
+            f"UPDATE entries SET status = ?, error = ?, entry_run = ?, {times[0]}, gpu_type = ?, gpus = ?, seconds = ? "
             "WHERE night_id = ? AND model = ?",
-            ("error" if error else "done", error, entry_run, finished, gpu_type, json.dumps([str(g) for g in gpus]),
+            ("error" if error else "done", error, entry_run, *times[1], gpu_type, json.dumps([str(g) for g in gpus]),
              None if seconds is None else float(seconds), night_id, model),
         )]
         if verdict is not None:
@@ -331,7 +366,7 @@ class History:
                 "INSERT OR REPLACE INTO verdicts(night_id, model, passed, baseline_night, changed_stages, "
                 "first_diverging_node, reasons, verdict, recorded, origin_nodes) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (night_id, model, int(verdict.passed), baseline_night, json.dumps(data["changed_stages"]),
-                 data["first_diverging_node"], json.dumps(data["reasons"]), json.dumps(data), finished,
+                 data["first_diverging_node"], json.dumps(data["reasons"]), json.dumps(data), recorded,
                  json.dumps(list(data.get("origin_nodes") or []))),
             ))
             statements += _figure_rows(night_id, model, verdict_figures(data))
@@ -404,6 +439,7 @@ class History:
             for entry in entries:
                 row = dict(entry)
                 row.setdefault("seconds", None)  # a version-1 or version-2 file: not measured
+                row.setdefault("handed_out", None)  # a file older than version 4: started is the hand-out time
                 key = (entry["night_id"], model)
                 row["environment"] = json.loads(row["environment"]) if row["environment"] else {}
                 row["hashes"] = {

@@ -1,6 +1,6 @@
 """The history at a glance: for every model (and GPU type) every night's status, artifact hashes, figures, the
-gate's first diverging node and origin nodes, and what changed against the night before — the data of the
-history page (``qconsist.report.history``).
+entry's own seconds, the gate's first diverging node and origin nodes, and what changed against the night before —
+the data of the history page (``qconsist.report.history``).
 
 ``summarize_history`` reads the database (read-only is enough) through ``History.model_rows`` and
 ``model_timeline`` (the one definition of a change), keeps the models, GPU types and last nights asked for, and
@@ -63,6 +63,7 @@ class EntryNight:
     reasons: tuple[str, ...] = ()
     error: str | None = None
     report: str | None = None  # the entry's report.html, where it exists
+    seconds: float | None = None  # the entry task's own wall seconds (None: not measured: it never ran, an older history)
 
     @property
     def date(self) -> str:
@@ -185,6 +186,7 @@ def _series(history: History, key: str) -> Series:
             baseline_night=verdict.get("baseline_night"), changed_stages=tuple(verdict.get("changed_stages") or ()),
             first_diverging_node=verdict.get("first_diverging_node"), origin_nodes=tuple(verdict.get("origin_nodes") or ()),
             reasons=tuple(verdict.get("reasons") or ()), error=row["error"], report=_report(row["entry_run"]),
+            seconds=row["seconds"],
         ))
         previous = row
     return Series(key=key, model=key.rsplit("@", 1)[0], nights=tuple(nights))

@@ -51,7 +51,8 @@ class Timeline:
         nights = []
         for row in self.nights:
             nights.append({
-                "night_id": row["night_id"], "started": row["started"], "status": row["status"],
+                "night_id": row["night_id"], "started": row["started"], "finished": row["finished"],
+                "seconds": row["seconds"], "handed_out": row["handed_out"], "status": row["status"],
                 "night_status": row["night_status"], "error": row["error"], "entry_run": row["entry_run"],
                 "hashes": row["hashes"], "verdict": row["verdict"], "figures": row["figures"],
                 "gpu_type": row["gpu_type"], "gpus": row["gpus"],

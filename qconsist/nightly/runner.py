@@ -9,7 +9,9 @@ and baseline candidates in; the runs it made, their hashes and the verdict out),
 (``qconsist.nightly.executors``) runs where it likes — ``local``: in this process, one after another; ``ray``:
 as Ray tasks on a local Ray or a cluster. Only this, the head process, reads and writes the history
 database: it looks up each model's baseline candidates before the tasks run and records the outcomes in
-the nightly file's order, whatever order they arrive in.
+the nightly file's order, whatever order they arrive in. An entry's history row holds the times it ran (the task's
+own start, measured where it ran, and that start plus its seconds), not when the head handed it out or recorded it
+(``History.finish_entry``; the hand-out time is ``handed_out``).
 
 Hand-out order (``qconsist.nightly.order``): an executor that runs tasks at once (``concurrent``: ray) is given
 them longest first, by each history key's last recorded duration (the task's own seconds; unknown ones first);
@@ -115,9 +117,11 @@ def _record(history: History, night_id: str, task: EntryTask, outcome: EntryOutc
         history.record_run(night_id, task.key, run.role, run.run_id, run.kind, Path(run.path))
     if outcome.hashes:
         history.record_hashes(night_id, task.key, outcome.hashes)
+    ran = outcome.started is not None  # None: it never ran (no node could run it, its worker was lost)
+    # the entry's own start and seconds, as the task measured them where it ran: its history row's started and finished
     history.finish_entry(night_id, task.key, outcome.entry_run, outcome.verdict, outcome.baseline_night, outcome.error,
-                         gpu_type=outcome.gpu_type, gpus=outcome.gpus,
-                         seconds=outcome.seconds if outcome.started is not None else None)  # None: it never ran
+                         gpu_type=outcome.gpu_type, gpus=outcome.gpus, seconds=outcome.seconds if ran else None,
+                         started=outcome.started if ran else None)
     if outcome.figures:  # the quantized model's accuracy on the evaluation set, as its inference run recorded it
         history.record_figures(night_id, task.key, outcome.figures)
 

@@ -1,6 +1,6 @@
 """The history page (``qconsist report --history``; every nightly writes it beside its history database and links
 it from the night's report): one self-contained HTML file that shows, per model and GPU type, how the artifact
-hashes, verdicts and figures moved over the nights, and on which night what changed first.
+hashes, verdicts, figures and the entry's own seconds moved over the nights, and on which night what changed first.
 
 Built from a ``HistorySummary`` (``qconsist.history.summary``) with the reports' pieces (``html.page``, the
 banner, ``svg``'s plots). Its only script is the filter by model and GPU type: it hides what does not match and
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from qconsist.errors import QconsistError
 from qconsist.history.db import History
-from qconsist.history.figures import describe, order
+from qconsist.history.figures import Figure, Scale, describe, order
 from qconsist.history.summary import EntryNight, HistorySummary, Series, summarize_history
 from qconsist.report.html import banner, page, write_report
 from qconsist.report.svg import (
@@ -26,6 +26,10 @@ from qconsist.report.svg import (
 )
 
 log = logging.getLogger(__name__)
+
+# the entry task's own wall seconds (``entries.seconds``): shown beside the figures, plotted over the nights with them
+SECONDS = Figure("entry.seconds", "Entry duration: the task's own wall seconds, measured where it ran", "seconds",
+                 Scale.COUNT, "lower")
 
 _CSS = """
 .filters { position: sticky; top: 0; background: #fff; padding: 8px 0; border-bottom: 1px solid #e0e0e0; z-index: 1; font-size: 14px; }
@@ -243,13 +247,29 @@ def _node(night: EntryNight, limit: int | None = 60) -> str:
     return first + " (origin nodes: " + (f"<code>{_shortened(origins, limit and 2 * limit)}</code>)" if origins else "none)")
 
 
+def _seconds_cell(group: Sequence[EntryNight]) -> str:
+    """The entry's own seconds on a row of nights: one night's, or the lowest and highest of the group's (each
+    night's on hover); — where none was measured."""
+    known = [n.seconds for n in group if n.seconds is not None]
+    if not known:
+        return "<td>—</td>"
+    low, high = min(known), max(known)
+    text = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    if len(group) == 1:
+        return f"<td>{text}</td>"
+    each = ", ".join("—" if n.seconds is None else f"{n.seconds:.1f}" for n in group)
+    return f'<td title="{escape(f"each night, oldest first: {each}")}">{text}</td>'
+
+
 def _nights_table(series: Series, relative_to: Path | None) -> str:
     figures = order(name for night in series.nights for name in night.figures)
     diverged = any(n.first_diverging_node for n in series.nights)
+    timed = any(n.seconds is not None for n in series.nights)  # an older history measured none
     head = ("<tr><th>nights</th><th>status</th><th>quantized md5</th>"
+            + (f'<th title="{escape(SECONDS.label)}">seconds</th>' if timed else "")
             + "".join(f'<th title="{escape(describe(n).label)}">{escape(describe(n).short)}</th>' for n in figures)
             + ("<th>first diverging node</th>" if diverged else "") + "</tr>")
-    width = 3 + len(figures) + int(diverged)
+    width = 3 + int(timed) + len(figures) + int(diverged)
     rows = []
     for group in reversed(_groups(series)):
         first, last = group[0], group[-1]
@@ -261,6 +281,7 @@ def _nights_table(series: Series, relative_to: Path | None) -> str:
         rows.append(
             f'<tr{_attributes(None, [first.gpu])}><td title="{escape(ids)}">{_link(when, last.report, relative_to)}</td>'
             f"{_status_cell(first.status)}<td{md5_class}>{_md5(first.quantized_md5)}</td>"
+            + (_seconds_cell(group) if timed else "")
             + "".join(_figure_cell(first, name) for name in figures) + node + "</tr>")
         why = [_shortened(reason, 300) for reason in first.reasons] or ([_shortened(f"error: {first.error}", 300)] if first.error else [])
         if why:  # the gate's reasons (or the error) on a row of their own, under the night's figures
@@ -281,8 +302,17 @@ def _model_section(summary: HistorySummary, model: str, relative_to: Path | None
     return "\n".join(parts)
 
 
+def _value(night: EntryNight, name: str) -> float | None:
+    """A night's figure ``name``, or for ``SECONDS`` the entry's own seconds (to 0.1 s)."""
+    if name == SECONDS.name:
+        return None if night.seconds is None else round(night.seconds, 1)
+    return night.figures.get(name)
+
+
 def _figures_section(summary: HistorySummary) -> str:
-    if not summary.figures:
+    timed = any(n.seconds is not None for s in summary.series for n in s.nights)
+    names = [*summary.figures, *([SECONDS.name] if timed else [])]  # the entries' seconds: an entry getting slower
+    if not names:
         return "<h2>Figures over the nights</h2><p class=\"muted\">No night recorded a figure.</p>"
     columns = {night.night_id: index for index, night in enumerate(summary.nights)}
     colours = {s.key: SERIES_COLOURS[i % len(SERIES_COLOURS)] for i, s in enumerate(summary.series)}
@@ -291,17 +321,18 @@ def _figures_section(summary: HistorySummary) -> str:
     parts = ["<h2>Figures over the nights</h2>",
              "<p>One line per model and GPU type; a red ring: the gate failed that night; ◆: the quantized model's md5 "
              "changed that night. Hover a point for its night and value.</p>", f'<p class="legend">{legend}</p>']
-    for name in summary.figures:
-        figure = describe(name)
+    for name in names:
+        figure = SECONDS if name == SECONDS.name else describe(name)
         lines = []
         for series in summary.series:
             points = []
             for index, night in enumerate(series.nights):
-                if name not in night.figures or night.night_id not in columns:
+                value = _value(night, name)
+                if value is None or night.night_id not in columns:
                     continue
                 before = series.nights[index - 1] if index else None
-                joined = before is not None and name in before.figures and before.gpu == night.gpu
-                points.append(TrendPoint(columns[night.night_id], night.figures[name], f"{series.key} · {night.date} · {night.night_id}",
+                joined = before is not None and _value(before, name) is not None and before.gpu == night.gpu
+                points.append(TrendPoint(columns[night.night_id], value, f"{series.key} · {night.date} · {night.night_id}",
                                          night.status == "fail", night.quantized_changed, joined))
             if points:
                 lines.append(TrendLine(series.key, colours[series.key], tuple(points),

@@ -64,8 +64,8 @@ def test_a_writer_migrates_version_1_and_reads_the_same(v1_history):
     path = v1_history
     as_read = {model: History(path, read_only=True).model_rows(model) for model in MODELS}
     db = History(path)  # a writer (the next nightly) migrates it
-    assert db.version == SCHEMA_VERSION == 3
-    assert _tables(path) == (3, sorted(TABLES_BY_VERSION[3]))
+    assert db.version == SCHEMA_VERSION == 4
+    assert _tables(path) == (4, sorted(TABLES_BY_VERSION[4]))
     with sqlite3.connect(path) as conn:
         figures = conn.execute("SELECT COUNT(*) FROM figures").fetchone()[0]
     assert figures == sum(len(verdict_figures(v)) for v in _verdicts(path).values()) > 0
@@ -102,7 +102,7 @@ def test_two_writers_opening_a_version_1_file_at_once_migrate_it_once(v1_history
     for writer in writers:
         writer.join(120)
     assert [w.exitcode for w in writers] == [0, 0, 0]  # no "duplicate column name": the migration runs once
-    assert _tables(path) == (3, sorted(TABLES_BY_VERSION[3]))
+    assert _tables(path) == (4, sorted(TABLES_BY_VERSION[4]))
 
 
 @pytest.mark.parametrize("value, message", [

@@ -78,7 +78,7 @@ def test_unknown_model_and_bad_databases(tmp_path):
     future = tmp_path / "future.sqlite"
     with sqlite3.connect(future) as conn:
         conn.execute("PRAGMA user_version = 7")
-    with pytest.raises(RunStoreError, match=r"has schema version 7; this qconsist reads versions 1 to 3$"):
+    with pytest.raises(RunStoreError, match=r"has schema version 7; this qconsist reads versions 1 to 4$"):
         History(future)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database" * 100)
@@ -130,6 +130,8 @@ def test_night_of_a_dead_process_is_marked_incomplete(tmp_path):
     assert status == {"dead": "incomplete", "alive": "running"}
     row = model_timeline(db, "m").nights[0]
     assert (row["status"], row["error"]) == ("error", "night interrupted")
+    # it never reported a start of its own: started stays the hand-out time, and nothing was measured
+    assert (row["started"], row["seconds"]) == (row["handed_out"], None) and row["started"] <= row["finished"]
 
 
 def test_nights_started_in_the_same_second_keep_their_order(tmp_path):

@@ -1,12 +1,13 @@
 """On a real local Ray of 2 CPUs (tasks of 1 CPU: two run at once), a night's tasks are handed out longest first by
 each entry's last duration in the history, an entry with none first; Ray starts them in that order; outcomes,
-results, summaries and history rows stay in the nightly file's order."""
+results, summaries and history rows stay in the nightly file's order; each history row holds its entry's own start
+and finish, as its Ray worker measured them."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 import ray  # the test group installs it (pyproject: qconsist[ray])
@@ -69,6 +70,21 @@ def test_ray_hands_out_longest_first_and_records_in_file_order(tmp_path):
         runs = list(dict.fromkeys(r[0] for r in conn.execute("SELECT model FROM runs WHERE night_id = ? ORDER BY rowid", (night_id,))))
         seconds = dict(conn.execute("SELECT model, seconds FROM entries WHERE night_id = ?", (night_id,)).fetchall())
     assert verdicts == runs == FILE_ORDER
+    # each row holds its entry's own times, as its Ray worker measured them: not the submission, which was at once
+    # for all four, nor the recording, in the file's order; the submission is handed_out
+    with sqlite3.connect(history) as conn:
+        times = {r[0]: r[1:] for r in conn.execute("SELECT model, started, finished FROM entries WHERE night_id = ?", (night_id,))}
+    assert {name: times[name][0] for name in FILE_ORDER} == {name: entries[name]["started"] for name in FILE_ORDER}
+    with sqlite3.connect(history) as conn:
+        times = {r[0]: (*times[r[0]], r[1]) for r in conn.execute("SELECT model, handed_out FROM entries WHERE night_id = ?",
+                                                                 (night_id,))}
+    own = {name: (_when(times[name][0]), _when(times[name][1])) for name in FILE_ORDER}
+    assert max(own["gamma"][0], own["delta"][0]) < min(own["beta"][0], own["alpha"][0])  # as Ray started them
+    # 2 CPUs: beta and alpha each started once an earlier task had finished and freed its CPU
+    assert min(own["gamma"][1], own["delta"][1]) <= min(own["beta"][0], own["alpha"][0]) + timedelta(milliseconds=2)
+    for name in FILE_ORDER:
+        assert (own[name][1] - own[name][0]).total_seconds() == pytest.approx(entries[name]["seconds"], abs=2e-3)
+        assert _when(times[name][2]) <= own[name][0]
     assert seconds == {name: pytest.approx(entries[name]["seconds"], abs=1e-3) for name in FILE_ORDER}
     assert all(0 < s < summary["seconds"] for s in seconds.values())
     # the next night: the durations this night measured, longest first

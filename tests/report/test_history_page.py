@@ -116,7 +116,8 @@ def test_page_is_self_contained_and_tells_what_changed_first(weeks, page):
     # a plot per figure, accuracy first; a magnitude (log axis, the model's own units) one plot per model
     figures = ["accuracy.top1", "accuracy.top5", "labels.accuracy", "drift.float.max_abs_diff", "drift.float.max_abs_diff",
                "drift.float.top1_agreement", "drift.baseline.max_abs_diff", "drift.baseline.max_abs_diff",
-               "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5"]
+               "drift.baseline.top1_agreement", "divergence.nodes", "calibration.distinct_md5",
+               "entry.seconds"]  # tonight's real night measured its entry's seconds (the replayed nights none)
     assert re.findall(r"\(([a-z0-9_.]+)\)</span></figcaption>", html) == figures
     assert re.findall(r'<figure data-model="([^"]+)"[^>]*><figcaption>[^<]* — \1', html) == ["convnet", "convnet-percentile"] * 2
     assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="trend"') == len(figures)
