@@ -24,6 +24,21 @@ from onnx import TensorProto, helper, numpy_helper
 WIDTH = 8
 
 
+# what a dump of gated_model records inside its branches: name, label, branches it needs
+GATED_BRANCH_TENSORS = [
+    ("gate/then/then_scaled", "gate/then/then_mul", ["gate/then"]),
+    ("gate/then/inner/then/inner_m", "gate/then/inner/then/inner_mul", ["gate/then", "gate/then/inner/then"]),
+    ("gate/then/inner/then/inner_r", "gate/then/inner/then/inner_relu", ["gate/then", "gate/then/inner/then"]),
+    ("gate/then/inner/else/inner_n", "gate/then/inner/else/inner_neg", ["gate/then", "gate/then/inner/else"]),
+    ("gate/then/inner/then_taken", "gate/then/inner/then_taken", ["gate/then"]),
+    ("gate/then/nested", "gate/then/inner", ["gate/then"]),
+    ("gate/then/then_out", "gate/then/then_add", ["gate/then"]),
+    ("gate/else/negated", "gate/else/else_neg", ["gate/else"]),
+    ("gate/else/else_out", "gate/else/else_add", ["gate/else"]),
+    ("gate/then_taken", "gate/then_taken", []),
+]
+
+
 def gated_model(path: Path, w: float = 0.7, w2: float = 1.3, threshold: float = 0.0, bias: float = 0.25) -> Path:
     rng = np.random.default_rng(11)
     weights = rng.uniform(0.5, 1.5, WIDTH).astype(np.float32)

@@ -336,8 +336,11 @@ def _branches_unobserved(a: LoadedDump, b: LoadedDump, space: str, branched: boo
         return ""
     counts = [sum(1 for t in dump.tensors if t.how == "branch") for dump in (a, b)]
     if len(inside) == 1:
-        older = "A" if inside[0] is b else "B"
-        return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): run {older}'s dump was written before qconsist "
+        label, other = ("A", a) if inside[0] is b else ("B", b)
+        if (other.run.manifest.sections.get("dump") or {}).get("fingerprints_on") == "device":
+            return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): run {label}'s dump was fingerprinted on the "
+                    "GPU, which keeps each If one node (dump it with --fingerprints host to compare inside)")
+        return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): run {label}'s dump was written before qconsist "
                 "observed inside branches, so each If is one node here; dump it again to compare inside")
     return (f"tensors inside If branches (A {counts[0]}, B {counts[1]}): the runs ran different graphs, compared through the "
             "original model, where each If is one node")

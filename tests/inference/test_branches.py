@@ -15,25 +15,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from branch_models import GATED_BRANCH_TENSORS as BRANCH_TENSORS
 from branch_models import gated_inputs, gated_model, saturating_branch_inputs, saturating_branch_model
 from qconsist.cli import app
 from qconsist.diff import diff_runs
 from qconsist.inference import ExecutionOptions, RawSelection, RunRequest, resolve_model, run_inference
 from qconsist.inputs import open_input_set
 
-BRANCH_TENSORS = [
-    # name, label, branches it needs
-    ("gate/then/then_scaled", "gate/then/then_mul", ["gate/then"]),
-    ("gate/then/inner/then/inner_m", "gate/then/inner/then/inner_mul", ["gate/then", "gate/then/inner/then"]),
-    ("gate/then/inner/then/inner_r", "gate/then/inner/then/inner_relu", ["gate/then", "gate/then/inner/then"]),
-    ("gate/then/inner/else/inner_n", "gate/then/inner/else/inner_neg", ["gate/then", "gate/then/inner/else"]),
-    ("gate/then/inner/then_taken", "gate/then/inner/then_taken", ["gate/then"]),
-    ("gate/then/nested", "gate/then/inner", ["gate/then"]),
-    ("gate/then/then_out", "gate/then/then_add", ["gate/then"]),
-    ("gate/else/negated", "gate/else/else_neg", ["gate/else"]),
-    ("gate/else/else_out", "gate/else/else_add", ["gate/else"]),
-    ("gate/then_taken", "gate/then_taken", []),
-]
 
 
 @pytest.fixture(scope="module")
