@@ -405,13 +405,8 @@ def _replay_across_blocks(sides: tuple[_Side, _Side], graphs: tuple[onnx.ModelPr
     shown = ", ".join(list(nodes)[:3]) + (", ..." if len(nodes) > 3 else "")
     held = f"its NCHWc nodes ({shown}) hold their tensors in channel blocks of {blocks[0]} in run A and {blocks[1]} in run B"
     cannot = NodeReplay(list(nodes), ReplayOutcome.CANNOT, list(fed), list(outputs))
-    if isa is not None:
-        cannot.reason = (f"{held} (the processors' vector widths), and --isa replays both runs on one instruction set: a "
-                         "graph runs only on a processor of its block; replay without --isa (each run's graph on its "
-                         "own instruction set, compared in NCHW)")
-        return cannot
     for side, block in zip(sides, blocks):
-        if _block_of(side) != block:
+        if isa is None and _block_of(side) != block:
             cannot.reason = (f"{held}, and run {side.label}'s is replayed on this processor, whose block is "
                              f"{_block_of(side)}: a graph runs only on a processor of its block")
             return cannot
@@ -427,6 +422,8 @@ def _replay_across_blocks(sides: tuple[_Side, _Side], graphs: tuple[onnx.ModelPr
         return cannot
     order = [*added[0][0], *nodes, *added[0][1]]
     differ = _differ_by_value(wrapped, order, outputs, inputs[min(inputs)], blocks)
+    if isa is not None:
+        return _replay_on_one(sides, wrapped, order, nodes, inputs, outputs, kept, isa, differ, held)
     if differ:  # a graph runs only on its own block: the other run's options run it there only if the graphs agree
         why = f"the runs' graphs differ in {', '.join(differ[:4])} by value"
         refused, graphs_on = {(1, a.isa): f"run B's graph holds blocks of {blocks[1]} and {why}",
@@ -527,3 +524,38 @@ def _in_nchw(model: onnx.ModelProto, nodes: Sequence[str], fed: Sequence[str], o
     del graph.value_info[:]
     graph.value_info.extend(kept_info)
     return copy, added
+
+
+def _replay_on_one(sides: tuple[_Side, _Side], wrapped: Sequence[onnx.ModelProto], order: list[str],
+                   nodes: Sequence[str], inputs: dict[int, dict[str, np.ndarray]], outputs: Sequence[str], kept: list,
+                   isa: str, differ: list[str], held: str) -> NodeReplay:
+    """``--isa`` for runs of two NCHWc blocks: both runs' options on ``isa``, running the graph of the run whose
+    block is ``isa``'s (this processor's, or the block a run made on it recorded), where the graphs agree by value."""
+    blocks = [side.dump.nchwc_block for side in sides]
+    if isa == NATIVE:
+        here = re.search(r"NCHWc (\d+)", instruction_set().float_kernels)
+        target = int(here.group(1)) if here else 0
+    else:
+        target = next((block for side, block in zip(sides, blocks) if recorded_isa(side.run, side.label)[0] == isa), 0)
+    cannot = NodeReplay(list(nodes), ReplayOutcome.CANNOT, [], list(outputs))
+    if target not in blocks:
+        cannot.reason = (f"{held} (the processors' vector widths), and {isa}'s block is "
+                         f"{target or 'not recorded'}: a graph runs only on a processor of its block; replay without "
+                         "--isa (each run's graph on its own instruction set, compared in NCHW) or with one of the "
+                         "runs' instruction sets")
+        return cannot
+    if differ:
+        cannot.reason = (f"{held}, --isa {isa} runs only the graph of block {target}, and the runs' graphs differ in "
+                         f"{', '.join(differ[:4])} by value: replay without --isa")
+        return cannot
+    own = blocks.index(target)
+    result = replay_nodes((wrapped[own], wrapped[own]), order, inputs, tuple(side.options for side in sides), ("A", "B"),
+                          outputs, kept, (isa, isa))
+    result.nodes = list(nodes)
+    if result.outcome is not ReplayOutcome.CANNOT:
+        result.notes.append(
+            f"the runs' graphs hold NCHWc blocks of {blocks[0]} (A) and {blocks[1]} (B), and a graph runs only on a "
+            f"processor of its block: on {isa} (block {target}) both runs' options ran run {'AB'[own]}'s graph, which "
+            f"equals run {'BA'[own]}'s by value (constants, filters compared in OIHW, and node attributes); blocked "
+            "tensors fed and compared in NCHW")
+    return result
