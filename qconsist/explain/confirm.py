@@ -31,11 +31,11 @@ from onnx import numpy_helper
 from qconsist.diff.replay import NodeReplay, ReplayOutcome, boundary, constants_differ, isolate, replay_nodes
 from qconsist.cpu import instruction_set
 from qconsist.diff.runs import DiffResult, capture_command
-from qconsist.emulation import NATIVE, PACKAGE, QEMU, qemu_path
+from qconsist.emulation import NATIVE, PACKAGE, QEMU, call_on, qemu_path
 from qconsist.errors import ConfigError, QconsistError, RunStoreError
 from qconsist.explain.replay import replay_inputs
 from qconsist.inference.graphmap import node_names, node_reads
-from qconsist.inference.layout import nchwc_filters, unblock_filter
+from qconsist.inference.layout import block_size, nchwc_filters, unblock_filter
 from qconsist.inference.reader import LoadedDump, load_dump
 from qconsist.inference.session import ExecutionOptions, OptimizationLevel
 from qconsist.onnxfile import read_onnx
@@ -384,11 +384,25 @@ def _blocks_apart(blocked: list[str], a: _Side, b: _Side, isa: str | None) -> st
 
 def _block_of(side: _Side) -> int:
     """The NCHWc block the side's instruction set computes in: the run's own where it is replayed where it ran
-    (under the QEMU model it recorded, or natively on a processor like its own), else this processor's."""
+    (under the QEMU model it recorded, or natively on a processor like its own), else this processor's (measured)."""
     if side.isa != NATIVE or not side.note:
         return side.dump.nchwc_block
-    here = re.search(r"NCHWc (\d+)", instruction_set().float_kernels)
-    return int(here.group(1)) if here else 0
+    return block_size()
+
+
+def measured_block(request: dict) -> dict:
+    """The NCHWc block onnxruntime uses where this runs (``layout.block_size``): for ``call_on`` under QEMU."""
+    return {"block": block_size()}
+
+
+def _isa_block(isa: str, sides: Sequence[_Side]) -> int:
+    """The NCHWc block of ``isa``: this processor's, a run's made on it, else measured in a child under QEMU."""
+    if isa == NATIVE:
+        return block_size()
+    recorded = [side.dump.nchwc_block for side in sides if recorded_isa(side.run, side.label)[0] == isa]
+    if recorded:
+        return recorded[0]
+    return int(call_on(isa, measured_block, {}, what="the NCHWc block")[0]["block"])
 
 
 def _replay_across_blocks(sides: tuple[_Side, _Side], graphs: tuple[onnx.ModelProto, onnx.ModelProto],
@@ -408,8 +422,14 @@ def _replay_across_blocks(sides: tuple[_Side, _Side], graphs: tuple[onnx.ModelPr
     for side, block in zip(sides, blocks):
         if isa is None and _block_of(side) != block:
             cannot.reason = (f"{held}, and run {side.label}'s is replayed on this processor, whose block is "
-                             f"{_block_of(side)}: a graph runs only on a processor of its block")
+                             f"{_block_of(side)}: a graph runs only on a processor of its block; --isa MODEL replays "
+                             "both runs' options on an instruction set of one of their blocks (e.g. --isa haswell for 8)")
             return cannot
+    lacking = [n for n in nodes if n not in set(node_names(graphs[1].graph))]
+    if lacking:
+        cannot.reason = (f"{held}, and run B's optimized graph has no node {lacking[0]}: onnxruntime made the two graphs "
+                         "of other nodes, not only of other blocks")
+        return cannot
     channels = [{t.name: t.channels for t in side.dump.tensors if t.blocked and t.channels} for side in sides]
     unknown = [o for o in outputs if any(t.name == o and t.blocked and not t.channels for s in sides for t in s.dump.tensors)]
     if unknown:
@@ -532,17 +552,13 @@ def _replay_on_one(sides: tuple[_Side, _Side], wrapped: Sequence[onnx.ModelProto
     """``--isa`` for runs of two NCHWc blocks: both runs' options on ``isa``, running the graph of the run whose
     block is ``isa``'s (this processor's, or the block a run made on it recorded), where the graphs agree by value."""
     blocks = [side.dump.nchwc_block for side in sides]
-    if isa == NATIVE:
-        here = re.search(r"NCHWc (\d+)", instruction_set().float_kernels)
-        target = int(here.group(1)) if here else 0
-    else:
-        target = next((block for side, block in zip(sides, blocks) if recorded_isa(side.run, side.label)[0] == isa), 0)
+    target = _isa_block(isa, sides)
     cannot = NodeReplay(list(nodes), ReplayOutcome.CANNOT, [], list(outputs))
     if target not in blocks:
-        cannot.reason = (f"{held} (the processors' vector widths), and {isa}'s block is "
-                         f"{target or 'not recorded'}: a graph runs only on a processor of its block; replay without "
-                         "--isa (each run's graph on its own instruction set, compared in NCHW) or with one of the "
-                         "runs' instruction sets")
+        cannot.reason = (f"{held} (the processors' vector widths), and {isa}'s block is {target or 'none'} "
+                         "(measured): a graph runs only on a processor of its block; replay without --isa (each run's "
+                         "graph on its own instruction set, compared in NCHW) or with an instruction set of one of "
+                         "their blocks")
         return cannot
     if differ:
         cannot.reason = (f"{held}, --isa {isa} runs only the graph of block {target}, and the runs' graphs differ in "

@@ -399,12 +399,44 @@ def test_isa_replays_runs_of_two_blocks_on_the_graph_of_its_own_block(nchwc_runs
             f"run {other}'s by value (constants, filters compared in OIHW, and node attributes); blocked tensors fed and "
             "compared in NCHW",
         ]
+    # Nehalem: no run recorded it; its block is measured in a child under QEMU (8: SSE), so B's graph runs there
     out = CliRunner().invoke(app, ["diff", "--replay", "--isa", "nehalem", native, haswell])
     assert out.exit_code == 1, out.output
-    assert (f"replay {BLOCKS_LABEL}: cannot replay: its NCHWc nodes (y_nchwc) hold their tensors in channel blocks of "
-            f"{NATIVE_BLOCK} in run A and 8 in run B (the processors' vector widths), and Nehalem's block is not "
-            "recorded: a graph runs only on a processor of its block; replay without --isa (each run's graph on its own "
-            "instruction set, compared in NCHW) or with one of the runs' instruction sets") in out.output.splitlines()
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("replay "))
+    assert lines[start + 2:start + 5] == [
+        "  under A's options on emulated Nehalem the replay differs from what run A recorded",
+        "  under B's options on emulated Nehalem the replay differs from what run B recorded",
+        f"  note: the runs' graphs hold NCHWc blocks of {NATIVE_BLOCK} (A) and 8 (B), and a graph runs only on a "
+        "processor of its block: on Nehalem (block 8) both runs' options ran run B's graph, which equals run A's by "
+        "value (constants, filters compared in OIHW, and node attributes); blocked tensors fed and compared in NCHW",
+    ]
+
+
+@pytest.mark.slow
+def test_a_graph_of_another_block_made_natively_elsewhere_is_not_replayed_here(nchwc_runs, tmp_path):
+    """Run B made natively on an AVX2 machine (its graph in blocks of 8) is replayed on this processor only where
+    this processor's block is 8; else the replay says why and what to do."""
+    import shutil
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(nchwc_runs["haswell"], elsewhere)
+    manifest = json.loads((elsewhere / "manifest.json").read_text())
+    manifest["environment"]["cpu_isa"]["emulated"] = None  # what a native run on a Haswell machine records
+    (elsewhere / "manifest.json").write_text(json.dumps(manifest))
+    out = CliRunner().invoke(app, ["diff", "--replay", str(nchwc_runs["native"]), str(elsewhere)])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    replay = next(line for line in lines if line.startswith("replay "))
+    if NATIVE_BLOCK == 8:  # one block, and B is replayed on a processor of its block
+        assert replay.startswith(f"replay {BLOCKS_LABEL}: ")
+        assert "cannot replay" not in replay
+        return
+    assert replay == (
+        f"replay {BLOCKS_LABEL}: cannot replay: its NCHWc nodes (y_nchwc) hold their tensors in channel blocks of "
+        f"{NATIVE_BLOCK} in run A and 8 in run B, and run B's is replayed on this processor, whose block is "
+        f"{NATIVE_BLOCK}: a graph runs only on a processor of its block; --isa MODEL replays both runs' options on an "
+        "instruction set of one of their blocks (e.g. --isa haswell for 8)")
 
 
 @pytest.mark.slow
