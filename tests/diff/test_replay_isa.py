@@ -459,3 +459,41 @@ def test_filters_of_two_blocks_are_compared_by_value(nchwc_runs):
     weights.flat[5] += 1
     changed.CopyFrom(numpy_helper.from_array(weights, "reorder"))
     assert _differ_by_value(graphs, ["y_nchwc"], ["reorder_token_1"], example, (NATIVE_BLOCK, 8)) == ["reorder"]
+
+
+def test_blocked_tensors_are_fed_and_compared_in_nchw_through_reorders(tmp_path):
+    """Natively (no QEMU): the NCHWc Conv alone, cut from the optimized graph the dump saved, fed its blocked input
+    as the dump recorded it (NCHW, blocked again by a ReorderInput) and its blocked output unblocked by a
+    ReorderOutput, gives back what the run recorded, bit for bit; unnamed nodes keep their names."""
+    import onnx
+
+    from isa_models import blocked_conv_model
+    from qconsist.explain.confirm import _in_nchw
+    from qconsist.inference.graphmap import node_names
+
+    model, inputs = blocked_conv_model(tmp_path / "rcb.onnx"), tmp_path / "x.npy"
+    np.save(inputs, np.random.default_rng(3).normal(0, 1, (2, 16, 12, 12)).astype(np.float32))
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(inputs), "--threads", "1", "--dump", "--raw",
+                                   "all", "--runs-dir", str(tmp_path / "runs"), "--run-id", "native"])
+    assert out.exit_code == 0, out.output
+    run = tmp_path / "runs" / "native"
+    graph = onnx.load(run / "dump" / "optimized.onnx")
+    graph.graph.node[0].name = ""  # the Relu, unnamed: its invented name must survive the added nodes
+    names = node_names(graph.graph)
+    wrapped, added = _in_nchw(graph, ["y_nchwc"], ["reorder_token_0"], ["reorder_token_1"],
+                              {"reorder_token_0": 16, "reorder_token_1": 32})
+    assert added == (["replay.ReorderInput.reorder_token_0"], ["replay.ReorderOutput.reorder_token_1"])
+    assert node_names(wrapped.graph)[1:1 + len(names)] == names
+    index = json.loads((run / "dump" / "index.json").read_text())
+    columns = {t["name"]: i for i, t in enumerate(index["tensors"])}
+    fed, recorded = {}, {}
+    for sample in range(2):
+        with np.load(run / "dump" / "raw" / f"{sample:06d}.npz") as raw:
+            fed[sample] = {"reorder_token_0": raw[f"t{columns['reorder_token_0']}"]}
+            recorded[sample] = {"reorder_token_1": raw[f"t{columns['reorder_token_1']}"]}
+    assert fed[0]["reorder_token_0"].shape == (1, 16, 12, 12) and recorded[0]["reorder_token_1"].shape == (1, 32, 12, 12)
+    options = ExecutionOptions(graph_optimization_level="disable", intra_op_threads=1)
+    replay = replay_nodes((wrapped, wrapped), [*added[0], "y_nchwc", *added[1]], fed, (options, options),
+                          outputs=["reorder_token_1"], recorded=(recorded, recorded))
+    assert [side.recorded for side in replay.sides] == ["matches", "matches"]
+    assert replay.outcome is ReplayOutcome.NOT_REPRODUCED and replay.elements == 2 * 32 * 12 * 12
