@@ -15,6 +15,10 @@ Each run's nodes are replayed on the instruction set the run recorded (``recorde
 processor; ``isa`` (``diff --replay --isa MODEL``) replays both on one instead. Where the two differ, both runs'
 options are also replayed under each, and the replay says whether the instruction set alone makes the
 difference (``NodeReplay.instruction_sets``).
+
+Runs whose float graphs hold NCHWc blocks of two sizes (an AVX-512 processor's 16 against AVX2's or SSE's 8) are
+replayed each from its own optimized graph on its own instruction set, blocked tensors fed and compared in NCHW
+(``_replay_across_blocks``): the form both dumps record them in.
 """
 
 from __future__ import annotations
@@ -413,7 +417,9 @@ def _replay_across_blocks(sides: tuple[_Side, _Side], graphs: tuple[onnx.ModelPr
     on its own instruction set, fed the NCHW arrays its dump recorded and blocked again by ReorderInput for that
     graph, their blocked outputs unblocked by ReorderOutput (both exact moves of values, padding channels zero), and
     compared in NCHW without the padding channels: the form both dumps recorded them in. A graph runs only where
-    its block is the processor's, so neither is run on the other's instruction set (``SameIsaReplay.reason``)."""
+    its block is the processor's, so under one instruction set both runs' options run that instruction set's graph,
+    where the two graphs agree by value (``_differ_by_value``); else that check says why not (``SameIsaReplay.reason``).
+    ``isa``: both runs' options on it (``_replay_on_one``)."""
     a, b = sides
     blocks = (a.dump.nchwc_block, b.dump.nchwc_block)
     shown = ", ".join(list(nodes)[:3]) + (", ..." if len(nodes) > 3 else "")
