@@ -312,6 +312,8 @@ def replay_nodes(
     outputs: Sequence[str] = (),
     recorded: Sequence[Mapping[int, Mapping[str, np.ndarray]]] = (),
     isas: Sequence[str] = (),
+    refused: Mapping[tuple[int, str], str] | None = None,
+    graphs_on: Mapping[tuple[int, str], int] | None = None,
 ) -> NodeReplay:
     """Run ``nodes`` of ``model`` (one model, or one per run: each run's own weights) on ``inputs`` (sample ->
     tensor name -> array; the activations the nodes read) under each of ``options`` (one per run, named by
@@ -323,7 +325,10 @@ def replay_nodes(
     onnxruntime cannot make (the provider is not on this machine) is a ``cannot replay`` outcome, with
     onnxruntime's reason, as is a failure of the emulated child (``EmulatedChildError``'s line). ``recorded``
     (per run: sample -> output tensor -> the array the run itself recorded) says whether the replay under each
-    run's options gives what that run computed in the full model (``ReplaySide.recorded``)."""
+    run's options gives what that run computed in the full model (``ReplaySide.recorded``). ``refused``: (side index, instruction
+    set) -> why that side's nodes cannot run there (a graph held in another processor's NCHWc blocks): not run,
+    and the same-instruction-set check there gives that reason. ``graphs_on``: (side index, instruction set) -> the
+    index of the model whose nodes that side's options run there (default its own)."""
     models = [model] * len(options) if isinstance(model, (str, Path, onnx.ModelProto)) else list(model)
     isas = list(isas) or [NATIVE] * len(options)
     if len(options) != 2 or len(models) != 2 or len(runs) != 2:
@@ -347,7 +352,10 @@ def replay_nodes(
     wanted = [(0, isas[0]), (1, isas[1])]
     if isas[0] != isas[1]:
         wanted += [(1, isas[0]), (0, isas[1])]
-    produced, errors = _run_everywhere(isolated, options, wanted, inputs, samples, list(first.inputs), list(first.outputs))
+    refused = dict(refused or {})
+    produced, errors = _run_everywhere(isolated, options, [w for w in wanted if w not in refused], inputs, samples,
+                                       list(first.inputs), list(first.outputs), dict(graphs_on or {}))
+    errors.update({w: refused[w] for w in wanted if w in refused})
     main = [errors.get((i, isas[i])) for i in range(2)]
     if any(main):
         failed = 0 if main[0] else 1
@@ -359,7 +367,7 @@ def replay_nodes(
         side.hashes = [_digest(arrays) for arrays in per_sample]
         if index < len(recorded):
             side.recorded = _against(recorded[index], samples, list(first.outputs), per_sample)
-    result.constants_differ = _constants_differ(*isolated)
+    result.constants_differ = constants_differ(*isolated)
     _compare(result, produced[(0, isas[0])], produced[(1, isas[1])])
     result.outcome = ReplayOutcome.CONFIRMED if result.differing else ReplayOutcome.NOT_REPRODUCED
     if isas[0] != isas[1]:
@@ -378,8 +386,10 @@ def replay_nodes(
 
 def _run_everywhere(isolated: Sequence[IsolatedModel], options: Sequence[ExecutionOptions], wanted: list[tuple[int, str]],
                     inputs: Mapping[int, Mapping[str, np.ndarray]], samples: list[int], fed: list[str], outputs: list[str],
+                    graphs_on: Mapping[tuple[int, str], int] | None = None,
                     ) -> tuple[dict[tuple[int, str], list[list[np.ndarray]]], dict[tuple[int, str], str]]:
-    """Each (side, instruction set) of ``wanted``: side's isolated model under its options on that instruction set,
+    """Each (side, instruction set) of ``wanted``: side's isolated model (or the one ``graphs_on`` names) under its
+    options on that instruction set,
     one ``run_isolated`` call per instruction set (one child under QEMU for an emulated one). The outputs per
     sample, and onnxruntime's (or the child's) one line where one could not run."""
     produced: dict[tuple[int, str], list[list[np.ndarray]]] = {}
@@ -394,7 +404,7 @@ def _run_everywhere(isolated: Sequence[IsolatedModel], options: Sequence[Executi
         for isa in dict.fromkeys(isa for _, isa in wanted):
             jobs = [side for side, where in wanted if where == isa]
             request = {"inputs": str(folder / "inputs.npz"), "samples": samples, "fed": fed, "outputs": outputs,
-                       "jobs": [{"model": str(paths[side]), "options": options[side].to_json(),
+                       "jobs": [{"model": str(paths[(graphs_on or {}).get((side, isa), side)]), "options": options[side].to_json(),
                                  "result": str(folder / f"{isa}-{side}.npz")} for side in jobs]}
             try:
                 done, _ = call_on(isa, run_isolated, request, what="the replay")
@@ -433,7 +443,7 @@ def run_isolated(request: dict) -> dict:
     return {"errors": errors}
 
 
-def _constants_differ(a: IsolatedModel, b: IsolatedModel) -> list[str]:
+def constants_differ(a: IsolatedModel, b: IsolatedModel) -> list[str]:
     """The constants (by value) and node attributes two runs' isolated nodes differ in."""
     if a.model == b.model:
         return []

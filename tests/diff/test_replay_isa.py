@@ -303,8 +303,197 @@ def test_nchwc_nodes_are_replayed_only_where_their_channel_block_is_the_graphs(n
         assert f"replay {label}: cannot replay: its NCHWc nodes (ReorderInput, y_nchwc) hold filters in channel blocks " \
                f"of 8, the runs' processors' width, and native's is {block}: replay without --isa, or with one of the " \
                "runs' instruction sets" in out.output.splitlines()
-        out = CliRunner().invoke(app, ["diff", "--replay", str(nchwc_runs["native"]), haswell])
+
+
+NATIVE_BLOCK = int(NATIVE.float_kernels.split("NCHWc ")[1].rstrip(")"))
+BLOCKS_LABEL = "y_nchwc (com.microsoft.nchwc:Conv, internal to ORT's optimized graph)"
+
+
+def _blocks_and_figures(nchwc_runs) -> tuple[list[int], tuple[int, int, int, float]]:
+    """The two runs' recorded NCHWc blocks, and y_nchwc's figures between them from the raw arrays the dumps kept
+    (in NCHW without padding channels, as each dump records a blocked tensor)."""
+    runs = (nchwc_runs["native"], nchwc_runs["haswell"])
+    blocks = [json.loads((run / "dump" / "index.json").read_text())["nchwc_block"] for run in runs]
+    a, b = ([_raw_column(run, "reorder_token_1")] for run in runs)
+    assert a[0].shape == b[0].shape == (1, 32, 12, 12)
+    return blocks, _figures(a, b)
+
+
+def _raw_column(run_dir: Path, name: str) -> np.ndarray:
+    """The first sample's raw array of a tensor of the optimized graph, read with numpy from the dump's files."""
+    index = json.loads((run_dir / "dump" / "index.json").read_text())
+    column = next(i for i, t in enumerate(index["tensors"]) if t["name"] == name)
+    with np.load(run_dir / "dump" / "raw" / "000000.npz") as raw:
+        return raw[f"t{column}"]
+
+
+@pytest.mark.slow
+def test_nchwc_runs_of_two_blocks_are_replayed_each_on_its_own_graph_and_compared_in_nchw(nchwc_runs):
+    """AVX-512 (blocks of 16) against Haswell (8): before, "cannot replay: ... blocks of 16 in run A and 8 in run B".
+    Now each run's NCHWc Conv from its own optimized graph on its own instruction set, its blocked input fed in NCHW
+    (blocked again by ReorderInput), its blocked output unblocked by ReorderOutput and compared in NCHW; under one
+    instruction set both runs' options run that set's graph (the filters equal by value in OIHW)."""
+    blocks, figures = _blocks_and_figures(nchwc_runs)
+    assert blocks == [NATIVE_BLOCK, 8]
+    out = CliRunner().invoke(app, ["diff", "--replay", str(nchwc_runs["native"]), str(nchwc_runs["haswell"])])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("replay "))
+    if NATIVE_BLOCK == 8:  # one block: the graphs are replayed as onnxruntime holds them (the test above)
+        assert lines[start].startswith(f"replay {BLOCKS_LABEL}: confirmed in isolation: fed identical inputs (r)")
+        return
+    differing, mismatched, elements, greatest = figures
+    assert (differing, elements) == (1, 4608) and 0 < mismatched < elements and 0 < greatest < 1e-4
+    settings = "A: --ep cpu --level disable --threads 1 on native; B: --ep cpu --level disable --threads 1 on emulated Haswell"
+    assert lines[start:start + 8] == [
+        f"replay {BLOCKS_LABEL}: confirmed in isolation: fed identical inputs (reorder_token_0), y_nchwc computes "
+        f"different outputs under the two runs' options and instruction sets ({settings}): 1/1 samples differ, "
+        f"mismatched elements {mismatched} / {elements} ({100 * mismatched / elements:.2f}%), greatest abs difference "
+        f"{greatest:.6g}",
+        "  input reorder_token_0: runs A and B (bit-identical)",
+        "  instruction sets: replayed under native and Haswell: differs; under the same instruction set: equal (native: "
+        "0/1 samples differ; Haswell: 0/1 samples differ): the instruction set makes the difference",
+        "  under A's options on native the replay matches what run A recorded",
+        "  under B's options on emulated Haswell the replay matches what run B recorded",
+        f"  note: the runs' graphs hold NCHWc blocks of {NATIVE_BLOCK} (A) and 8 (B), each its processor's: each run's "
+        "nodes were replayed from its own optimized graph on its own instruction set, fed and compared in NCHW without "
+        "padding channels (reorder_token_0, reorder_token_1: blocked again by ReorderInput for the graph, unblocked by "
+        "ReorderOutput, exact moves)",
+        "  note: a graph runs only on a processor of its block, so under the same instruction set both runs' options ran "
+        "that instruction set's graph (native: A's, Haswell: B's), which equals the other's by value (constants, "
+        "filters compared in OIHW, and node attributes)",
+        "  note: replayed from onnxruntime's optimized graph that each run's dump saved (the nodes the run executed), "
+        "at level disable: the graph is optimized already",
+    ]
+    data = loads(CliRunner().invoke(app, ["diff", "--replay", "--json", str(nchwc_runs["native"]),
+                                          str(nchwc_runs["haswell"])]).output)
+    (replay,) = data["replays"]
+    assert (replay["nodes"], replay["inputs"], replay["outputs"]) == (["y_nchwc"], ["reorder_token_0"], ["reorder_token_1"])
+    assert [(side["isa"], side["recorded"]) for side in replay["sides"]] == [("native", "matches"), ("Haswell", "matches")]
+    assert replay["constants_differ"] == [] and replay["confirmed"] is True
+    assert (replay["mismatched"], replay["elements"], replay["max_abs"]) == (mismatched, elements, greatest)
+
+
+@pytest.mark.slow
+def test_isa_replays_runs_of_two_blocks_on_the_graph_of_its_own_block(nchwc_runs):
+    """--isa with runs of two blocks: both runs' options run the graph of the run whose block is the instruction
+    set's (the other run's graph does not run there); an instruction set of no recorded block cannot replay."""
+    native, haswell = str(nchwc_runs["native"]), str(nchwc_runs["haswell"])
+    if NATIVE_BLOCK == 8:
+        return  # one block: test_nchwc_nodes_are_replayed_only_where_their_channel_block_is_the_graphs
+    for isa, label, own, other in (("haswell", "Haswell", "B", "A"), ("native", "native", "A", "B")):
+        out = CliRunner().invoke(app, ["diff", "--replay", "--isa", isa, native, haswell])
         assert out.exit_code == 1, out.output
-        assert f"replay {label}: cannot replay: its NCHWc nodes (ReorderInput, y_nchwc) hold their tensors in channel " \
-               f"blocks of {block} in run A and 8 in run B (the processors' vector widths): their outputs cannot be " \
-               "compared as onnxruntime holds them" in out.output.splitlines()
+        lines = out.output.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("replay "))
+        where = f" on emulated {label}" if isa != "native" else ""
+        block = 8 if isa != "native" else NATIVE_BLOCK
+        assert lines[start].startswith(
+            f"replay {BLOCKS_LABEL}: does not reproduce in isolation: fed identical inputs (reorder_token_0), y_nchwc "
+            "computes bit-identical outputs")
+        assert lines[start + 2:start + 5] == [
+            *[f"  under {run}'s options{where} the replay {'matches' if run == own else 'differs from'} what run {run} "
+              "recorded" for run in "AB"],
+            f"  note: the runs' graphs hold NCHWc blocks of {NATIVE_BLOCK} (A) and 8 (B), and a graph runs only on a "
+            f"processor of its block: on {label} (block {block}) both runs' options ran run {own}'s graph, which equals "
+            f"run {other}'s by value (constants, filters compared in OIHW, and node attributes); blocked tensors fed and "
+            "compared in NCHW",
+        ]
+    # Nehalem: no run recorded it; its block is measured in a child under QEMU (8: SSE), so B's graph runs there
+    out = CliRunner().invoke(app, ["diff", "--replay", "--isa", "nehalem", native, haswell])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("replay "))
+    assert lines[start + 2:start + 5] == [
+        "  under A's options on emulated Nehalem the replay differs from what run A recorded",
+        "  under B's options on emulated Nehalem the replay differs from what run B recorded",
+        f"  note: the runs' graphs hold NCHWc blocks of {NATIVE_BLOCK} (A) and 8 (B), and a graph runs only on a "
+        "processor of its block: on Nehalem (block 8) both runs' options ran run B's graph, which equals run A's by "
+        "value (constants, filters compared in OIHW, and node attributes); blocked tensors fed and compared in NCHW",
+    ]
+
+
+@pytest.mark.slow
+def test_a_graph_of_another_block_made_natively_elsewhere_is_not_replayed_here(nchwc_runs, tmp_path):
+    """Run B made natively on an AVX2 machine (its graph in blocks of 8) is replayed on this processor only where
+    this processor's block is 8; else the replay says why and what to do."""
+    import shutil
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(nchwc_runs["haswell"], elsewhere)
+    manifest = json.loads((elsewhere / "manifest.json").read_text())
+    manifest["environment"]["cpu_isa"]["emulated"] = None  # what a native run on a Haswell machine records
+    (elsewhere / "manifest.json").write_text(json.dumps(manifest))
+    out = CliRunner().invoke(app, ["diff", "--replay", str(nchwc_runs["native"]), str(elsewhere)])
+    assert out.exit_code == 1, out.output
+    lines = out.output.splitlines()
+    replay = next(line for line in lines if line.startswith("replay "))
+    if NATIVE_BLOCK == 8:  # one block, and B is replayed on a processor of its block
+        assert replay.startswith(f"replay {BLOCKS_LABEL}: ")
+        assert "cannot replay" not in replay
+        return
+    assert replay == (
+        f"replay {BLOCKS_LABEL}: cannot replay: its NCHWc nodes (y_nchwc) hold their tensors in channel blocks of "
+        f"{NATIVE_BLOCK} in run A and 8 in run B, and run B's is replayed on this processor, whose block is "
+        f"{NATIVE_BLOCK}: a graph runs only on a processor of its block; --isa MODEL replays both runs' options on an "
+        "instruction set of one of their blocks (e.g. --isa haswell for 8)")
+
+
+@pytest.mark.slow
+def test_filters_of_two_blocks_are_compared_by_value(nchwc_runs):
+    """The two runs' reordered filters differ in bytes (blocks of 16 and 8) and equal in OIHW; another weight is a
+    difference by value (the same-instruction-set check then cannot run the other run's graph)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from qconsist.diff.replay import constants_differ, isolate
+    from qconsist.explain.confirm import _differ_by_value
+
+    graphs = [onnx.load(nchwc_runs[run] / "dump" / "optimized.onnx") for run in ("native", "haswell")]
+    example = {"reorder_token_0": np.zeros((1, 16, 12, 12), np.float32)}
+    bytewise = constants_differ(*(isolate(g, ["y_nchwc"], (), example) for g in graphs))
+    assert bytewise == ([] if NATIVE_BLOCK == 8 else ["reorder"])
+    assert _differ_by_value(graphs, ["y_nchwc"], ["reorder_token_1"], example, (NATIVE_BLOCK, 8)) == []
+    changed = next(i for i in graphs[1].graph.initializer if i.name == "reorder")
+    weights = numpy_helper.to_array(changed).copy()
+    weights.flat[5] += 1
+    changed.CopyFrom(numpy_helper.from_array(weights, "reorder"))
+    assert _differ_by_value(graphs, ["y_nchwc"], ["reorder_token_1"], example, (NATIVE_BLOCK, 8)) == ["reorder"]
+
+
+def test_blocked_tensors_are_fed_and_compared_in_nchw_through_reorders(tmp_path):
+    """Natively (no QEMU): the NCHWc Conv alone, cut from the optimized graph the dump saved, fed its blocked input
+    as the dump recorded it (NCHW, blocked again by a ReorderInput) and its blocked output unblocked by a
+    ReorderOutput, gives back what the run recorded, bit for bit; unnamed nodes keep their names."""
+    import onnx
+
+    from isa_models import blocked_conv_model
+    from qconsist.explain.confirm import _in_nchw
+    from qconsist.inference.graphmap import node_names
+
+    model, inputs = blocked_conv_model(tmp_path / "rcb.onnx"), tmp_path / "x.npy"
+    np.save(inputs, np.random.default_rng(3).normal(0, 1, (2, 16, 12, 12)).astype(np.float32))
+    out = CliRunner().invoke(app, ["run", str(model), "--inputs", str(inputs), "--threads", "1", "--dump", "--raw",
+                                   "all", "--runs-dir", str(tmp_path / "runs"), "--run-id", "native"])
+    assert out.exit_code == 0, out.output
+    run = tmp_path / "runs" / "native"
+    graph = onnx.load(run / "dump" / "optimized.onnx")
+    graph.graph.node[0].name = ""  # the Relu, unnamed: its invented name must survive the added nodes
+    names = node_names(graph.graph)
+    wrapped, added = _in_nchw(graph, ["y_nchwc"], ["reorder_token_0"], ["reorder_token_1"],
+                              {"reorder_token_0": 16, "reorder_token_1": 32})
+    assert added == (["replay.ReorderInput.reorder_token_0"], ["replay.ReorderOutput.reorder_token_1"])
+    assert node_names(wrapped.graph)[1:1 + len(names)] == names
+    index = json.loads((run / "dump" / "index.json").read_text())
+    columns = {t["name"]: i for i, t in enumerate(index["tensors"])}
+    fed, recorded = {}, {}
+    for sample in range(2):
+        with np.load(run / "dump" / "raw" / f"{sample:06d}.npz") as raw:
+            fed[sample] = {"reorder_token_0": raw[f"t{columns['reorder_token_0']}"]}
+            recorded[sample] = {"reorder_token_1": raw[f"t{columns['reorder_token_1']}"]}
+    assert fed[0]["reorder_token_0"].shape == (1, 16, 12, 12) and recorded[0]["reorder_token_1"].shape == (1, 32, 12, 12)
+    options = ExecutionOptions(graph_optimization_level="disable", intra_op_threads=1)
+    replay = replay_nodes((wrapped, wrapped), [*added[0], "y_nchwc", *added[1]], fed, (options, options),
+                          outputs=["reorder_token_1"], recorded=(recorded, recorded))
+    assert [side.recorded for side in replay.sides] == ["matches", "matches"]
+    assert replay.outcome is ReplayOutcome.NOT_REPRODUCED and replay.elements == 2 * 32 * 12 * 12
