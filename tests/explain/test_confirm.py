@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from isa_models import blocked_conv_model
 from qconsist.cli import app
 from qconsist.diff import DiffResult, diff_runs
 from qconsist.diff.replay import ReplayOutcome
@@ -27,23 +27,6 @@ from qconsist.store.serde import encode, loads
 SAMPLES = 3
 
 
-def relu_conv_bn(path: Path) -> Path:
-    rng = np.random.default_rng(11)
-    inits = {"w": rng.normal(0, 0.3, (32, 16, 3, 3)), "b": rng.normal(0, 0.1, 32), "scale": rng.uniform(0.5, 2, 32),
-             "shift": rng.normal(0, 0.1, 32), "mean": rng.normal(0, 0.1, 32), "var": rng.uniform(0.5, 2, 32)}
-    nodes = [helper.make_node("Relu", ["input"], ["r"], name="relu"),
-             helper.make_node("Conv", ["r", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"], name="bn")]
-    graph = helper.make_graph(nodes, "relu_conv_bn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 12, 12])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="qconsist-tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def replay_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The model and its inputs; dumps at level all and disable without raw tensors; a level-disable dump
@@ -52,7 +35,7 @@ def replay_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from qconsist.inputs import open_input_set
 
     folder = tmp_path_factory.mktemp("replay-runs")
-    out = {"model": relu_conv_bn(folder / "relu_conv_bn.onnx"), "inputs": folder / "inputs.npy", "runs": folder / "runs"}
+    out = {"model": blocked_conv_model(folder / "relu_conv_bn.onnx"), "inputs": folder / "inputs.npy", "runs": folder / "runs"}
     np.save(out["inputs"], np.random.default_rng(3).normal(0, 1, (SAMPLES, 16, 12, 12)).astype(np.float32))
     source, inputs = resolve_model(out["model"]), open_input_set(out["inputs"], None, "input")
     for key, options, raw in (
